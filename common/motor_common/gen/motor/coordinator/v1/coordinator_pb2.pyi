@@ -1,0 +1,253 @@
+from motor_common.gen.motor.common.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenAiApi(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPEN_AI_API_UNSPECIFIED: _ClassVar[OpenAiApi]
+    OPEN_AI_API_COMPLETIONS: _ClassVar[OpenAiApi]
+    OPEN_AI_API_CHAT_COMPLETIONS: _ClassVar[OpenAiApi]
+
+class CoordinatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COORDINATOR_ROLE_UNSPECIFIED: _ClassVar[CoordinatorRole]
+    COORDINATOR_ROLE_STANDALONE: _ClassVar[CoordinatorRole]
+    COORDINATOR_ROLE_MASTER: _ClassVar[CoordinatorRole]
+    COORDINATOR_ROLE_STANDBY: _ClassVar[CoordinatorRole]
+OPEN_AI_API_UNSPECIFIED: OpenAiApi
+OPEN_AI_API_COMPLETIONS: OpenAiApi
+OPEN_AI_API_CHAT_COMPLETIONS: OpenAiApi
+COORDINATOR_ROLE_UNSPECIFIED: CoordinatorRole
+COORDINATOR_ROLE_STANDALONE: CoordinatorRole
+COORDINATOR_ROLE_MASTER: CoordinatorRole
+COORDINATOR_ROLE_STANDBY: CoordinatorRole
+
+class SetInstancesRequest(_message.Message):
+    __slots__ = ("instances", "generation", "request_id")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
+    generation: int
+    request_id: str
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class SetInstancesResponse(_message.Message):
+    __slots__ = ("generation", "instance_count")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    instance_count: int
+    def __init__(self, generation: _Optional[int] = ..., instance_count: _Optional[int] = ...) -> None: ...
+
+class AddInstancesRequest(_message.Message):
+    __slots__ = ("instances", "generation", "request_id")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
+    generation: int
+    request_id: str
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AddInstancesResponse(_message.Message):
+    __slots__ = ("generation", "added_ids")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ADDED_IDS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    added_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, generation: _Optional[int] = ..., added_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DeleteInstancesRequest(_message.Message):
+    __slots__ = ("instances", "generation", "request_id")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
+    generation: int
+    request_id: str
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class DeleteInstancesResponse(_message.Message):
+    __slots__ = ("generation", "deleted_ids")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    DELETED_IDS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    deleted_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, generation: _Optional[int] = ..., deleted_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PauseInstancesRequest(_message.Message):
+    __slots__ = ("instance_ids", "generation", "request_id")
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_ids: _containers.RepeatedScalarFieldContainer[int]
+    generation: int
+    request_id: str
+    def __init__(self, instance_ids: _Optional[_Iterable[int]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PauseInstancesResponse(_message.Message):
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+
+class ResumeInstancesRequest(_message.Message):
+    __slots__ = ("instance_ids", "generation", "request_id")
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_ids: _containers.RepeatedScalarFieldContainer[int]
+    generation: int
+    request_id: str
+    def __init__(self, instance_ids: _Optional[_Iterable[int]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResumeInstancesResponse(_message.Message):
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+
+class ListInstancesRequest(_message.Message):
+    __slots__ = ("role", "page_size", "page_token")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    role: _types_pb2.Role
+    page_size: int
+    page_token: str
+    def __init__(self, role: _Optional[_Union[_types_pb2.Role, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class InstanceSummary(_message.Message):
+    __slots__ = ("available", "unavailable", "paused", "prefill", "decode", "union")
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    UNION_FIELD_NUMBER: _ClassVar[int]
+    available: int
+    unavailable: int
+    paused: int
+    prefill: int
+    decode: int
+    union: int
+    def __init__(self, available: _Optional[int] = ..., unavailable: _Optional[int] = ..., paused: _Optional[int] = ..., prefill: _Optional[int] = ..., decode: _Optional[int] = ..., union: _Optional[int] = ...) -> None: ...
+
+class ListInstancesResponse(_message.Message):
+    __slots__ = ("instances", "summary", "generation", "next_page_token")
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
+    summary: InstanceSummary
+    generation: int
+    next_page_token: str
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., summary: _Optional[_Union[InstanceSummary, _Mapping]] = ..., generation: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetInstanceRequest(_message.Message):
+    __slots__ = ("instance_id",)
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: int
+    def __init__(self, instance_id: _Optional[int] = ...) -> None: ...
+
+class GetInstanceResponse(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: _types_pb2.Instance
+    def __init__(self, instance: _Optional[_Union[_types_pb2.Instance, _Mapping]] = ...) -> None: ...
+
+class ClearPrecisionAlarmsRequest(_message.Message):
+    __slots__ = ("instance_ids", "request_id")
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_ids: _containers.RepeatedScalarFieldContainer[int]
+    request_id: str
+    def __init__(self, instance_ids: _Optional[_Iterable[int]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ClearPrecisionAlarmsResponse(_message.Message):
+    __slots__ = ("cleared",)
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    cleared: int
+    def __init__(self, cleared: _Optional[int] = ...) -> None: ...
+
+class DispatchRequest(_message.Message):
+    __slots__ = ("request_id", "api", "body")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    api: OpenAiApi
+    body: bytes
+    def __init__(self, request_id: _Optional[str] = ..., api: _Optional[_Union[OpenAiApi, str]] = ..., body: _Optional[bytes] = ...) -> None: ...
+
+class ResponseHead(_message.Message):
+    __slots__ = ("http_status", "content_type", "request_id", "prefill_instance_id", "decode_instance_id")
+    HTTP_STATUS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    http_status: int
+    content_type: str
+    request_id: str
+    prefill_instance_id: int
+    decode_instance_id: int
+    def __init__(self, http_status: _Optional[int] = ..., content_type: _Optional[str] = ..., request_id: _Optional[str] = ..., prefill_instance_id: _Optional[int] = ..., decode_instance_id: _Optional[int] = ...) -> None: ...
+
+class DispatchResponse(_message.Message):
+    __slots__ = ("head", "chunk")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    head: ResponseHead
+    chunk: bytes
+    def __init__(self, head: _Optional[_Union[ResponseHead, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Model(_message.Message):
+    __slots__ = ("id", "created", "prefill_instances", "decode_instances", "union_instances")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    UNION_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    created: int
+    prefill_instances: int
+    decode_instances: int
+    union_instances: int
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., prefill_instances: _Optional[int] = ..., decode_instances: _Optional[int] = ..., union_instances: _Optional[int] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[Model]
+    def __init__(self, models: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
+
+class GetReadinessRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetReadinessResponse(_message.Message):
+    __slots__ = ("ready", "reason", "role", "isolated", "generation")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    reason: str
+    role: CoordinatorRole
+    isolated: bool
+    generation: int
+    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
