@@ -1,0 +1,186 @@
+"""Strict configuration loading: a file (JSON or YAML) plus environment overrides.
+
+Configuration schemas are (nested) dataclasses. Every key in the file must name a field: an
+unknown or misspelled key is a :class:`~motor_common.errors.ConfigError` naming the full key path
+and, when one is close, the field that was probably meant. Types are checked, not coerced, except
+that ints are accepted where floats are expected.
+
+Environment overrides: ``{PREFIX}__SECTION__KEY=value`` (double underscores separate levels; the
+value is parsed as a YAML scalar/flow value). An override naming no field is an error too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from motor_common.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a JSON or YAML mapping from *path*."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def _env_overrides(prefix: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    marker = prefix + "__"
+    for name, raw in environ.items():
+        if not name.startswith(marker):
+            continue
+        path = [part.lower() for part in name[len(marker) :].split("__")]
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment override {name} conflicts with another override")
+        node[path[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as exc:
+                errors.append(exc.message)
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(repr(a) for a in args)}")
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return build(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        item = args[0] if args else Any
+        items = [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported config type {_type_name(tp)}")
+
+
+def build(cls: type[T], data: Mapping[str, Any], where: str = "") -> T:
+    """Build dataclass *cls* from *data*, rejecting unknown keys and wrong types."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"unknown configuration key '{path}'{hint}; known keys here: {known}")
+        kwargs[key] = _convert(value, hints[key], path)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{where or 'config'}: {exc}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"{where or 'config'}: {exc}") from exc
+    return obj
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    *,
+    env_prefix: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Load *cls* from an optional file, then env overrides, then explicit *overrides*."""
+    data: dict[str, Any] = read_config_file(path) if path else {}
+    if env_prefix:
+        data = _merge(data, _env_overrides(env_prefix, os.environ if environ is None else environ))
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return build(cls, data)
+    except ConfigError as exc:
+        if path:
+            raise ConfigError(f"{path}: {exc.message}") from exc
+        raise
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass config as plain data (for logging the effective configuration)."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) and not isinstance(obj, type) else obj

@@ -1,0 +1,81 @@
+"""Conversions between the wire types (motor.common.v1) and the domain dataclasses."""
+
+from __future__ import annotations
+
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_common.errors import InvalidArgument
+from motor_common.gen.motor.common.v1 import types_pb2 as pb
+
+ROLE_TO_PB = {Role.PREFILL: pb.ROLE_PREFILL, Role.DECODE: pb.ROLE_DECODE, Role.UNION: pb.ROLE_UNION}
+ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
+ENGINE_TO_PB = {EngineType.VLLM: pb.ENGINE_TYPE_VLLM, EngineType.SGLANG: pb.ENGINE_TYPE_SGLANG}
+ENGINE_FROM_PB = {v: k for k, v in ENGINE_TO_PB.items()}
+STATUS_TO_PB = {
+    InstanceStatus.AVAILABLE: pb.INSTANCE_STATUS_AVAILABLE,
+    InstanceStatus.UNAVAILABLE: pb.INSTANCE_STATUS_UNAVAILABLE,
+    InstanceStatus.PAUSED: pb.INSTANCE_STATUS_PAUSED,
+}
+
+
+def role_from_pb(value: int, where: str = "role") -> Role:
+    try:
+        return ROLE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"{where}: must be ROLE_PREFILL, ROLE_DECODE or ROLE_UNION", reason="INVALID_ROLE") from None
+
+
+def engine_from_pb(value: int, where: str = "engine_type") -> EngineType:
+    try:
+        return ENGINE_FROM_PB[value]
+    except KeyError:
+        raise InvalidArgument(f"{where}: must be ENGINE_TYPE_VLLM or ENGINE_TYPE_SGLANG", reason="INVALID_ENGINE_TYPE") from None
+
+
+def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
+    return Endpoint(
+        id=msg.id,
+        ip=msg.ip,
+        business_port=msg.business_port,
+        bootstrap_port=msg.bootstrap_port,
+        kv_port=msg.kv_port,
+        dp_rank=msg.dp_rank,
+        node_id=msg.node_id,
+    )
+
+
+def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
+    return pb.Endpoint(
+        id=ep.id,
+        ip=ep.ip,
+        business_port=ep.business_port,
+        bootstrap_port=ep.bootstrap_port,
+        kv_port=ep.kv_port,
+        dp_rank=ep.dp_rank,
+        node_id=ep.node_id,
+    )
+
+
+def instance_from_pb(msg: pb.Instance, where: str = "instance") -> Instance:
+    """Convert without semantic validation (the registry validates); enums must be set."""
+    status = InstanceStatus.PAUSED if msg.status == pb.INSTANCE_STATUS_PAUSED else InstanceStatus.AVAILABLE
+    return Instance(
+        id=msg.id,
+        role=role_from_pb(msg.role, f"{where}.role"),
+        job_name=msg.job_name,
+        model_name=msg.model_name,
+        engine_type=engine_from_pb(msg.engine_type, f"{where}.engine_type"),
+        endpoints=tuple(endpoint_from_pb(e) for e in msg.endpoints),
+        status=status,
+    )
+
+
+def instance_to_pb(inst: Instance) -> pb.Instance:
+    return pb.Instance(
+        id=inst.id,
+        role=ROLE_TO_PB[inst.role],
+        job_name=inst.job_name,
+        model_name=inst.model_name,
+        engine_type=ENGINE_TO_PB[inst.engine_type],
+        endpoints=[endpoint_to_pb(e) for e in inst.endpoints],
+        status=STATUS_TO_PB[inst.status],
+    )

@@ -1,0 +1,104 @@
+"""Domain types shared by every service: frozen dataclasses, no gRPC.
+
+Protos are converted to these at the servicer boundary (``motor_common.convert``); the inside of a
+service never handles ``*_pb2`` objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass, field
+
+MIN_BUSINESS_PORT = 1024
+MAX_PORT = 65535
+# Ids derived by the standalone register CLI set this bit; controller-assigned ids never do.
+STANDALONE_ID_BIT = 1 << 62
+
+
+class Role(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    UNION = "union"
+
+
+class EngineType(enum.Enum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class InstanceStatus(enum.Enum):
+    AVAILABLE = "available"
+    UNAVAILABLE = "unavailable"
+    PAUSED = "paused"
+
+
+class EndpointStatus(enum.Enum):
+    INITIAL = "initial"
+    NORMAL = "normal"
+    ABNORMAL = "abnormal"
+    PAUSED = "paused"
+    RETIRED = "retired"
+
+
+@dataclass(frozen=True, order=True)
+class Endpoint:
+    id: int
+    ip: str
+    business_port: int
+    bootstrap_port: int = 0
+    kv_port: int = 0
+    dp_rank: int = 0
+    node_id: str = ""
+
+    @property
+    def host_port(self) -> str:
+        return f"[{self.ip}]:{self.business_port}" if ":" in self.ip else f"{self.ip}:{self.business_port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host_port}"
+
+    def identity(self) -> tuple[str, int, int, int, int]:
+        """What makes two endpoints the same engine, independent of bookkeeping fields."""
+        return (normalize_ip(self.ip), self.business_port, self.bootstrap_port, self.kv_port, self.dp_rank)
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: int
+    role: Role
+    job_name: str
+    model_name: str
+    engine_type: EngineType
+    endpoints: tuple[Endpoint, ...]
+    status: InstanceStatus = InstanceStatus.AVAILABLE
+    labels: tuple[tuple[str, str], ...] = field(default=())
+
+    def endpoint_group(self) -> frozenset[tuple[str, int, int, int, int]]:
+        """The endpoint group as an order-independent set of identities."""
+        return frozenset(e.identity() for e in self.endpoints)
+
+    def identity(self) -> tuple[Role, str, frozenset[tuple[str, int, int, int, int]]]:
+        """Role, job name and endpoint group: what ADD/DEL compare (order-independent)."""
+        return (self.role, self.job_name, self.endpoint_group())
+
+    def same_identity(self, other: Instance) -> bool:
+        return self.identity() == other.identity()
+
+
+def normalize_ip(ip: str) -> str:
+    """Canonical text of an IPv4/IPv6 address (brackets stripped); unchanged if not an IP."""
+    raw = ip.strip().strip("[]")
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        return raw
+
+
+def is_ip(ip: str) -> bool:
+    try:
+        ipaddress.ip_address(ip.strip().strip("[]"))
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,60 @@
+"""Client-side gRPC helpers: channels with sane options, metadata, error translation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from motor_common import errors
+from motor_common.grpc_server import MANAGEMENT_KEY_HEADER, REQUEST_ID_HEADER, error_reason
+from motor_common.logs import request_id_var
+
+_OPTIONS: Sequence[tuple[str, int]] = (
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+)
+
+
+def open_channel(address: str, *, tls_ca_file: str | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to *address* (``host:port``); TLS when *tls_ca_file* is given."""
+    if tls_ca_file:
+        creds = grpc.ssl_channel_credentials(Path(tls_ca_file).read_bytes())
+        return grpc.aio.secure_channel(address, creds, options=list(_OPTIONS))
+    return grpc.aio.insecure_channel(address, options=list(_OPTIONS))
+
+
+def call_metadata(management_key: str | None = None, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
+    md: list[tuple[str, str]] = []
+    if management_key:
+        md.append((MANAGEMENT_KEY_HEADER, management_key))
+    rid = request_id or request_id_var.get()
+    if rid:
+        md.append((REQUEST_ID_HEADER, rid))
+    return tuple(md)
+
+
+_BY_CODE: dict[grpc.StatusCode, type[errors.MotorError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
+    grpc.StatusCode.ABORTED: errors.Aborted,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDenied,
+    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
+}
+
+
+def translate(exc: grpc.aio.AioRpcError, peer: str = "") -> errors.MotorError:
+    """Turn a failed call into the matching :class:`MotorError` (use ``raise ... from exc``)."""
+    cls = _BY_CODE.get(exc.code(), errors.Unavailable if exc.code() == grpc.StatusCode.CANCELLED else errors.Internal)
+    prefix = f"{peer}: " if peer else ""
+    return cls(f"{prefix}{exc.details() or exc.code().name}", reason=error_reason(exc) or exc.code().name)

@@ -1,0 +1,364 @@
+"""The gRPC service chassis shared by controller, coordinator and nodemanager.
+
+:class:`GrpcServer` is a ``grpc.aio`` server with, on by default:
+
+- ``grpc.health.v1.Health`` (overall ``""`` and one status per registered service) and server
+  reflection, so ``grpcurl -plaintext HOST:PORT list`` works with no .proto files at hand;
+- a management-key check for protected services (metadata ``x-motor-management-key``; missing or
+  wrong key → UNAUTHENTICATED before the handler runs, so no state changes);
+- translation of :class:`~motor_common.errors.MotorError` raised by handlers into a status with a
+  ``google.rpc.ErrorInfo`` detail (unexpected exceptions → INTERNAL, logged);
+- the request id (metadata ``x-request-id`` or a fresh one) in ``logs.request_id_var``;
+- Prometheus metrics per RPC; optional TLS; graceful stop (drain for ``grace`` seconds, then cancel).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Counter, Histogram
+
+from motor_common.errors import ConfigError, MotorError
+from motor_common.logs import new_request_id, request_id_var
+
+log = logging.getLogger(__name__)
+
+MANAGEMENT_KEY_HEADER = "x-motor-management-key"
+REQUEST_ID_HEADER = "x-request-id"
+ERROR_DOMAIN = "motor.dev"
+
+RPC_HANDLED = Counter(
+    "motor_grpc_server_handled_total",
+    "gRPC calls completed by this server, by method and status code.",
+    ["service", "method", "code"],
+)
+RPC_SECONDS = Histogram(
+    "motor_grpc_server_handling_seconds",
+    "Time to complete a gRPC call on this server.",
+    ["service", "method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Listen address and security of a gRPC server (a section of each service's config)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    management_key_file: str | None = None
+    grace_seconds: float = 5.0
+    # Port of the HTTP ops endpoint (/metrics, /health, /ready); None = disabled, 0 = any.
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is outside [0, 65535]")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file must be set together")
+
+
+def read_secret(path: str | None) -> str | None:
+    """Read a key file (whitespace stripped); None when *path* is None."""
+    if path is None:
+        return None
+    try:
+        key = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read management key file {path}: {exc.strerror}") from exc
+    if not key:
+        raise ConfigError(f"management key file {path} is empty")
+    return key
+
+
+_CODES = {c.name: c for c in grpc.StatusCode}
+
+
+def status_details(code: grpc.StatusCode, message: str, reason: str, metadata: dict[str, str]) -> bytes:
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=ERROR_DOMAIN, metadata=metadata)
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=[detail])
+    return status.SerializeToString()
+
+
+def error_reason(exc: grpc.aio.AioRpcError) -> str | None:
+    """The ``ErrorInfo.reason`` of a failed call, if the server sent one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info.reason
+    return None
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: MotorError) -> None:
+    code = _CODES.get(exc.code, grpc.StatusCode.INTERNAL)
+    details = status_details(code, exc.message, exc.reason, exc.metadata)
+    await context.abort(code, exc.message, trailing_metadata=(("grpc-status-details-bin", details),))
+
+
+def _split(method: str) -> tuple[str, str]:
+    service, _, name = method.lstrip("/").rpartition("/")
+    return service, name
+
+
+class _Interceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, management_key: str | None, protected: set[str]) -> None:
+        self._key = management_key
+        self._protected = protected
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        service, method = _split(details.method)
+        md = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
+        need_key = service in self._protected and self._key is not None
+        if need_key:
+            given = md.get(MANAGEMENT_KEY_HEADER)
+            if given is None or not hmac.compare_digest(given.encode(), self._key.encode()):  # type: ignore[union-attr]
+                msg = (
+                    f"missing management key: send metadata '{MANAGEMENT_KEY_HEADER}'"
+                    if given is None
+                    else "wrong management key"
+                )
+                return _deny(handler, msg, service, method)
+        return _wrap(handler, service, method, md.get(REQUEST_ID_HEADER))
+
+
+def _deny(handler: grpc.RpcMethodHandler, message: str, service: str, method: str) -> grpc.RpcMethodHandler:
+    async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        RPC_HANDLED.labels(service, method, "UNAUTHENTICATED").inc()
+        code = grpc.StatusCode.UNAUTHENTICATED
+        details = status_details(code, message, "MANAGEMENT_KEY_REQUIRED", {})
+        await context.abort(code, message, trailing_metadata=(("grpc-status-details-bin", details),))
+
+    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await deny(request, context)
+        yield None  # pragma: no cover - abort raises
+
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(deny, des, ser)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, des, ser)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(deny, des, ser)
+    return grpc.stream_stream_rpc_method_handler(deny_stream, des, ser)
+
+
+def _finish(service: str, method: str, start: float, code: str) -> None:
+    RPC_HANDLED.labels(service, method, code).inc()
+    RPC_SECONDS.labels(service, method).observe(time.perf_counter() - start)
+
+
+def _code_of(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+
+
+def _wrap(
+    handler: grpc.RpcMethodHandler, service: str, method: str, request_id: str | None
+) -> grpc.RpcMethodHandler:
+    des, ser = handler.request_deserializer, handler.response_serializer
+
+    def _enter() -> Any:
+        return request_id_var.set(request_id or new_request_id())
+
+    async def _fail(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
+        if isinstance(exc, MotorError):
+            await _abort(context, exc)
+        if isinstance(exc, NotImplementedError):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{service}/{method} is not implemented yet")
+        log.exception("unhandled error in %s/%s", service, method)
+        await _abort(context, MotorError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    if handler.unary_unary or handler.stream_unary:
+        inner = handler.unary_unary or handler.stream_unary
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            token = _enter()
+            start = time.perf_counter()
+            code = "OK"
+            try:
+                return await inner(request, context)
+            except MotorError as exc:
+                code = exc.code
+                await _fail(exc, context)
+            except (grpc.aio.AbortError, grpc.RpcError):
+                code = _code_of(context)
+                raise
+            except Exception as exc:
+                code = "UNIMPLEMENTED" if isinstance(exc, NotImplementedError) else "INTERNAL"
+                await _fail(exc, context)
+            finally:
+                _finish(service, method, start, code)
+                request_id_var.reset(token)
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+        return grpc.stream_unary_rpc_method_handler(unary, des, ser)
+
+    inner_stream = handler.unary_stream or handler.stream_stream
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        token = _enter()
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            async for item in inner_stream(request, context):
+                yield item
+        except MotorError as exc:
+            code = exc.code
+            await _fail(exc, context)
+        except (grpc.aio.AbortError, grpc.RpcError):
+            code = _code_of(context)
+            raise
+        except Exception as exc:
+            code = "UNIMPLEMENTED" if isinstance(exc, NotImplementedError) else "INTERNAL"
+            await _fail(exc, context)
+        finally:
+            _finish(service, method, start, code)
+            request_id_var.reset(token)
+
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
+    return grpc.stream_stream_rpc_method_handler(streaming, des, ser)
+
+
+class GrpcServer:
+    """A grpc.aio server with health, reflection, auth, errors, request ids and metrics.
+
+    Usage::
+
+        server = GrpcServer("coordinator", cfg)
+        server.add_service(
+            "motor.coordinator.v1.InstanceRegistryService",
+            lambda s: coordinator_pb2_grpc.add_InstanceRegistryServiceServicer_to_server(impl, s),
+            protected=True,
+        )
+        port = await server.start()
+        ...
+        await server.stop()
+    """
+
+    def __init__(self, name: str, config: ServerConfig, *, management_key: str | None = None) -> None:
+        self.name = name
+        self.config = config
+        self._key = management_key if management_key is not None else read_secret(config.management_key_file)
+        self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []
+        self._server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else _health_servicer()
+        self.port = 0
+
+    @property
+    def management_key(self) -> str | None:
+        return self._key
+
+    def add_service(
+        self, full_name: str, register: Callable[[grpc.aio.Server], None], *, protected: bool = False
+    ) -> None:
+        if self._server is not None:
+            raise RuntimeError("add_service after start")
+        self._services.append((full_name, register, protected))
+
+    @property
+    def service_names(self) -> list[str]:
+        return [name for name, _, _ in self._services]
+
+    async def start(self) -> int:
+        protected = {name for name, _, p in self._services if p}
+        if protected and self._key is None:
+            log.warning(
+                "no management key configured: management APIs are open to anyone who can reach "
+                "%s:%s (set server.management_key_file)",
+                self.config.host,
+                self.config.port,
+            )
+        server = grpc.aio.server(
+            interceptors=[_Interceptor(self._key, protected)],
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.keepalive_time_ms", 20_000),
+                ("grpc.keepalive_timeout_ms", 10_000),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ],
+        )
+        for _, register, _ in self._services:
+            register(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        )
+        address = _address(self.config.host, self.config.port)
+        if self.config.tls_cert_file and self.config.tls_key_file:
+            creds = grpc.ssl_server_credentials(
+                [(Path(self.config.tls_key_file).read_bytes(), Path(self.config.tls_cert_file).read_bytes())]
+            )
+            self.port = server.add_secure_port(address, creds)
+        else:
+            self.port = server.add_insecure_port(address)
+        if self.port == 0:
+            raise ConfigError(f"{self.name}: cannot listen on {address}")
+        await server.start()
+        self._server = server
+        await self.set_serving(True)
+        log.info("%s gRPC server listening", self.name, extra={"address": _address(self.config.host, self.port)})
+        return self.port
+
+    async def set_serving(self, serving: bool, service: str | None = None) -> None:
+        """Set health of one service, or of the whole server and every service when None."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        names = [service] if service is not None else ["", *self.service_names]
+        for name in names:
+            await _maybe_await(self.health.set(name, status))
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self._server is None:
+            return
+        await _maybe_await(self.health.enter_graceful_shutdown())
+        await self._server.stop(self.config.grace_seconds if grace is None else grace)
+        self._server = None
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+def _health_servicer() -> Any:
+    return health.HealthServicer(experimental_non_blocking=True)
+
+
+async def _maybe_await(value: Any) -> None:
+    if hasattr(value, "__await__"):
+        await value
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

@@ -1,0 +1,78 @@
+"""Structured logging: one JSON object per line, with the current request id.
+
+``request_id_var`` is a ContextVar; the gRPC chassis sets it from the ``x-request-id`` metadata
+(or a fresh id), the gateway from the ``X-Request-Id`` header, so every log line of one request,
+in every process, carries the same id.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import uuid
+from contextvars import ContextVar
+from typing import Any
+
+import orjson
+
+request_id_var: ContextVar[str] = ContextVar("motor_request_id", default="")
+
+_RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        rid = request_id_var.get()
+        if rid:
+            out["request_id"] = rid
+        for key, value in record.__dict__.items():
+            if key not in _RESERVED and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s " + service + " %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extras = {
+            k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")
+        }
+        rid = request_id_var.get()
+        if rid:
+            extras["request_id"] = rid
+        if extras:
+            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+        return line
+
+
+def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
+    """Configure the root logger for *service* (``fmt``: ``json`` or ``text``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service) if fmt == "json" else TextFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("aiohttp.access", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,108 @@
+"""The gRPC chassis: health, reflection, management key, error translation, request ids."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from motor_common.errors import NotFound
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_common.grpc_server import GrpcServer, ServerConfig, error_reason
+from motor_common.logs import request_id_var
+from tests.conftest import tool
+
+REGISTRY = "motor.coordinator.v1.InstanceRegistryService"
+DISPATCH = "motor.coordinator.v1.DispatchService"
+
+
+class FakeRegistry(cgrpc.InstanceRegistryServiceServicer):
+    def __init__(self) -> None:
+        self.sets = 0
+        self.request_ids: list[str] = []
+
+    async def SetInstances(self, request: cpb.SetInstancesRequest, context: object) -> cpb.SetInstancesResponse:
+        self.sets += 1
+        self.request_ids.append(request_id_var.get())
+        return cpb.SetInstancesResponse(generation=self.sets)
+
+    async def GetInstance(self, request: cpb.GetInstanceRequest, context: object) -> cpb.GetInstanceResponse:
+        raise NotFound(f"instance {request.instance_id} is not registered", reason="INSTANCE_NOT_FOUND")
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[int, FakeRegistry]]:
+    key_file = tmp_path / "key"
+    key_file.write_text("s3cret\n")
+    impl = FakeRegistry()
+    server = GrpcServer("test", ServerConfig(management_key_file=str(key_file)))
+    server.add_service(REGISTRY, lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(impl, s), protected=True)
+    server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(cgrpc.DispatchServiceServicer(), s))
+    port = await server.start()
+    yield port, impl
+    await server.stop(0)
+
+
+async def test_health_reports_serving_for_server_and_each_service(served: tuple[int, FakeRegistry]) -> None:
+    port, _ = served
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for name in ("", REGISTRY, DISPATCH):
+            resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_missing_or_wrong_management_key_is_unauthenticated_and_changes_nothing(
+    served: tuple[int, FakeRegistry],
+) -> None:
+    port, impl = served
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        stub = cgrpc.InstanceRegistryServiceStub(ch)
+        for md in ((), call_metadata("wrong")):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetInstances(cpb.SetInstancesRequest(), metadata=md, timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert error_reason(err.value) == "MANAGEMENT_KEY_REQUIRED"
+        assert impl.sets == 0
+        resp = await stub.SetInstances(cpb.SetInstancesRequest(), metadata=call_metadata("s3cret", "rid-1"), timeout=5)
+        assert resp.generation == 1
+        assert impl.request_ids == ["rid-1"]
+
+
+async def test_motor_errors_become_status_with_error_info(served: tuple[int, FakeRegistry]) -> None:
+    port, _ = served
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        stub = cgrpc.InstanceRegistryServiceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetInstance(cpb.GetInstanceRequest(instance_id=7), metadata=call_metadata("s3cret"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert err.value.details() == "instance 7 is not registered"
+        assert error_reason(err.value) == "INSTANCE_NOT_FOUND"
+        assert isinstance(translate(err.value), NotFound)
+
+
+async def test_unimplemented_rpc_answers_unimplemented(served: tuple[int, FakeRegistry]) -> None:
+    port, _ = served
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        stub = cgrpc.DispatchServiceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ListModels(cpb.ListModelsRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_grpcurl_lists_services_through_reflection(served: tuple[int, FakeRegistry]) -> None:
+    port, _ = served
+    proc = await asyncio.create_subprocess_exec(
+        tool("grpcurl"), "-plaintext", f"127.0.0.1:{port}", "list", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    names = set(out.decode().split())
+    assert {REGISTRY, DISPATCH, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names

@@ -1,0 +1,50 @@
+"""Test helpers: waiting on conditions, free ports, process management."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[T] | T],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> T:
+    """Poll *check* until it returns a truthy value (exceptions count as falsy) or time out."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
+                result = await result  # type: ignore[misc]
+            if result:
+                return result  # type: ignore[return-value]
+        except Exception as exc:  # noqa: BLE001 - the check may fail until ready
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
+        await asyncio.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
