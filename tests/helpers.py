@@ -30,7 +30,7 @@ async def wait_for(
                 result = await result  # type: ignore[misc]
             if result:
                 return result  # type: ignore[return-value]
-        except Exception as exc:  # noqa: BLE001 - the check may fail until ready
+        except Exception as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))

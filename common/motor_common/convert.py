@@ -19,14 +19,14 @@ STATUS_TO_PB = {
 
 def role_from_pb(value: int, where: str = "role") -> Role:
     try:
-        return ROLE_FROM_PB[value]
+        return ROLE_FROM_PB[value]  # type: ignore[index]
     except KeyError:
         raise InvalidArgument(f"{where}: must be ROLE_PREFILL, ROLE_DECODE or ROLE_UNION", reason="INVALID_ROLE") from None
 
 
 def engine_from_pb(value: int, where: str = "engine_type") -> EngineType:
     try:
-        return ENGINE_FROM_PB[value]
+        return ENGINE_FROM_PB[value]  # type: ignore[index]
     except KeyError:
         raise InvalidArgument(f"{where}: must be ENGINE_TYPE_VLLM or ENGINE_TYPE_SGLANG", reason="INVALID_ENGINE_TYPE") from None
 

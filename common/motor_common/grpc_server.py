@@ -314,9 +314,7 @@ class GrpcServer:
         )
         address = _address(self.config.host, self.config.port)
         if self.config.tls_cert_file and self.config.tls_key_file:
-            creds = grpc.ssl_server_credentials(
-                [(Path(self.config.tls_key_file).read_bytes(), Path(self.config.tls_cert_file).read_bytes())]
-            )
+            creds = _server_credentials(self.config.tls_key_file, self.config.tls_cert_file)
             self.port = server.add_secure_port(address, creds)
         else:
             self.port = server.add_insecure_port(address)
@@ -349,6 +347,10 @@ class GrpcServer:
     async def wait_for_termination(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+def _server_credentials(key_file: str, cert_file: str) -> grpc.ServerCredentials:
+    return grpc.ssl_server_credentials([(Path(key_file).read_bytes(), Path(cert_file).read_bytes())])
 
 
 def _health_servicer() -> Any:
