@@ -1,0 +1,92 @@
+"""Fault-injection state and its validation (pure, no I/O).
+
+Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow, wrong_answers,
+refuse_start (start-up only).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class FaultMode(enum.Enum):
+    NONE = "none"
+    CRASH = "crash"
+    HANG = "hang"
+    HEALTH_503 = "health_503"
+    SLOW = "slow"
+    WRONG_ANSWERS = "wrong_answers"
+    REFUSE_START = "refuse_start"
+
+
+class InvalidFault(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    mode: FaultMode = FaultMode.NONE
+    exit_code: int = 1  # crash
+    delay_s: float = 0.0  # crash: after this many seconds
+    factor: float = 10.0  # slow: multiply every latency
+    token_delay_ms: float = 50.0  # slow: extra per-token delay (also in zero-latency mode)
+    hard: bool = False  # hang: block the whole event loop (admin endpoint stops too)
+    salt: str = "wrong"  # wrong_answers: perturbs the generator
+
+    @property
+    def health_status(self) -> str:
+        """healthy | unhealthy | dead, as published on the vllm_fault topic."""
+        if self.mode is FaultMode.CRASH:
+            return "dead"
+        if self.mode in (FaultMode.HANG, FaultMode.HEALTH_503):
+            return "unhealthy"
+        return "healthy"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "exit_code": self.exit_code,
+            "delay_s": self.delay_s,
+            "factor": self.factor,
+            "token_delay_ms": self.token_delay_ms,
+            "hard": self.hard,
+            "salt": self.salt,
+        }
+
+
+_FIELDS = {"mode", "exit_code", "delay_s", "factor", "token_delay_ms", "hard", "salt"}
+
+
+def parse_fault(body: Any) -> Fault:
+    """Validate a ``POST /sim/fault`` body; unknown fields are rejected."""
+    if not isinstance(body, Mapping):
+        raise InvalidFault("body must be a JSON object")
+    unknown = set(body) - _FIELDS
+    if unknown:
+        raise InvalidFault(f"unknown fields: {sorted(unknown)}")
+    try:
+        mode = FaultMode(body.get("mode", "none"))
+    except ValueError as exc:
+        raise InvalidFault(f"unknown mode {body.get('mode')!r}") from exc
+    if mode is FaultMode.REFUSE_START:
+        raise InvalidFault("refuse_start only applies at start-up (--sim-fault refuse_start)")
+    try:
+        fault = Fault(
+            mode=mode,
+            exit_code=int(body.get("exit_code", 1)),
+            delay_s=float(body.get("delay_s", 0.0)),
+            factor=float(body.get("factor", 10.0)),
+            token_delay_ms=float(body.get("token_delay_ms", 50.0)),
+            hard=bool(body.get("hard", False)),
+            salt=str(body.get("salt", "wrong")),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidFault(str(exc)) from exc
+    if fault.exit_code == 0 or not 0 < fault.exit_code < 256:
+        raise InvalidFault("exit_code must be in 1..255")
+    if fault.factor <= 0 or fault.delay_s < 0 or fault.token_delay_ms < 0:
+        raise InvalidFault("factor must be > 0, delays >= 0")
+    return fault

@@ -1,0 +1,366 @@
+"""The aiohttp application: OpenAI routes, health, metrics, admin (``/sim/*``) and the PD side
+servers, with clean start-up and shutdown. Owns every background task it starts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from motor_sim import bootstrap, framing, params, responses, side_channel
+from motor_sim.config import Flavour as FlavourName
+from motor_sim.config import Role, SimConfig
+from motor_sim.faults import Fault, FaultMode, InvalidFault, parse_fault
+from motor_sim.flavour import Flavour
+from motor_sim.kvtransfer import TransferError
+from motor_sim.metrics import make_registry, render
+from motor_sim.service import ApiError, Run, SimService
+from motor_sim.sglang_api import SGLangFlavour
+from motor_sim.vllm_api import VLLMFlavour
+from motor_sim.zmq_fault import FaultPublisher
+
+log = logging.getLogger("motor_sim")
+_JSON = "application/json"
+_DONE = b"data: [DONE]\n\n"
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.svc = SimService(cfg)
+        self.flavour: Flavour = VLLMFlavour() if cfg.flavour is FlavourName.VLLM else SGLangFlavour()
+        self.registry = make_registry(self.svc)
+        self._not_hanging = asyncio.Event()
+        self._not_hanging.set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._frame_servers: list[framing.FrameServer] = []
+        self._runner: web.AppRunner | None = None
+        self._zmq: FaultPublisher | None = None
+        self.active_dp_ranks: list[int] = list(range(cfg.dp_size))
+        self._applied_requests: dict[str, dict[str, Any]] = {}
+        self.port = cfg.port
+
+    # ---- app -------------------------------------------------------------------------------
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._fault_middleware], client_max_size=64 * 2**20)
+        r = app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+        r.add_post("/sim/fault", self.sim_fault)
+        r.add_get("/sim/state", self.sim_state)
+        if self.cfg.flavour is FlavourName.VLLM:
+            r.add_get("/version", self.version)
+            r.add_get("/ping", self.health)
+            r.add_get("/fault_tolerance/status", self.ft_status)
+            r.add_post("/fault_tolerance/apply", self.ft_apply)
+        else:
+            r.add_get("/health_generate", self.health)
+            r.add_get("/get_model_info", self.model_info)
+            r.add_get("/get_server_info", self.server_info)
+        return app
+
+    @web.middleware
+    async def _fault_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not self._not_hanging.is_set() and not request.path.startswith("/sim/"):
+            await self._not_hanging.wait()
+        resp: web.StreamResponse = await handler(request)
+        return resp
+
+    def _error(self, err: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(body=orjson.dumps(self.flavour.error_body(err)), status=err.status,
+                            content_type=_JSON, headers=headers)
+
+    # ---- OpenAI ----------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _generate(self, request: web.Request, kind: params.Kind) -> web.StreamResponse:
+        fl, svc = self.flavour, self.svc
+        header_rid = request.headers.get("X-Request-Id")
+        headers: dict[str, str] = {}
+        try:
+            try:
+                body = orjson.loads(await request.read())
+            except orjson.JSONDecodeError as exc:
+                raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+            try:
+                job = params.parse(body, kind)
+            except params.InvalidRequest as exc:
+                raise ApiError(exc.status, exc.message, param=exc.param) from exc
+            rid = fl.request_id(header_rid, job)
+            if fl.echo_request_id:
+                headers["X-Request-Id"] = header_rid or rid.rsplit("-", 1)[0]
+            fl.check_model(svc, job.model)
+            plan = await fl.plan(svc, job, rid)
+        except ApiError as err:
+            if fl.echo_request_id and "X-Request-Id" not in headers and header_rid:
+                headers["X-Request-Id"] = header_rid
+            return self._error(err, headers)
+        if plan.fallback_reason is not None:
+            headers["x-motor-sim-kv-fallback"] = "1"
+        run = Run(rid, job, plan)
+        ids = responses.Ids(fl.response_id(rid, kind), svc.cfg.primary_name)
+        gen = svc.generate(run)
+        async with contextlib.aclosing(gen):
+            try:
+                first = await anext(gen)
+            except ApiError as err:
+                return self._error(err, headers)
+            except TransferError as exc:
+                return self._error(fl.transfer_failed(rid, job, exc), headers)
+            if not job.stream:
+                async for _ in gen:
+                    pass
+                body_out = responses.full_response(run, ids, fl)
+                return web.Response(body=orjson.dumps(body_out), content_type=_JSON,
+                                    headers=headers)
+            resp = web.StreamResponse(headers=headers)
+            resp.content_type = "text/event-stream"
+            resp.headers["Cache-Control"] = "no-cache"
+            await resp.prepare(request)
+            if kind == "chat":
+                for i in range(job.n):
+                    role = {"id": ids.response_id, "object": "chat.completion.chunk",
+                            "created": run.created, "model": ids.model,
+                            "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                         "logprobs": None, "finish_reason": None}]}
+                    await resp.write(_sse(role))
+            steps = first
+            while True:
+                out = b"".join(_sse(c) for c in responses.chunk(run, ids, fl, steps, False))
+                if out:
+                    await resp.write(out)
+                nxt = await anext(gen, None)
+                if nxt is None:
+                    break
+                steps = nxt
+            tail = _DONE
+            if job.include_usage:
+                tail = _sse(responses.usage_chunk(run, ids)) + _DONE
+            await resp.write(tail)
+            await resp.write_eof()
+            return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [self.flavour.model_card(self.svc, n) for n in self.cfg.served_model_names]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type=_JSON)
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.svc.fault.mode is FaultMode.HEALTH_503:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=render(self.registry),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps({"version": self.cfg.version}), content_type=_JSON)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.cfg.model, "tokenizer_path": self.cfg.model,
+                                  "is_generation": True}, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        c = self.cfg
+        info = {"model_path": c.model, "served_model_name": c.primary_name, "host": c.host,
+                "port": c.port, "disaggregation_mode": "null" if c.role is Role.UNION else c.role.value,
+                "disaggregation_bootstrap_port": c.bootstrap_port,
+                "disaggregation_transfer_backend": c.transfer_backend, "dp_size": c.dp_size,
+                "tp_size": c.tp_size, "max_running_requests": c.max_num_seqs, "version": c.version}
+        return web.Response(body=orjson.dumps(info), content_type=_JSON)
+
+    # ---- admin -----------------------------------------------------------------------------
+    async def sim_fault(self, request: web.Request) -> web.Response:
+        try:
+            fault = parse_fault(orjson.loads(await request.read() or b"{}"))
+        except (InvalidFault, orjson.JSONDecodeError) as exc:
+            return web.Response(body=orjson.dumps({"error": str(exc)}), status=400,
+                                content_type=_JSON)
+        self.apply_fault(fault)
+        return web.Response(body=orjson.dumps({"fault": fault.to_json()}), content_type=_JSON)
+
+    def apply_fault(self, fault: Fault) -> None:
+        log.warning("fault injection: %s", fault.mode.value)
+        self.svc.set_fault(fault)
+        if fault.mode is FaultMode.HANG:
+            self._not_hanging.clear()
+            if fault.hard:
+                asyncio.get_running_loop().call_later(0.05, _block_forever)
+        else:
+            self._not_hanging.set()
+        if self._zmq is not None:
+            self._zmq.poke()
+        if fault.mode is FaultMode.CRASH:
+            self._spawn(self._crash(fault))
+
+    async def _crash(self, fault: Fault) -> None:
+        await asyncio.sleep(max(fault.delay_s, 0.05))
+        if self._zmq is not None:
+            await self._zmq.publish_now()
+        log.error("fault injection: crashing with exit code %d", fault.exit_code)
+        logging.shutdown()
+        os._exit(fault.exit_code)
+
+    def state(self, request: web.Request | None = None) -> dict[str, Any]:
+        svc, c = self.svc, self.cfg
+        nodelay: bool | None = None
+        if request is not None and request.transport is not None:
+            sock = request.transport.get_extra_info("socket")
+            if sock is not None:
+                nodelay = bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        st = svc.stats
+        return {
+            "flavour": c.flavour.value, "role": c.role.value, "model": c.model,
+            "served_model_names": list(c.served_model_names), "engine_id": svc.engine_id,
+            "pid": os.getpid(), "port": self.port, "dp_rank": c.dp_rank, "dp_size": c.dp_size,
+            "tp_size": c.tp_size, "active_dp_ranks": self.active_dp_ranks,
+            "side_channel": {"host": c.side_channel_host, "port": c.side_channel_port}
+            if c.flavour is FlavourName.VLLM and c.is_producer else None,
+            "bootstrap_port": c.bootstrap_port
+            if c.flavour is FlavourName.SGLANG and c.role is Role.PREFILL else None,
+            "fault": svc.fault.to_json(), "zero_latency": c.cost.zero_latency,
+            "running": svc.engine.num_running, "waiting": svc.engine.num_waiting,
+            "kv": {"num_blocks": svc.blocks.num_blocks, "used": svc.blocks.num_used,
+                   "usage": svc.blocks.usage, "prefix_queries": svc.blocks.prefix_queries,
+                   "prefix_hits": svc.blocks.prefix_hits, "leases": len(svc.leases),
+                   "rooms": len(svc.rooms)},
+            "stats": dict(vars(st)), "tcp_nodelay": nodelay,
+        }
+
+    async def sim_state(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.state(request)), content_type=_JSON)
+
+    # ---- fault tolerance (vLLM) ------------------------------------------------------------
+    def _ft_status(self) -> dict[str, Any]:
+        status = self.svc.fault.health_status
+        return {"status": status, "dp_rank": self.cfg.dp_rank, "dp_size": len(self.active_dp_ranks),
+                "active_dp_ranks": self.active_dp_ranks, "engine_id": self.svc.engine_id,
+                "reason": self.svc.fault.mode.value}
+
+    async def ft_status(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self._ft_status()), content_type=_JSON)
+
+    async def ft_apply(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+        except orjson.JSONDecodeError as exc:
+            return self._error(ApiError(400, f"Invalid JSON body: {exc}"))
+        dead = body.get("dead_ranks") if isinstance(body, dict) else None
+        req_id = body.get("request_id") if isinstance(body, dict) else None
+        if not isinstance(dead, list) or not all(
+            isinstance(r, int) and 0 <= r < self.cfg.dp_size for r in dead
+        ):
+            return self._error(ApiError(400, "dead_ranks must be a list of dp ranks", param="dead_ranks"))
+        if isinstance(req_id, str) and req_id in self._applied_requests:
+            return web.Response(body=orjson.dumps(self._applied_requests[req_id]), content_type=_JSON)
+        self.active_dp_ranks = [r for r in self.active_dp_ranks if r not in set(dead)]
+        result = dict(self._ft_status(), applied=True, dead_ranks=sorted(set(dead)))
+        if isinstance(req_id, str):
+            self._applied_requests[req_id] = result
+        return web.Response(body=orjson.dumps(result), content_type=_JSON)
+
+    # ---- life cycle ------------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _sweep_leases(self) -> None:
+        period = max(0.05, min(1.0, self.cfg.kv_lease_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            self.svc.sweep_leases()
+
+    async def start(self) -> None:
+        c = self.cfg
+        if c.flavour is FlavourName.VLLM and c.kv_transfer_config is not None and c.is_producer:
+            fs = framing.FrameServer(side_channel.make_handler(self.svc), "nixl-side-channel")
+            await fs.start(c.side_channel_host if c.host != "0.0.0.0" else "0.0.0.0",
+                           c.side_channel_port)
+            self._frame_servers.append(fs)
+            log.info("NIXL side channel listening on %s:%d", c.side_channel_host,
+                     c.side_channel_port)
+            self._spawn(self._sweep_leases())
+        if c.flavour is FlavourName.SGLANG and c.role is Role.PREFILL:
+            fs = framing.FrameServer(bootstrap.make_handler(self.svc), "bootstrap")
+            await fs.start(c.host, c.bootstrap_port)
+            self._frame_servers.append(fs)
+            log.info("bootstrap server listening on %s:%d", c.host, c.bootstrap_port)
+        if c.zmq_pub_port is not None:
+            self._zmq = FaultPublisher(c.host, c.zmq_pub_port + c.dp_rank, self._ft_status,
+                                       c.zmq_interval_s)
+            self._zmq.start()
+        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, c.host, c.port, backlog=2048, reuse_address=True)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if c.port == 0 and server is not None and server.sockets:
+            self.port = int(server.sockets[0].getsockname()[1])
+        if c.crash_after_s is not None:
+            self.apply_fault(Fault(FaultMode.CRASH, delay_s=c.crash_after_s))
+        log.info("motor-sim %s (%s) serving %s on http://%s:%d", c.flavour.value, c.role.value,
+                 c.primary_name, c.host, self.port)
+        log.info("Application startup complete.")
+
+    async def stop(self) -> None:
+        self._not_hanging.set()
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for fs in self._frame_servers:
+            await fs.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._zmq is not None:
+            await self._zmq.close()
+        for lease in self.svc.leases.drain():
+            self.svc.release_lease(lease)
+
+
+def _block_forever() -> None:
+    log.error("fault injection: hard hang, event loop blocked")
+    while True:
+        time.sleep(3600)
+
+
+async def serve(cfg: SimConfig) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit code."""
+    server = SimServer(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        await server.stop()
+        return 1
+    if cfg.initial_fault not in ("none", "refuse_start"):
+        server.apply_fault(Fault(FaultMode(cfg.initial_fault)))
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop()
+    return 0

@@ -1,0 +1,224 @@
+"""The engine-independent core of one simulator process: state plus the generation pipeline.
+
+Errors::
+
+    ApiError(status, message, err_type, param)   -> rendered by the flavour as its error body
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from motor_sim.config import SimConfig
+from motor_sim.costmodel import CostModel
+from motor_sim.faults import Fault, FaultMode
+from motor_sim.generator import Decoder, Step, sequence_digest
+from motor_sim.kvcache import BlockManager, blocks_for
+from motor_sim.kvtransfer import KVPayload, Lease, LeaseTable, RoomTable
+from motor_sim.params import Job
+from motor_sim.scheduler import Engine
+
+log = logging.getLogger("motor_sim")
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+
+@dataclass
+class Plan:
+    """How the PD protocol shapes one request (decided by the flavour before generation)."""
+
+    remote_kv: KVPayload | None = None  # KV received from a prefill engine: skip prefill
+    first_token: int | None = None  # SGLang decode: first token computed by the prefill engine
+    force_max_tokens: int | None = None  # SGLang prefill: one token only
+    pin_lease: bool = False  # vLLM producer: pin blocks for a remote decode
+    publish_room: int | None = None  # SGLang prefill: hand the KV to the decode on this room
+    fallback_reason: str | None = None  # decode recomputed the prefill locally
+
+
+@dataclass
+class Run:
+    """One request in flight; filled in as generation proceeds."""
+
+    rid: str
+    job: Job
+    plan: Plan
+    created: int = field(default_factory=lambda: int(time.time()))
+    digest: bytes = b""
+    decoders: list[Decoder] = field(default_factory=list)
+    cached_tokens: int = 0
+    kv_transfer_params: dict[str, Any] | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.job.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(d.token_ids) for d in self.decoders)
+
+
+class SimService:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.engine_id = cfg.engine_id or str(uuid.uuid4())
+        self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.engine = Engine(self.blocks, cfg.cost, cfg.max_num_seqs)
+        self.leases = LeaseTable(self.engine_id)
+        self.rooms = RoomTable()
+        self.fault = Fault()
+        self.base_cost: CostModel = cfg.cost
+        self.started = time.time()
+
+    @property
+    def stats(self) -> Any:
+        return self.engine.stats
+
+    def set_fault(self, fault: Fault) -> None:
+        self.fault = fault
+        if fault.mode is FaultMode.SLOW:
+            self.engine.cost = self.base_cost.slowed(fault.factor)
+            self.engine.extra_token_delay_s = (
+                fault.token_delay_ms / 1000.0 if self.base_cost.zero_latency else 0.0
+            )
+        else:
+            self.engine.cost = self.base_cost
+            self.engine.extra_token_delay_s = 0.0
+
+    @property
+    def salt(self) -> str:
+        return self.fault.salt if self.fault.mode is FaultMode.WRONG_ANSWERS else ""
+
+    def resolve_max_tokens(self, job: Job) -> int:
+        room = self.cfg.max_model_len - len(job.prompt_ids)
+        if room <= 0 or (job.max_tokens is not None and job.max_tokens > room):
+            asked = job.max_tokens if job.max_tokens is not None else 0
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.cfg.max_model_len} tokens. "
+                f"However, you requested {len(job.prompt_ids) + asked} tokens "
+                f"({len(job.prompt_ids)} in the messages, {asked} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="max_tokens" if job.max_tokens is not None else "messages",
+            )
+        if job.max_tokens is not None:
+            return job.max_tokens
+        return min(room, self.cfg.default_max_tokens)
+
+    def check_fits(self, job: Job, max_tokens: int) -> int:
+        total = len(job.prompt_ids) + job.n * max_tokens
+        if blocks_for(total, self.cfg.block_size) > self.cfg.num_kv_blocks:
+            raise ApiError(400, f"request needs {total} KV slots, more than the whole cache")
+        return total
+
+    def sweep_leases(self) -> int:
+        gone = self.leases.expire(time.monotonic())
+        for lease in gone:
+            self.engine.free_blocks(lease.request_id)
+            self.stats.kv_lease_expirations += 1
+            log.warning("KV lease for request %s expired; blocks freed", lease.request_id)
+        return len(gone)
+
+    def release_lease(self, lease: Lease) -> None:
+        self.engine.free_blocks(lease.request_id)
+
+    async def generate(self, run: Run) -> AsyncIterator[list[tuple[int, Step]]]:
+        """Admit, prefill, and decode; yields the steps of each iteration. Close with aclosing."""
+        job, plan, engine = run.job, run.plan, self.engine
+        max_tokens = self.resolve_max_tokens(job)
+        total = self.check_fits(job, max_tokens)
+        if plan.force_max_tokens is not None:
+            max_tokens = plan.force_max_tokens
+        alloc = await engine.admit(run.rid, job.prompt_ids, total)
+        keep_blocks = False
+        finished = False
+        try:
+            run.cached_tokens = alloc.cached_tokens
+            if plan.remote_kv is not None:
+                await engine.transfer(plan.remote_kv.num_blocks)
+            else:
+                await engine.prefill(len(job.prompt_ids) - alloc.cached_tokens)
+            model = self.cfg.primary_name
+            run.digest = sequence_digest(model, job.prompt_ids, job.key, self.salt)
+            greedy = job.key.temperature == 0.0
+            run.decoders = [
+                Decoder(
+                    run.digest,
+                    0 if greedy else i,
+                    max_tokens,
+                    job.stop,
+                    job.include_stop_str,
+                    first_token=plan.first_token,
+                )
+                for i in range(job.n)
+            ]
+            first = [(i, d.step()) for i, d in enumerate(run.decoders)]
+            if plan.publish_room is not None:
+                payload = KVPayload(
+                    job.prompt_ids, first[0][1].token_id, self.engine_id, len(alloc.block_ids)
+                )
+                await self.rooms.publish(plan.publish_room, payload, self.cfg.bootstrap_timeout_s)
+            yield first
+            zero = self.base_cost.zero_latency
+            it = 0
+            while True:
+                live = [(i, d) for i, d in enumerate(run.decoders) if not d.finished]
+                if not live:
+                    break
+                delay = engine.decode_delay_s()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif zero:
+                    it += 1
+                    if it % 64 == 0:
+                        await asyncio.sleep(0)
+                yield [(i, d.step()) for i, d in live]
+            if plan.pin_lease:
+                run.kv_transfer_params = self._pin(run, alloc.block_ids)
+                keep_blocks = True
+            finished = True
+        finally:
+            engine.finish(run.rid, keep_blocks=keep_blocks)
+            st = engine.stats
+            st.prompt_tokens += len(job.prompt_ids)
+            st.generation_tokens += run.completion_tokens
+            if finished:
+                st.requests_finished += 1
+                for d in run.decoders:
+                    if d.finish_reason == "stop":
+                        st.finished_stop += 1
+                    else:
+                        st.finished_length += 1
+            else:
+                st.requests_aborted += 1
+
+    def _pin(self, run: Run, block_ids: tuple[int, ...]) -> dict[str, Any]:
+        first = run.decoders[0].token_ids[0]
+        payload = KVPayload(run.job.prompt_ids, first, self.engine_id, len(block_ids))
+        self.leases.put(
+            Lease(run.rid, block_ids, payload, time.monotonic() + self.cfg.kv_lease_s)
+        )
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": list(block_ids),
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": run.rid,
+            "remote_host": self.cfg.side_channel_host,
+            "remote_port": self.cfg.side_channel_port,
+            "tp_size": self.cfg.tp_size,
+        }
