@@ -239,15 +239,19 @@ class GetReadinessRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReadinessResponse(_message.Message):
-    __slots__ = ("ready", "reason", "role", "isolated", "generation")
+    __slots__ = ("ready", "reason", "role", "isolated", "generation", "store_available", "available_instances")
     READY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ISOLATED_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STORE_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     reason: str
     role: CoordinatorRole
     isolated: bool
     generation: int
-    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+    store_available: bool
+    available_instances: int
+    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ..., store_available: _Optional[bool] = ..., available_instances: _Optional[int] = ...) -> None: ...
