@@ -1,0 +1,186 @@
+"""The vLLM flavour's OpenAI surface, driven through the openai SDK against a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import openai
+import pytest
+
+from .conftest import SimFactory, SimProc
+
+
+@pytest.fixture(scope="module")
+def vllm(module_sims: SimFactory) -> Iterator[SimProc]:
+    yield module_sims.vllm("--served-model-name", "sim-model", "alias", "--max-model-len", "512",
+                           "--sim-decode-ms-per-token", "1", "--sim-num-kv-blocks", "256")
+
+
+def client(sim: SimProc) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=sim.v1, api_key="x", max_retries=0, timeout=10)
+
+
+async def metric(sim: SimProc, name: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(sim.url + "/metrics",
+                                                   timeout=aiohttp.ClientTimeout(total=5)) as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in metrics:\n{text}")
+
+
+async def test_completion_is_deterministic_with_usage_and_length_finish(vllm: SimProc) -> None:
+    c = client(vllm)
+    a = await c.completions.create(model="sim-model", prompt="The quick brown fox", max_tokens=6,
+                                   seed=42)
+    b = await c.completions.create(model="sim-model", prompt="The quick brown fox", max_tokens=6,
+                                   seed=42)
+    assert a.choices[0].text == b.choices[0].text and len(a.choices[0].text.split()) == 6
+    assert a.choices[0].finish_reason == "length"
+    assert a.id.startswith("cmpl-") and a.object == "text_completion" and a.model == "sim-model"
+    assert a.usage is not None
+    assert (a.usage.prompt_tokens, a.usage.completion_tokens, a.usage.total_tokens) == (4, 6, 10)
+    other = await c.completions.create(model="sim-model", prompt="The quick brown fox",
+                                       max_tokens=6, seed=43)
+    assert other.choices[0].text != a.choices[0].text
+
+
+async def test_stop_string_gives_finish_reason_stop(vllm: SimProc) -> None:
+    c = client(vllm)
+    full = (await c.completions.create(model="sim-model", prompt="stop me", max_tokens=8)).choices[0].text
+    stop = full.split()[2]
+    got = await c.completions.create(model="sim-model", prompt="stop me", max_tokens=8,
+                                     stop=[" " + stop])
+    ch = got.choices[0]
+    assert ch.finish_reason == "stop" and ch.text == full[: full.index(" " + stop)]
+    assert ch.model_extra is not None and ch.model_extra["stop_reason"] == " " + stop
+
+
+async def test_streaming_completion_matches_non_streaming_and_reports_usage(vllm: SimProc) -> None:
+    c = client(vllm)
+    whole = await c.completions.create(model="sim-model", prompt="stream this", max_tokens=5)
+    text, usage, finish = "", None, None
+    stream = await c.completions.create(model="sim-model", prompt="stream this", max_tokens=5,
+                                        stream=True, stream_options={"include_usage": True})
+    async for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    assert text == whole.choices[0].text and finish == "length"
+    assert usage is not None and usage.completion_tokens == 5
+
+
+async def test_chat_streaming_role_first_then_content(vllm: SimProc) -> None:
+    c = client(vllm)
+    msgs = [{"role": "user", "content": "Say something"}]
+    whole = await c.chat.completions.create(model="alias", messages=msgs,  # type: ignore[arg-type]
+                                            max_completion_tokens=4)
+    assert whole.choices[0].message.role == "assistant" and whole.id.startswith("chatcmpl-")
+    roles, content = [], ""
+    stream = await c.chat.completions.create(model="alias", messages=msgs,  # type: ignore[arg-type]
+                                             max_tokens=4, stream=True)
+    async for chunk in stream:
+        for ch in chunk.choices:
+            if ch.delta.role:
+                roles.append(ch.delta.role)
+            content += ch.delta.content or ""
+    assert roles == ["assistant"] and content == whole.choices[0].message.content
+
+
+async def test_n_choices_and_logprobs(vllm: SimProc) -> None:
+    c = client(vllm)
+    r = await c.completions.create(model="sim-model", prompt="many", max_tokens=3, n=3,
+                                   logprobs=2, temperature=0.8)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert r.usage is not None and r.usage.completion_tokens == 9
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and len(lp.tokens) == 3
+    assert lp.top_logprobs is not None and len(lp.top_logprobs[0]) == 2
+    chat = await c.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+        logprobs=True, top_logprobs=3)
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content
+    assert content is not None and len(content) == 2 and len(content[0].top_logprobs) == 3
+
+
+async def test_errors_use_vllm_error_response_shape(vllm: SimProc) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(vllm.v1 + "/completions", json={"model": "nope", "prompt": "x"}) as r:
+            assert r.status == 404
+            assert await r.json() == {"error": {
+                "message": "The model `nope` does not exist.", "type": "NotFoundError",
+                "param": "model", "code": 404}}
+        async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 10_000}) as r:
+            body = await r.json()
+            assert r.status == 400 and body["error"]["type"] == "BadRequestError"
+            assert "maximum context length is 512" in body["error"]["message"]
+    with pytest.raises(openai.BadRequestError):
+        await client(vllm).completions.create(model="sim-model", prompt="x", max_tokens=0)
+
+
+async def test_request_id_header_is_echoed_or_generated(vllm: SimProc) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 1},
+                          headers={"X-Request-Id": "abc-123"}) as r:
+            assert r.headers["X-Request-Id"] == "abc-123"
+            assert (await r.json())["id"] == "cmpl-abc-123"
+        async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 1}) as r:
+            assert len(r.headers["X-Request-Id"]) == 32
+
+
+async def test_models_health_version_and_tcp_nodelay(vllm: SimProc) -> None:
+    models = await client(vllm).models.list()
+    assert [m.id for m in models.data] == ["sim-model", "alias"]
+    assert models.data[0].owned_by == "vllm"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(vllm.url + "/health") as r:
+            assert r.status == 200 and await r.read() == b""
+        async with s.get(vllm.url + "/version") as r:
+            assert "version" in await r.json()
+        async with s.get(vllm.url + "/sim/state") as r:
+            assert (await r.json())["tcp_nodelay"] is True
+
+
+async def test_sse_framing_is_data_lines_and_done(vllm: SimProc) -> None:
+    async with aiohttp.ClientSession() as s, s.post(
+        vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 2, "stream": True}
+    ) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await r.read()).decode()
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    assert all(e.startswith("data: {") for e in events[:-2])
+
+
+async def test_client_disconnect_aborts_and_frees_kv_blocks(vllm: SimProc) -> None:
+    # 200 tokens at >= 1 ms each: still running when we hang up
+    async with aiohttp.ClientSession() as s:
+        async with s.post(vllm.v1 + "/completions",
+                          json={"prompt": "long one", "max_tokens": 400, "stream": True}) as r:
+            await r.content.readline()
+            assert await metric(vllm, "vllm:num_requests_running") == 1
+            assert await metric(vllm, "vllm:kv_cache_usage_perc") > 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if (await metric(vllm, "vllm:num_requests_running") == 0
+                and await metric(vllm, "vllm:kv_cache_usage_perc") == 0):
+            break
+        await asyncio.sleep(0.02)
+    assert await metric(vllm, "vllm:kv_cache_usage_perc") == 0
+    assert await metric(vllm, "motor_sim:requests_aborted_total") >= 1
+
+
+async def test_repeated_prefix_hits_the_prefix_cache(vllm: SimProc) -> None:
+    prompt = " ".join(f"w{i}" for i in range(64))
+    before = await metric(vllm, "vllm:prefix_cache_hits_total")
+    c = client(vllm)
+    await c.completions.create(model="sim-model", prompt=prompt, max_tokens=1)
+    await c.completions.create(model="sim-model", prompt=prompt + " more", max_tokens=1)
+    assert await metric(vllm, "vllm:prefix_cache_hits_total") - before >= 48
