@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+
 from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import ServerConfig

@@ -10,13 +10,13 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from motor_common.errors import NotFound
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
 from motor_common.grpc_server import GrpcServer, ServerConfig, error_reason
 from motor_common.logs import request_id_var
-
 from tests.conftest import tool
 
 REGISTRY = "motor.coordinator.v1.InstanceRegistryService"

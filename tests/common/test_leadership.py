@@ -1,0 +1,63 @@
+"""Leadership state machine (pure) and the etcd election against a real etcd server."""
+
+from __future__ import annotations
+
+import pytest
+
+from motor_common import leadership as lship
+from motor_common.etcd_election import EtcdElection
+from motor_common.leadership import LeaderRole
+from tests.etcd_server import etcd_server
+from tests.helpers import wait_for
+
+
+def test_first_failed_renewal_isolates_the_master_and_a_success_heals_it() -> None:
+    master = lship.acquired(lship.initial_candidate(), "a")
+    assert master.serving and master.term == 1
+    isolated = lship.renew_failed(master)
+    assert isolated.role is LeaderRole.MASTER and isolated.isolated and not isolated.serving
+    assert isolated.reason == "isolated" and not isolated.store_available
+    assert lship.renew_ok(isolated).serving
+
+
+def test_a_standby_never_serves_and_says_why() -> None:
+    standby = lship.observed_holder(lship.initial_candidate(), "b")
+    assert not standby.serving and standby.reason == "Coordinator is not master"
+    assert not lship.renew_failed(standby).isolated
+    assert lship.lost(lship.acquired(standby, "a"), "b").role is LeaderRole.STANDBY
+
+
+def test_limits_are_clamped_to_the_seed_figures() -> None:
+    ttl, check, notes = lship.clamp(30, 10)
+    assert (ttl, check) == (8.0, 2.0) and len(notes) == 2
+    assert lship.clamp(3, 0.5) == (3, 0.5, [])
+
+
+@pytest.mark.etcd
+async def test_one_master_at_a_time_and_the_standby_wins_when_the_master_resigns() -> None:
+    async with etcd_server() as etcd:
+        a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=2, check_interval=0.2)
+        b = EtcdElection([etcd.endpoint], "/motor/test/leader", "b", ttl=2, check_interval=0.2)
+        await a.start()
+        await wait_for(lambda: a.view.role is LeaderRole.MASTER, timeout=10, what="a master")
+        await b.start()
+        await wait_for(lambda: b.view.holder == "a", timeout=10, what="b sees a")
+        assert b.view.role is LeaderRole.STANDBY
+        await a.stop()
+        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=10, what="b master")
+        await b.stop()
+
+
+@pytest.mark.etcd
+async def test_master_isolates_when_etcd_dies_and_recovers_when_it_returns() -> None:
+    async with etcd_server() as etcd:
+        a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=3, check_interval=0.2)
+        await a.start()
+        await wait_for(lambda: a.view.role is LeaderRole.MASTER, timeout=10, what="a master")
+        etcd.kill()
+        await wait_for(lambda: a.view.isolated, timeout=5, what="isolated")
+        assert a.view.role is LeaderRole.MASTER
+        etcd.start()
+        await etcd.wait_healthy()
+        await wait_for(lambda: a.view.serving, timeout=15, what="a serving again")
+        await a.stop()
