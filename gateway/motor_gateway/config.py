@@ -1,0 +1,43 @@
+"""Gateway configuration (strict: unknown keys are rejected by ``motor_common.config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_COORDINATOR = "127.0.0.1:9100"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """``motor-gateway`` settings; env overrides use the prefix ``MOTOR_GATEWAY__``."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Coordinator gRPC addresses (host:port), in order of preference; the first ready one serves.
+    coordinators: tuple[str, ...] = (DEFAULT_COORDINATOR,)
+    # Deadline of one Dispatch call (the whole response, streamed or not).
+    request_timeout_sec: float = 600.0
+    # Deadline of the small coordinator calls (readiness, model list).
+    control_timeout_sec: float = 3.0
+    # File holding the inference API key; when set, /v1/* needs `Authorization: Bearer <key>`.
+    api_key_file: str | None = None
+    # CA bundle for TLS to the coordinators; plaintext when unset.
+    tls_ca_file: str | None = None
+    # Seconds between readiness probes of the coordinators (only with more than one).
+    probe_interval_sec: float = 2.0
+    # Seconds in-flight requests get to finish on SIGTERM/SIGINT.
+    shutdown_grace_sec: float = 10.0
+    log_format: Literal["json", "text"] = "json"
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port {self.port} is outside [0, 65535]")
+        if not self.coordinators:
+            raise ValueError("coordinators: at least one coordinator address is needed")
+        for addr in self.coordinators:
+            if not addr or ":" not in addr:
+                raise ValueError(f"coordinators: {addr!r} is not host:port")
+        if self.request_timeout_sec <= 0 or self.control_timeout_sec <= 0:
+            raise ValueError("request_timeout_sec and control_timeout_sec must be positive")

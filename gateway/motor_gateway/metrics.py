@@ -1,0 +1,22 @@
+"""Prometheus metrics of the gateway (process-wide default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUESTS = Counter(
+    "motor_gateway_requests_total",
+    "HTTP requests answered by the gateway, by route and status.",
+    ["route", "status"],
+)
+LATENCY = Histogram(
+    "motor_gateway_request_seconds",
+    "Time from request to the end of the response (whole stream for SSE), by route.",
+    ["route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+IN_FLIGHT = Gauge(
+    "motor_gateway_requests_in_flight",
+    "HTTP requests being served, by route.",
+    ["route"],
+)

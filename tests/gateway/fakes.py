@@ -1,0 +1,114 @@
+"""An in-process fake coordinator (real gRPC chassis, scripted DispatchService) and a gateway runner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_server import GrpcServer, ServerConfig
+from motor_gateway.config import GatewayConfig
+from motor_gateway.main import serve
+from tests.helpers import wait_for
+
+DISPATCH = "motor.coordinator.v1.DispatchService"
+Script = Callable[[cpb.DispatchRequest, Any], AsyncIterator[cpb.DispatchResponse]]
+
+
+def head(status: int = 200, ctype: str = "application/json") -> cpb.DispatchResponse:
+    return cpb.DispatchResponse(head=cpb.ResponseHead(http_status=status, content_type=ctype))
+
+
+def chunk(data: bytes) -> cpb.DispatchResponse:
+    return cpb.DispatchResponse(chunk=data)
+
+
+def replay(*frames: cpb.DispatchResponse) -> Script:
+    async def script(request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        for frame in frames:
+            yield frame
+
+    return script
+
+
+def failing(exc: BaseException, *before: cpb.DispatchResponse) -> Script:
+    async def script(request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        for frame in before:
+            yield frame
+        raise exc
+
+    return script
+
+
+def hanging(*before: cpb.DispatchResponse) -> Script:
+    async def script(request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        for frame in before:
+            yield frame
+        await asyncio.Event().wait()
+
+    return script
+
+
+@dataclass
+class FakeDispatch(cgrpc.DispatchServiceServicer):
+    script: Script = field(default_factory=lambda: replay(head(), chunk(b'{"ok": true}')))
+    ready: bool = True
+    reason: str = ""
+    models: list[str] = field(default_factory=lambda: ["tiny"])
+    requests: list[cpb.DispatchRequest] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def Dispatch(self, request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        self.requests.append(request)
+        self.metadata.append({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
+        try:
+            async for frame in self.script(request, context):
+                yield frame
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    async def ListModels(self, request: cpb.ListModelsRequest, context: Any) -> cpb.ListModelsResponse:
+        return cpb.ListModelsResponse(
+            models=[cpb.Model(id=m, created=1_700_000_000, prefill_instances=1, decode_instances=1) for m in self.models]
+        )
+
+    async def GetReadiness(self, request: cpb.GetReadinessRequest, context: Any) -> cpb.GetReadinessResponse:
+        return cpb.GetReadinessResponse(ready=self.ready, reason=self.reason, role=cpb.COORDINATOR_ROLE_STANDALONE)
+
+
+@contextlib.asynccontextmanager
+async def fake_coordinator() -> AsyncIterator[tuple[str, FakeDispatch]]:
+    impl = FakeDispatch()
+    server = GrpcServer("fake-coordinator", ServerConfig())
+    server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(impl, s))
+    port = await server.start()
+    try:
+        yield f"127.0.0.1:{port}", impl
+    finally:
+        await server.stop(0)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(cfg: GatewayConfig, tmp_path: Path) -> AsyncIterator[str]:
+    """Run :func:`motor_gateway.main.serve` in this loop; yields the base URL."""
+    ports_file = tmp_path / f"gw-{id(cfg)}.ports"
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(replace(cfg, port=0), str(ports_file), stop=stop))
+    try:
+        await wait_for(lambda: ports_file.exists() or task.done(), timeout=10, what="gateway ports file")
+        if task.done():
+            task.result()
+        port = orjson.loads(ports_file.read_bytes())["http"]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)

@@ -1,0 +1,225 @@
+"""The gateway relays OpenAI requests to the coordinator's DispatchService and maps its errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from motor_common import errors
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_gateway.config import GatewayConfig
+from tests.gateway.conftest import Rig
+from tests.gateway.fakes import (
+    chunk,
+    failing,
+    fake_coordinator,
+    hanging,
+    head,
+    replay,
+    running_gateway,
+)
+
+COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 4}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+
+def assert_openai_error(body: dict[str, Any], kind: str) -> None:
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == kind
+    assert body["error"]["message"]
+
+
+async def test_non_stream_body_and_head_status_are_relayed_unchanged(rig: Rig) -> None:
+    payload = b'{"id":"cmpl-1","object":"text_completion","choices":[{"text":" world"}]}'
+    rig.fake.script = replay(head(200, "application/json"), chunk(payload[:10]), chunk(payload[10:]))
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION) as resp:
+        assert resp.status == 200
+        assert resp.content_type == "application/json"
+        assert await resp.read() == payload
+    req = rig.fake.requests[0]
+    assert req.api == cpb.OPEN_AI_API_COMPLETIONS
+    assert orjson.loads(req.body) == COMPLETION
+
+
+async def test_engine_error_status_from_head_is_relayed(rig: Rig) -> None:
+    payload = b'{"error":{"message":"max_tokens too large","type":"BadRequestError","param":null,"code":400}}'
+    rig.fake.script = replay(head(400), chunk(payload))
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION) as resp:
+        assert resp.status == 400
+        assert await resp.read() == payload
+
+
+async def test_sse_chunks_are_relayed_byte_for_byte_as_they_arrive(rig: Rig) -> None:
+    parts = [b'data: {"choices":[{"delta":{"content":"he', b'llo"}}]}\n\n', b"data: [DONE]\n\n"]
+    gate = asyncio.Event()
+
+    async def script(request: cpb.DispatchRequest, context: Any) -> Any:
+        yield head(200, "text/event-stream")
+        yield chunk(parts[0])
+        await gate.wait()  # the first chunk must reach the client before the stream ends
+        yield chunk(parts[1])
+        yield chunk(parts[2])
+
+    rig.fake.script = script
+    async with rig.http.post(f"{rig.url}/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        first = await asyncio.wait_for(resp.content.readexactly(len(parts[0])), 5)
+        assert first == parts[0]
+        gate.set()
+        rest = await resp.read()
+    assert first + rest == b"".join(parts)
+    assert rig.fake.requests[0].api == cpb.OPEN_AI_API_CHAT_COMPLETIONS
+
+
+async def test_error_after_stream_started_is_a_final_sse_error_event(rig: Rig) -> None:
+    rig.fake.script = failing(
+        errors.Unavailable("decode instance died", reason="DECODE_FAILED"),
+        head(200, "text/event-stream"),
+        chunk(b'data: {"x":1}\n\n'),
+    )
+    async with rig.http.post(f"{rig.url}/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200
+        body = await resp.read()
+    first, last = body.split(b"\n\n")[0:2]
+    assert first == b'data: {"x":1}'
+    assert last.startswith(b"data: ")
+    event = orjson.loads(last[len(b"data: "):])
+    assert_openai_error(event, "service_unavailable_error")
+    assert event["error"]["message"] == "decode instance died"
+    assert event["error"]["code"] == "decode_failed"
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (errors.InvalidArgument("bad body", reason="INVALID_BODY"), 400, "invalid_request_error"),
+        (errors.NotFound("model 'x' is not served", reason="MODEL_NOT_FOUND"), 404, "not_found_error"),
+        (errors.Unavailable("no schedulable prefill instance", reason="NO_INSTANCE"), 503,
+         "service_unavailable_error"),
+        (errors.DeadlineExceeded("engine timed out"), 504, "timeout_error"),
+        (errors.Internal("boom"), 500, "server_error"),
+        (RuntimeError("unexpected"), 500, "server_error"),
+    ],
+)
+async def test_coordinator_status_maps_to_http_status_and_openai_error(
+    rig: Rig, exc: BaseException, status: int, kind: str
+) -> None:
+    rig.fake.script = failing(exc)
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION,
+                             headers={"X-Request-Id": "rid-err"}) as resp:
+        assert resp.status == status
+        assert resp.headers["X-Request-Id"] == "rid-err"
+        body = await resp.json()
+    assert_openai_error(body, kind)
+    if isinstance(exc, errors.MotorError):
+        assert body["error"]["message"] == exc.message
+
+
+async def test_model_not_found_code_is_model_not_found(rig: Rig) -> None:
+    rig.fake.script = failing(errors.NotFound("model 'x' is not served", reason="MODEL_NOT_FOUND"))
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION) as resp:
+        assert (await resp.json())["error"]["code"] == "model_not_found"
+
+
+async def test_dispatch_deadline_gives_504(tmp_path: Path) -> None:
+    async with fake_coordinator() as (addr, fake):
+        fake.script = hanging()
+        cfg = GatewayConfig(coordinators=(addr,), request_timeout_sec=0.3)
+        async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+                assert resp.status == 504
+                assert_openai_error(await resp.json(), "timeout_error")
+
+
+async def test_unreachable_coordinator_gives_503(tmp_path: Path) -> None:
+    from tests.helpers import free_port
+
+    cfg = GatewayConfig(coordinators=(f"127.0.0.1:{free_port()}",), request_timeout_sec=2, control_timeout_sec=1)
+    async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+            assert resp.status == 503
+            body = await resp.json()
+        assert_openai_error(body, "service_unavailable_error")
+        assert body["error"]["message"].startswith("coordinator unreachable")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", b"{not json", None),
+        ("/v1/completions", b"[1, 2]", None),
+        ("/v1/completions", b"", None),
+        ("/v1/completions", orjson.dumps({"prompt": "x"}), "model"),
+        ("/v1/completions", orjson.dumps({"model": "", "prompt": "x"}), "model"),
+        ("/v1/completions", orjson.dumps({"model": 3, "prompt": "x"}), "model"),
+        ("/v1/completions", orjson.dumps({"model": "tiny"}), "prompt"),
+        ("/v1/completions", orjson.dumps({"model": "tiny", "prompt": "x", "stream": "yes"}), "stream"),
+        ("/v1/chat/completions", orjson.dumps({"model": "tiny", "prompt": "x"}), "messages"),
+        ("/v1/chat/completions", orjson.dumps({"model": "tiny", "messages": "hi"}), "messages"),
+    ],
+)
+async def test_malformed_requests_get_400_without_reaching_the_coordinator(
+    rig: Rig, path: str, body: bytes, param: str | None
+) -> None:
+    async with rig.http.post(f"{rig.url}{path}", data=body,
+                             headers={"Content-Type": "application/json"}) as resp:
+        assert resp.status == 400
+        err = await resp.json()
+    assert_openai_error(err, "invalid_request_error")
+    assert err["error"]["param"] == param
+    assert rig.fake.requests == []
+
+
+async def test_client_request_id_reaches_coordinator_and_comes_back(rig: Rig) -> None:
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION,
+                             headers={"X-Request-Id": "client-rid-42"}) as resp:
+        assert resp.status == 200
+        assert resp.headers["X-Request-Id"] == "client-rid-42"
+    assert rig.fake.requests[0].request_id == "client-rid-42"
+    assert rig.fake.metadata[0]["x-request-id"] == "client-rid-42"
+
+
+async def test_missing_request_id_is_generated_and_consistent(rig: Rig) -> None:
+    rig.fake.script = replay(head(200, "text/event-stream"), chunk(b"data: [DONE]\n\n"))
+    async with rig.http.post(f"{rig.url}/v1/chat/completions", json=CHAT) as resp:
+        rid = resp.headers["X-Request-Id"]
+        await resp.read()
+    assert len(rid) >= 16
+    assert rig.fake.requests[0].request_id == rid
+    assert rig.fake.metadata[0]["x-request-id"] == rid
+
+
+async def test_client_disconnect_mid_stream_cancels_the_grpc_call(rig: Rig) -> None:
+    rig.fake.script = hanging(head(200, "text/event-stream"), chunk(b'data: {"n":1}\n\n'))
+    resp = await rig.http.post(f"{rig.url}/v1/chat/completions", json=CHAT)
+    assert await asyncio.wait_for(resp.content.readline(), 5) == b'data: {"n":1}\n'
+    resp.close()  # drop the connection
+    await asyncio.wait_for(rig.fake.cancelled.wait(), 5)
+
+
+async def test_client_disconnect_before_head_cancels_the_grpc_call(rig: Rig) -> None:
+    rig.fake.script = hanging()
+    with pytest.raises(asyncio.TimeoutError):
+        await rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION,
+                            timeout=aiohttp.ClientTimeout(total=0.5))
+    await asyncio.wait_for(rig.fake.cancelled.wait(), 5)
+
+
+async def test_missing_head_is_a_502(rig: Rig) -> None:
+    rig.fake.script = replay(chunk(b"oops"))
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION) as resp:
+        assert resp.status == 502
+        assert_openai_error(await resp.json(), "server_error")
+
+
+async def test_unknown_route_is_an_openai_404(rig: Rig) -> None:
+    async with rig.http.post(f"{rig.url}/v1/embeddings", json=COMPLETION) as resp:
+        assert resp.status == 404
+        assert_openai_error(await resp.json(), "invalid_request_error")
