@@ -1,0 +1,131 @@
+"""Fault injection through flags and the /sim/fault admin endpoint, on real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import zmq
+import zmq.asyncio
+
+from .conftest import SimFactory, SimProc, free_port, http_status
+
+TIMEOUT = aiohttp.ClientTimeout(total=5)
+
+
+async def set_fault(sim: SimProc, **body: Any) -> None:
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.post(sim.url + "/sim/fault",
+                                                                   json=body) as r:
+        assert r.status == 200, await r.text()
+
+
+async def complete(sim: SimProc, **extra: Any) -> dict[str, Any]:
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.post(
+        sim.v1 + "/completions", json={"prompt": "fault probe", "max_tokens": 4, **extra}
+    ) as r:
+        data: dict[str, Any] = await r.json()
+        return data
+
+
+async def test_health_503_then_recovery(sims: SimFactory) -> None:
+    sim = sims.vllm("--sim-zero-latency")
+    await set_fault(sim, mode="health_503")
+    assert http_status(sim.url + "/health") == 503
+    await set_fault(sim, mode="none")
+    assert http_status(sim.url + "/health") == 200
+
+
+async def test_wrong_answers_change_the_text_deterministically(sims: SimFactory) -> None:
+    sim = sims.sglang("--sim-zero-latency")
+    good = (await complete(sim))["choices"][0]["text"]
+    await set_fault(sim, mode="wrong_answers")
+    bad1 = (await complete(sim))["choices"][0]["text"]
+    bad2 = (await complete(sim))["choices"][0]["text"]
+    assert bad1 == bad2 != good
+    await set_fault(sim, mode="none")
+    assert (await complete(sim))["choices"][0]["text"] == good
+
+
+async def test_hang_stops_answering_but_keeps_the_process_alive(sims: SimFactory) -> None:
+    sim = sims.vllm("--sim-zero-latency")
+    await set_fault(sim, mode="hang")
+    assert http_status(sim.url + "/health", timeout=0.3) is None
+    with pytest.raises(asyncio.TimeoutError):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as s:
+            await s.post(sim.v1 + "/completions", json={"prompt": "x"})
+    assert sim.proc.poll() is None
+    await set_fault(sim, mode="none")
+    assert http_status(sim.url + "/health") == 200
+
+
+async def test_slow_multiplies_latency(sims: SimFactory) -> None:
+    sim = sims.vllm("--sim-decode-ms-per-token", "2", "--sim-decode-ms-per-seq", "0")
+    t0 = time.monotonic()
+    await complete(sim, max_tokens=10)
+    fast = time.monotonic() - t0
+    await set_fault(sim, mode="slow", factor=10)
+    t0 = time.monotonic()
+    await complete(sim, max_tokens=10)
+    assert time.monotonic() - t0 > max(3 * fast, 0.15)
+
+
+async def test_crash_exits_non_zero(sims: SimFactory) -> None:
+    sim = sims.vllm("--sim-zero-latency")
+    await set_fault(sim, mode="crash", exit_code=3)
+    assert sim.proc.wait(timeout=5) == 3
+
+
+def test_crash_after_flag_exits_by_itself(sims: SimFactory) -> None:
+    sim = sims.sglang("--sim-crash-after-s", "0.3")
+    assert sim.proc.wait(timeout=5) == 1
+
+
+async def test_bad_fault_body_is_rejected(sims: SimFactory) -> None:
+    sim = sims.vllm("--sim-zero-latency")
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.post(
+        sim.url + "/sim/fault", json={"mode": "explode"}
+    ) as r:
+        assert r.status == 400
+
+
+async def test_sigterm_shuts_down_cleanly(sims: SimFactory) -> None:
+    sim = sims.vllm("--sim-zero-latency", role="kv_producer")
+    sim.proc.terminate()
+    assert sim.proc.wait(timeout=5) == 0
+    assert "shutting down" in sim.log()
+
+
+@pytest.mark.slow
+async def test_zmq_fault_topic_and_fault_tolerance_endpoints(sims: SimFactory) -> None:
+    base = free_port()
+    sim = sims.vllm("--sim-zero-latency", "--sim-zmq-pub-port", str(base), "--sim-zmq-interval-s",
+                    "0.1", "--data-parallel-size", "4", "--data-parallel-rank", "0")
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(f"tcp://127.0.0.1:{base}")
+    sub.setsockopt(zmq.SUBSCRIBE, b"vllm_fault")
+    try:
+        topic, raw = await asyncio.wait_for(sub.recv_multipart(), 5)
+        assert topic == b"vllm_fault" and orjson.loads(raw)["status"] == "healthy"
+        await set_fault(sim, mode="health_503")
+        deadline = time.monotonic() + 5
+        status = "healthy"
+        while status != "unhealthy" and time.monotonic() < deadline:
+            _, raw = await asyncio.wait_for(sub.recv_multipart(), 5)
+            status = orjson.loads(raw)["status"]
+        assert status == "unhealthy"
+    finally:
+        sub.close(0)
+        ctx.term()
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        async with s.post(sim.url + "/fault_tolerance/apply",
+                          json={"dead_ranks": [2], "request_id": "t1"}) as r:
+            body = await r.json()
+            assert body["active_dp_ranks"] == [0, 1, 3] and body["dp_size"] == 3
+        async with s.get(sim.url + "/fault_tolerance/status") as r:
+            assert (await r.json())["status"] == "unhealthy"
