@@ -24,7 +24,7 @@ from motor_sim.faults import FaultMode
 log = logging.getLogger("motor_sim")
 
 # (flag, type, default, help); env MOTOR_SIM_<FLAG without --sim- upper, '-'→'_'> overrides default
-_SIM_FLAGS: list[tuple[str, Callable[[str], Any], Any, str]] = [
+_SIM_FLAGS: list[tuple[str, Callable[[str], Any] | str, Any, str]] = [
     ("--sim-zero-latency", "bool", False, "no sleeps at all (throughput benchmarks)"),
     ("--sim-prefill-base-ms", float, 2.0, "fixed prefill cost per request"),
     ("--sim-prefill-ms-per-token", float, 0.05, "prefill cost per uncached prompt token"),
@@ -49,12 +49,12 @@ _SIM_FLAGS: list[tuple[str, Callable[[str], Any], Any, str]] = [
 ]
 
 
-def _env_default(flag: str, conv: Any, default: Any) -> Any:
+def _env_default(flag: str, conv: Callable[[str], Any] | str, default: Any) -> Any:
     env = "MOTOR_SIM_" + flag[len("--sim-"):].upper().replace("-", "_")
     raw = os.environ.get(env)
     if raw is None:
         return default
-    if conv == "bool":
+    if isinstance(conv, str):  # "bool"
         return raw.strip().lower() in ("1", "true", "yes", "on")
     return conv(raw)
 
@@ -63,7 +63,7 @@ def _add_sim_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("motor-sim (simulator only)")
     for flag, conv, default, help_ in _SIM_FLAGS:
         d = _env_default(flag, conv, default)
-        if conv == "bool":
+        if isinstance(conv, str):
             g.add_argument(flag, action="store_true", default=d, help=help_)
         else:
             g.add_argument(flag, type=conv, default=d, help=help_)

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ class SimService:
     def release_lease(self, lease: Lease) -> None:
         self.engine.free_blocks(lease.request_id)
 
-    async def generate(self, run: Run) -> AsyncIterator[list[tuple[int, Step]]]:
+    async def generate(self, run: Run) -> AsyncGenerator[list[tuple[int, Step]], None]:
         """Admit, prefill, and decode; yields the steps of each iteration. Close with aclosing."""
         job, plan, engine = run.job, run.plan, self.engine
         max_tokens = self.resolve_max_tokens(job)

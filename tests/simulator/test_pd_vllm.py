@@ -112,7 +112,9 @@ async def test_expired_lease_frees_blocks_and_decode_falls_back(sims: SimFactory
     body = {"model": "sim-model", "prompt": PROMPT, "max_tokens": 4}
     ktp = await prefill(p, body)
     deadline = time.monotonic() + 5
-    while (await state(p))["kv"]["leases"] and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        if not (await state(p))["kv"]["leases"]:
+            break
         await asyncio.sleep(0.05)
     ps = await state(p)
     assert ps["kv"]["leases"] == 0 and ps["kv"]["used"] == 0
