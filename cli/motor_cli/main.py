@@ -1,0 +1,37 @@
+"""``motor``: the operator CLI. Each sub-command lives in its own module.
+
+A command module provides ``configure(parser)`` (adds its arguments) and ``run(args) -> int``;
+register it with one line in :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name → (module, one-line help). One line per command.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "register": ("motor_cli.register", "register native engines with a standalone coordinator"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="motor", description="Motor operator CLI")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, (module, help_) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_, description=importlib.import_module(module).__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        cmd.set_defaults(_module=module)
+        importlib.import_module(module).configure(cmd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = importlib.import_module(args._module).run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""``motor register``: register native engines with a standalone coordinator (SPEC §3.2).
+
+    motor register add  --role prefill --model M --engine vllm --endpoint 10.0.0.1:8100,kv=5600
+    motor register set  --file instances.yaml          # replaces the whole instance set
+    motor register del  --id 4611686018427387905      # or --endpoint 10.0.0.1:8100
+    motor register list [--json]
+
+Every command talks to ``--coordinator`` (env ``MOTOR_COORDINATOR``) with the management key from
+``--management-key-file`` (env ``MOTOR_MANAGEMENT_KEY_FILE``). Before add/set the engines are
+health-checked (``GET /v1/models`` must list a model; ``--no-health-check`` skips) and the
+coordinator's instances are listed so that conflicts are refused before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import grpc
+
+from motor_cli import health, output
+from motor_cli.registration import (
+    EndpointSpec,
+    build_instance,
+    describe,
+    parse_endpoint,
+    plan_add,
+    plan_set,
+    resolve_delete,
+)
+from motor_common.config import load_config
+from motor_common.convert import instance_from_pb, instance_to_pb
+from motor_common.domain import EngineType, Instance, InstanceStatus, Role
+from motor_common.errors import InvalidArgument, MotorError
+from motor_common.gen.motor.common.v1 import types_pb2 as pb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_common.grpc_server import read_secret
+
+DEFAULT_COORDINATOR = "127.0.0.1:9100"
+EXIT_FAILED = 1
+
+
+@dataclass(frozen=True)
+class InstanceEntry:
+    """One instance in a registration file (unknown keys are rejected)."""
+
+    role: Literal["prefill", "decode", "union"]
+    model: str
+    engine: Literal["vllm", "sglang"]
+    endpoints: list[str]
+    job: str | None = None
+
+
+@dataclass(frozen=True)
+class RegistrationFile:
+    instances: list[InstanceEntry]
+
+
+# -- argument parsing ------------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--coordinator", default=os.environ.get("MOTOR_COORDINATOR", DEFAULT_COORDINATOR),
+                   metavar="ADDR", help="coordinator gRPC address (env MOTOR_COORDINATOR; default %(default)s)")
+    p.add_argument("--management-key-file", default=os.environ.get("MOTOR_MANAGEMENT_KEY_FILE"), metavar="F",
+                   help="file holding the management key (env MOTOR_MANAGEMENT_KEY_FILE)")
+    p.add_argument("--tls-ca-file", default=None, help="CA bundle for TLS to the coordinator")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    return p
+
+
+def _instance_flags(p: argparse.ArgumentParser, *, file_help: str) -> None:
+    p.add_argument("--role", choices=[r.value for r in Role])
+    p.add_argument("--model", help="served model name, as clients send it in 'model'")
+    p.add_argument("--engine", choices=[e.value for e in EngineType])
+    p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT[,bootstrap=N][,kv=N]",
+                   help="one engine of the instance (repeatable: all endpoints of one instance)")
+    p.add_argument("--job", help="job name (default derived from role and instance id)")
+    p.add_argument("--file", help=file_help)
+    p.add_argument("--no-health-check", action="store_true",
+                   help="skip the GET /v1/models probe of each engine")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    """Add the register sub-commands to *p* (used by ``motor register`` and ``python -m``)."""
+    common = _common()
+    sub = p.add_subparsers(dest="action", required=True, metavar="{set,add,del,list}")
+    add = sub.add_parser("add", parents=[common], help="add one instance (or those of --file)")
+    _instance_flags(add, file_help="YAML/JSON file with an 'instances' list to add")
+    set_ = sub.add_parser("set", parents=[common], help="replace the whole instance set")
+    _instance_flags(set_, file_help="YAML/JSON file with an 'instances' list (the complete set)")
+    set_.add_argument("--force", action="store_true",
+                      help="also drop instances the controller manages (ids without the standalone bit)")
+    del_ = sub.add_parser("del", parents=[common], help="delete instances by id or endpoint")
+    del_.add_argument("--id", type=int, action="append", default=[], help="instance id (repeatable)")
+    del_.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
+                      help="delete the instance serving this endpoint (repeatable)")
+    sub.add_parser("list", parents=[common], help="list registered instances")
+
+
+# -- building instances ----------------------------------------------------------------------------
+
+
+def instances_from_args(args: argparse.Namespace) -> list[Instance]:
+    if args.file:
+        if args.role or args.model or args.engine or args.endpoint or args.job:
+            raise InvalidArgument("--file cannot be combined with --role/--model/--engine/--endpoint/--job")
+        spec = load_config(RegistrationFile, args.file)
+        return [
+            build_instance(Role(e.role), e.model, EngineType(e.engine), [parse_endpoint(x) for x in e.endpoints],
+                           e.job)
+            for e in spec.instances
+        ]
+    missing = [flag for flag, value in (("--role", args.role), ("--model", args.model),
+                                        ("--engine", args.engine), ("--endpoint", args.endpoint)) if not value]
+    if missing:
+        raise InvalidArgument(f"missing {', '.join(missing)} (or give --file)")
+    endpoints = [parse_endpoint(text) for text in args.endpoint]
+    return [build_instance(Role(args.role), args.model, EngineType(args.engine), endpoints, args.job)]
+
+
+async def check_health(instances: Sequence[Instance], timeout: float) -> list[str]:
+    """Problems found by probing every engine (empty = all healthy); model mismatches are warnings."""
+    endpoints = [ep for inst in instances for ep in inst.endpoints]
+    models = {ep.host_port: inst.model_name for inst in instances for ep in inst.endpoints}
+    problems = []
+    for result in await health.probe_all(endpoints, timeout):
+        if not result.healthy:
+            problems.append(f"endpoint {result.endpoint} is unhealthy: {result.detail}")
+        elif models[result.endpoint] not in result.models:
+            print(f"warning: endpoint {result.endpoint} serves {list(result.models)}, "
+                  f"not {models[result.endpoint]!r}", file=sys.stderr)
+    return problems
+
+
+# -- talking to the coordinator --------------------------------------------------------------------
+
+
+class Registry:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.address = args.coordinator
+        self.timeout = args.timeout
+        self.metadata = call_metadata(read_secret(args.management_key_file))
+        self.channel = open_channel(args.coordinator, tls_ca_file=args.tls_ca_file)
+        self.stub = cgrpc.InstanceRegistryServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+    async def list(self) -> tuple[list[Instance], cpb.ListInstancesResponse]:
+        out: list[Instance] = []
+        token = ""
+        while True:
+            resp = await self.stub.ListInstances(
+                cpb.ListInstancesRequest(page_token=token), timeout=self.timeout, metadata=self.metadata)
+            for msg in resp.instances:
+                inst = instance_from_pb(msg)
+                if msg.status == pb.INSTANCE_STATUS_UNAVAILABLE:  # convert folds it into AVAILABLE
+                    inst = replace(inst, status=InstanceStatus.UNAVAILABLE)
+                out.append(inst)
+            token = resp.next_page_token
+            if not token:
+                return out, resp
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def _emit(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
+    print(output.dumps(doc) if args.json else text)
+
+
+async def _add_or_set(args: argparse.Namespace, reg: Registry) -> int:
+    instances = instances_from_args(args)
+    if not args.no_health_check:
+        problems = await check_health(instances, min(args.timeout, 5.0))
+        if problems:
+            for line in problems:
+                print(f"error: {line}", file=sys.stderr)
+            print("error: nothing registered (use --no-health-check to skip the probe)", file=sys.stderr)
+            return EXIT_FAILED
+    existing, _ = await reg.list()
+    pbs = [instance_to_pb(i) for i in instances]
+    if args.action == "add":
+        submit, present = plan_add(instances, existing)
+        generation = 0
+        if submit:
+            resp = await reg.stub.AddInstances(
+                cpb.AddInstancesRequest(instances=[instance_to_pb(i) for i in submit]),
+                timeout=args.timeout, metadata=reg.metadata)
+            generation = resp.generation
+        lines = [output.table(instances)]
+        lines += [f"already registered: {describe(i)}" for i in present]
+        lines.append(f"added {len(submit)} instance(s)" + (f", generation {generation}" if submit else ""))
+        _emit(args, {"added": [output.instance_dict(i) for i in submit],
+                     "already_registered": [output.instance_dict(i) for i in present],
+                     "generation": generation}, "\n".join(lines))
+        return 0
+    dropped = plan_set(instances, existing, force=args.force)
+    set_resp = await reg.stub.SetInstances(cpb.SetInstancesRequest(instances=pbs), timeout=args.timeout,
+                                           metadata=reg.metadata)
+    text = output.table(instances) + (
+        f"\nset {set_resp.instance_count} instance(s), dropped {len(dropped)}, generation {set_resp.generation}")
+    _emit(args, {"instances": [output.instance_dict(i) for i in instances],
+                 "dropped": [output.instance_dict(i) for i in dropped],
+                 "generation": set_resp.generation}, text)
+    return 0
+
+
+async def _delete(args: argparse.Namespace, reg: Registry) -> int:
+    specs: list[EndpointSpec] = [parse_endpoint(text) for text in args.endpoint]
+    existing, _ = await reg.list()
+    targets = resolve_delete(existing, ids=args.id, endpoints=specs)
+    resp = await reg.stub.DeleteInstances(
+        cpb.DeleteInstancesRequest(instances=[instance_to_pb(i) for i in targets]),
+        timeout=args.timeout, metadata=reg.metadata)
+    text = output.table(targets) + f"\ndeleted {len(resp.deleted_ids)} instance(s), generation {resp.generation}"
+    _emit(args, {"deleted": [output.instance_dict(i) for i in targets], "deleted_ids": list(resp.deleted_ids),
+                 "generation": resp.generation}, text)
+    return 0
+
+
+async def _list(args: argparse.Namespace, reg: Registry) -> int:
+    instances, resp = await reg.list()
+    s = resp.summary
+    summary = {"available": s.available, "unavailable": s.unavailable, "paused": s.paused,
+               "prefill": s.prefill, "decode": s.decode, "union": s.union}
+    text = output.table(instances) + "\n" + ", ".join(f"{k} {v}" for k, v in summary.items()) + (
+        f", generation {resp.generation}")
+    _emit(args, {"instances": [output.instance_dict(i) for i in instances], "summary": summary,
+                 "generation": resp.generation}, text)
+    return 0
+
+
+_ACTIONS = {"add": _add_or_set, "set": _add_or_set, "del": _delete, "list": _list}
+
+
+async def _run(args: argparse.Namespace) -> int:
+    reg = Registry(args)
+    try:
+        return await _ACTIONS[args.action](args, reg)
+    except grpc.aio.AioRpcError as exc:
+        err = translate(exc)
+        code = exc.code().name
+        hint = f" (is motor-coordinator listening on {reg.address}?)" if code == "UNAVAILABLE" else ""
+        print(f"error: {code}: {err.message}{hint}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        await reg.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point used by ``motor register`` (see ``motor_cli.main``)."""
+    try:
+        return asyncio.run(_run(args))
+    except MotorError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m motor_cli.register", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
