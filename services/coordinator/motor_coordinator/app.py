@@ -1,0 +1,162 @@
+"""The coordinator process wiring: registry mirror, scheduler, dispatcher, gRPC, readiness."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+from motor_common.domain import Instance
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_server import GrpcServer
+from motor_common.ops_http import OpsHttpServer
+from motor_common.tasks import TaskOwner
+from motor_coordinator.adapters import default_adapters
+from motor_coordinator.config import CoordinatorConfig
+from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH_SERVICE
+from motor_coordinator.dispatch_service import DispatchServicer
+from motor_coordinator.dispatcher import Dispatcher
+from motor_coordinator.engine_client import EngineClient
+from motor_coordinator.leadership import Leadership, Standalone
+from motor_coordinator.monitor import Monitor
+from motor_coordinator.policies import make_policy
+from motor_coordinator.readiness import Readiness, evaluate
+from motor_coordinator.registry import RegistryState
+from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
+from motor_coordinator.registry_service import RegistryServicer, observed
+from motor_coordinator.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class Coordinator:
+    def __init__(
+        self,
+        cfg: CoordinatorConfig,
+        *,
+        leadership: Leadership | None = None,
+        management_key: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.leadership: Leadership = leadership or Standalone()
+        d = cfg.dispatch
+        self.scheduler = Scheduler(
+            make_policy(cfg.scheduler),
+            breaker_failures=d.circuit_breaker_failures,
+            breaker_cooldown=d.circuit_breaker_cooldown_sec,
+        )
+        self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec)
+        self.dispatcher = Dispatcher(
+            self.scheduler, self.client, default_adapters(), d, prefix_chars=cfg.scheduler.prefix_chars
+        )
+        self.monitor = Monitor(
+            self.scheduler, self.client,
+            probe_interval=d.health_probe_interval_sec, scrape_interval=d.metrics_scrape_interval_sec,
+        )
+        # The management mirror: swapped only after the scheduler accepted the same snapshot.
+        self.state = RegistryState()
+        self._model_created: dict[str, int] = {}
+        self._precision_alarms: set[int] = set()
+        self.server = GrpcServer("coordinator", cfg.server, management_key=management_key)
+        self.server.add_service(
+            REGISTRY_SERVICE,
+            lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(  # type: ignore[no-untyped-call]
+                RegistryServicer(self), s
+            ),
+            protected=True,
+        )
+        self.server.add_service(
+            DISPATCH_SERVICE,
+            lambda s: cgrpc.add_DispatchServiceServicer_to_server(  # type: ignore[no-untyped-call]
+                DispatchServicer(self), s
+            ),
+        )
+        self.tasks = TaskOwner("coordinator")
+        self.ops: OpsHttpServer | None = None
+        self._dirty: asyncio.Event | None = None
+        self._serving: bool | None = None
+        self.scheduler.subscribe(self._mark_dirty)
+        self.leadership.subscribe(self._mark_dirty)
+
+    # -- registry ----------------------------------------------------------------------------
+
+    def commit(self, new: RegistryState) -> None:
+        """Scheduler first, then the mirror: no await between validation and this call."""
+        self.scheduler.accept(new)
+        self.state = new
+        now = int(time.time())
+        for inst in new.instances.values():
+            self._model_created.setdefault(inst.model_name, now)
+
+    def observed(self, inst: Instance) -> Instance:
+        return observed(inst, self.scheduler.instance_unavailable(inst))
+
+    def observed_instances(self) -> list[Instance]:
+        return [self.observed(i) for i in self.state.instances.values()]
+
+    def model_created(self, model: str) -> int:
+        return self._model_created.get(model, 0)
+
+    def clear_precision_alarms(self, ids: Iterable[int]) -> int:
+        wanted = set(ids) or set(self._precision_alarms)
+        cleared = wanted & self._precision_alarms
+        self._precision_alarms -= cleared
+        return len(cleared)
+
+    # -- readiness ---------------------------------------------------------------------------
+
+    def readiness(self) -> Readiness:
+        return evaluate(
+            is_master=self.leadership.is_master,
+            isolated=self.leadership.isolated,
+            schedulable=self.scheduler.has_schedulable_route(),
+        )
+
+    def _mark_dirty(self) -> None:
+        if self._dirty is not None:
+            self._dirty.set()
+
+    async def _apply_readiness(self) -> None:
+        r = self.readiness()
+        if r.ready != self._serving:
+            self._serving = r.ready
+            await self.server.set_serving(r.ready, "")
+            await self.server.set_serving(r.ready, DISPATCH_SERVICE)
+            log.info("readiness changed", extra={"ready": r.ready, "reason": r.reason})
+
+    async def _readiness_loop(self) -> None:
+        assert self._dirty is not None
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self._apply_readiness()
+
+    async def _ops_readiness(self) -> tuple[bool, str]:
+        r = self.readiness()
+        return r.ready, r.reason or "ok"
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        await self.client.start()
+        port = await self.server.start()
+        self._dirty = asyncio.Event()
+        await self._apply_readiness()
+        self.tasks.spawn(self._readiness_loop(), name="readiness")
+        d = self.cfg.dispatch
+        if d.health_probe_interval_sec > 0:
+            self.tasks.spawn(self.monitor.probe_loop(), name="health-probe")
+        if d.metrics_scrape_interval_sec > 0:
+            self.tasks.spawn(self.monitor.scrape_loop(), name="metrics-scrape")
+        if self.cfg.server.metrics_port is not None:
+            self.ops = OpsHttpServer(self.cfg.server.host, self.cfg.server.metrics_port, self._ops_readiness)
+            await self.ops.start()
+        return port
+
+    async def stop(self, grace: float | None = None) -> None:
+        await self.server.stop(grace)
+        await self.tasks.close()
+        if self.ops is not None:
+            await self.ops.stop()
+        await self.client.close()

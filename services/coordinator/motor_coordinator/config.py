@@ -1,0 +1,77 @@
+"""Coordinator configuration: frozen dataclasses loaded by ``motor_common.config.load_config``.
+
+Unknown keys are rejected by the loader (exit 2 naming the key). The HA keys are reserved with the
+SPEC's names and defaults; standalone coordinators ignore them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from motor_common.grpc_server import ServerConfig
+
+ENV_PREFIX = "MOTOR_COORDINATOR"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    # One of motor_coordinator.policies.POLICIES; unknown name = start-up error.
+    policy: str = "least_load"
+    # prefix_aware: characters of the rendered prompt hashed to choose the prefill endpoint.
+    prefix_chars: int = 256
+    # prefix_aware: the preferred endpoint is abandoned for the least loaded one when its load
+    # exceeds the least loaded endpoint's by more than this many requests.
+    prefix_load_slack: float = 4.0
+    # least_load: weight of the engine's KV-cache usage (0..1) in the load score.
+    kv_usage_weight: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.prefix_chars < 1:
+            raise ValueError("scheduler.prefix_chars must be >= 1")
+        if self.prefix_load_slack < 0 or self.kv_usage_weight < 0:
+            raise ValueError("scheduler.prefix_load_slack and kv_usage_weight must be >= 0")
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    # Whole-request bound (also capped by the gRPC deadline).
+    request_timeout_sec: float = 600.0
+    # Extra prefill attempts on other prefill endpoints after a connect error or 5xx.
+    prefill_retries: int = 2
+    connect_timeout_sec: float = 3.0
+    # Background GET /health of every registered endpoint; 0 disables probing.
+    health_probe_interval_sec: float = 1.0
+    # Timeout of one health probe or metrics scrape.
+    probe_timeout_sec: float = 1.0
+    # Consecutive failures (requests or probes) that take an endpoint out of rotation.
+    circuit_breaker_failures: int = 3
+    # Minimum time an endpoint stays out of rotation before a passing probe restores it.
+    circuit_breaker_cooldown_sec: float = 1.0
+    # Background scrape of engines' /metrics for least_load; 0 disables scraping.
+    metrics_scrape_interval_sec: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.request_timeout_sec <= 0 or self.connect_timeout_sec <= 0 or self.probe_timeout_sec <= 0:
+            raise ValueError("dispatch timeouts must be > 0")
+        if self.prefill_retries < 0:
+            raise ValueError("dispatch.prefill_retries must be >= 0")
+        if self.circuit_breaker_failures < 1:
+            raise ValueError("dispatch.circuit_breaker_failures must be >= 1")
+        if min(self.health_probe_interval_sec, self.metrics_scrape_interval_sec,
+               self.circuit_breaker_cooldown_sec) < 0:
+            raise ValueError("dispatch intervals must be >= 0")
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    log_level: str = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    # Reserved for active/standby HA (etcd lease); SPEC §3.4 / §6 names and defaults.
+    master_lock_ttl: float = 8.0
+    master_standby_check_interval: float = 2.0
+    # Reserved for precision alarms (SPEC §3.5).
+    precision_clear_threshold: int = 10

@@ -1,0 +1,90 @@
+"""``motor.coordinator.v1.DispatchService`` (no management key): Dispatch, ListModels, GetReadiness."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from motor_common.domain import Role
+from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.logs import new_request_id, request_id_var
+from motor_coordinator.dispatcher import Head
+from motor_coordinator.leadership import LeaderRole
+from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
+
+if TYPE_CHECKING:
+    from motor_coordinator.app import Coordinator
+
+SERVICE_NAME = "motor.coordinator.v1.DispatchService"
+
+_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT}
+_ROLES = {
+    LeaderRole.STANDALONE: cpb.COORDINATOR_ROLE_STANDALONE,
+    LeaderRole.MASTER: cpb.COORDINATOR_ROLE_MASTER,
+    LeaderRole.STANDBY: cpb.COORDINATOR_ROLE_STANDBY,
+}
+
+
+class DispatchServicer(cgrpc.DispatchServiceServicer):
+    def __init__(self, app: Coordinator) -> None:
+        self.app = app
+
+    async def Dispatch(self, request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        api = _APIS.get(request.api)
+        if api is None:
+            raise InvalidArgument(
+                "api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API"
+            )
+        lead = self.app.leadership
+        if lead.isolated or not lead.is_master:
+            reason = "isolated" if lead.isolated else "Coordinator is not master"
+            raise Unavailable(reason, reason="ISOLATED" if lead.isolated else "NOT_MASTER")
+        parsed = parse_body(api, request.body)
+        rid = request.request_id or request_id_var.get() or new_request_id()
+        timeout = self.app.cfg.dispatch.request_timeout_sec
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, remaining)
+        try:
+            async with asyncio.timeout(timeout):
+                async for frame in self.app.dispatcher.dispatch(parsed, rid):
+                    if isinstance(frame, Head):
+                        yield cpb.DispatchResponse(head=cpb.ResponseHead(
+                            http_status=frame.http_status,
+                            content_type=frame.content_type,
+                            request_id=frame.request_id,
+                            prefill_instance_id=frame.prefill_instance_id,
+                            decode_instance_id=frame.decode_instance_id,
+                        ))
+                    else:
+                        yield cpb.DispatchResponse(chunk=frame)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"request {rid} did not finish within {timeout:.3g}s", reason="REQUEST_TIMEOUT"
+            ) from None
+
+    async def ListModels(self, request: cpb.ListModelsRequest, context: Any) -> cpb.ListModelsResponse:
+        models = []
+        for name, insts in sorted(self.app.scheduler.models().items()):
+            models.append(cpb.Model(
+                id=name,
+                created=self.app.model_created(name),
+                prefill_instances=sum(i.role is Role.PREFILL for i in insts),
+                decode_instances=sum(i.role is Role.DECODE for i in insts),
+                union_instances=sum(i.role is Role.UNION for i in insts),
+            ))
+        return cpb.ListModelsResponse(models=models)
+
+    async def GetReadiness(self, request: cpb.GetReadinessRequest, context: Any) -> cpb.GetReadinessResponse:
+        r = self.app.readiness()
+        lead = self.app.leadership
+        return cpb.GetReadinessResponse(
+            ready=r.ready,
+            reason=r.reason,
+            role=_ROLES[lead.role],
+            isolated=lead.isolated,
+            generation=self.app.state.generation,
+        )

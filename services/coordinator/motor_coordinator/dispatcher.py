@@ -1,0 +1,275 @@
+"""Runs one request through prefill→decode (or both at once, or a union endpoint) and yields a
+:class:`Head` followed by the engine's body bytes, unchanged.
+
+Errors before the head are ``MotorError``s (the servicer turns them into gRPC statuses); engine 4xx
+answers are relayed as head + body. After the head, a broken engine stream ends the call with
+UNAVAILABLE (reason ENGINE_STREAM_BROKEN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from motor_common.domain import Role
+from motor_common.errors import Unavailable
+from motor_coordinator.adapters import EngineAdapter
+from motor_coordinator.config import DispatchConfig
+from motor_coordinator.engine_client import EngineClient, EngineUnreachable
+from motor_coordinator.policies import Candidate, RequestInfo
+from motor_coordinator.request import ParsedRequest, prompt_prefix
+from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
+
+JSON = "application/json"
+
+
+@dataclass(frozen=True)
+class Head:
+    http_status: int
+    content_type: str
+    request_id: str
+    prefill_instance_id: int = 0
+    decode_instance_id: int = 0
+
+
+Frame = Head | bytes
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A complete engine answer (prefill replies, relayed errors)."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+class _PrefillFailed(Exception):
+    pass
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        client: EngineClient,
+        adapters: dict[Any, EngineAdapter],
+        cfg: DispatchConfig,
+        *,
+        prefix_chars: int = 256,
+    ) -> None:
+        self.scheduler = scheduler
+        self.client = client
+        self.adapters = adapters
+        self.cfg = cfg
+        self.prefix_chars = prefix_chars
+        self._seq = itertools.count()
+
+    async def dispatch(self, req: ParsedRequest, request_id: str) -> AsyncIterator[Frame]:
+        info = RequestInfo(next(self._seq), req.model, prompt_prefix(req, self.prefix_chars))
+        route = self.scheduler.route(info)
+        if route.union is not None:
+            stream = self._union(req, route.union, info, request_id)
+        elif self.adapters[route.engine].concurrent:
+            stream = self._concurrent(req, route, info, request_id)
+        else:
+            stream = self._sequential(req, route, info, request_id)
+        async for frame in stream:
+            yield frame
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _next(self, role: Role, info: RequestInfo, route: Route, tried: list[EndpointKey]) -> Candidate | None:
+        return self.scheduler.pick(role, info, engine=route.engine, exclude=tried)
+
+    def _exhausted(self, role: str, req: ParsedRequest, tried: int, last: str) -> Unavailable:
+        return Unavailable(
+            f"{role} failed on {tried} {role} endpoint(s) for model {req.model!r}: {last}",
+            reason=f"{role.upper()}_FAILED",
+            metadata={"model": req.model, "role": role},
+        )
+
+    async def _relay(
+        self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head
+    ) -> AsyncIterator[Frame]:
+        if resp.status >= 500:
+            self.scheduler.record_failure(cand.endpoint)
+        else:
+            self.scheduler.record_success(cand.endpoint)
+        yield head
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+        except (aiohttp.ClientError, OSError) as exc:
+            self.scheduler.record_failure(cand.endpoint)
+            raise Unavailable(
+                f"engine {cand.endpoint.host_port} broke the response stream: {type(exc).__name__}",
+                reason="ENGINE_STREAM_BROKEN",
+            ) from exc
+
+    async def _prefill(self, cand: Candidate, req: ParsedRequest, body: dict[str, Any], rid: str) -> _Answer:
+        """Run a prefill; raise _PrefillFailed for retryable failures (unreachable, 5xx, junk)."""
+        async with self.scheduler.load_guard(cand):
+            try:
+                status, ctype, data = await self.client.read_all(cand.endpoint, req.path, body, rid)
+            except EngineUnreachable as exc:
+                self.scheduler.record_failure(cand.endpoint)
+                raise _PrefillFailed(str(exc)) from exc
+        if status >= 500:
+            self.scheduler.record_failure(cand.endpoint)
+            raise _PrefillFailed(f"engine {cand.endpoint.host_port} answered HTTP {status}")
+        self.scheduler.record_success(cand.endpoint)
+        return _Answer(status, ctype, data)
+
+    # -- union ------------------------------------------------------------------------------
+
+    async def _union(
+        self, req: ParsedRequest, first: Candidate, info: RequestInfo, rid: str
+    ) -> AsyncIterator[Frame]:
+        cand: Candidate | None = first
+        tried: list[EndpointKey] = []
+        last = ""
+        while cand is not None and len(tried) <= self.cfg.prefill_retries:
+            async with self.scheduler.load_guard(cand):
+                try:
+                    resp = await self.client.open(cand.endpoint, req.path, dict(req.body), rid)
+                except EngineUnreachable as exc:
+                    self.scheduler.record_failure(cand.endpoint)
+                    last = str(exc)
+                else:
+                    head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
+                                cand.instance.id, cand.instance.id)
+                    try:
+                        async for frame in self._relay(resp, cand, head):
+                            yield frame
+                    except BaseException:
+                        resp.close()
+                        raise
+                    finally:
+                        resp.release()
+                    return
+            tried.append(endpoint_key(cand.endpoint))
+            cand = self.scheduler.pick(Role.UNION, info, engine=cand.instance.engine_type, exclude=tried)
+        raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
+
+    # -- prefill, then decode (vLLM) ---------------------------------------------------------
+
+    async def _sequential(
+        self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str
+    ) -> AsyncIterator[Frame]:
+        adapter = self.adapters[route.engine]
+        p, d = route.prefill, route.decode
+        assert p is not None and d is not None
+        tried: list[EndpointKey] = []
+        last = ""
+        reply: dict[str, Any] | None = None
+        pbody: dict[str, Any] = {}
+        while reply is None:
+            pbody = adapter.prefill_body(req.body, p.endpoint)
+            try:
+                answer = await self._prefill(p, req, pbody, rid)
+            except _PrefillFailed as exc:
+                last = str(exc)
+                tried.append(endpoint_key(p.endpoint))
+                nxt = self._next(Role.PREFILL, info, route, tried)
+                if nxt is None or len(tried) > self.cfg.prefill_retries:
+                    raise self._exhausted("prefill", req, len(tried), last) from None
+                p = nxt
+                continue
+            if answer.status != 200:  # the engine refused the request: relay its error unchanged
+                yield Head(answer.status, answer.content_type, rid, p.instance.id, d.instance.id)
+                yield answer.body
+                return
+            try:
+                parsed = orjson.loads(answer.body)
+            except orjson.JSONDecodeError:
+                parsed = None
+            reply = parsed if isinstance(parsed, dict) else {}
+        dbody = adapter.decode_body(req.body, pbody, reply)
+        async with self.scheduler.load_guard(d):
+            try:
+                async with self.client.post(d.endpoint, req.path, dbody, rid) as resp:
+                    head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
+                    async for frame in self._relay(resp, d, head):
+                        yield frame
+            except EngineUnreachable as exc:
+                self.scheduler.record_failure(d.endpoint)
+                raise Unavailable(f"decode {exc}", reason="DECODE_FAILED", metadata={"role": "decode"}) from exc
+
+    # -- both at once (SGLang) ---------------------------------------------------------------
+
+    async def _concurrent(
+        self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str
+    ) -> AsyncIterator[Frame]:
+        adapter = self.adapters[route.engine]
+        p, d = route.prefill, route.decode
+        assert p is not None and d is not None
+        tried: list[EndpointKey] = []
+        while True:
+            pbody = adapter.prefill_body(req.body, p.endpoint)
+            dbody = adapter.decode_body(req.body, pbody, None)
+            failure: str | None = None
+            async with self.scheduler.load_guard(p, d):
+                p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid))
+                d_task = asyncio.ensure_future(self.client.open(d.endpoint, req.path, dbody, rid))
+                resp: aiohttp.ClientResponse | None = None
+                try:
+                    await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
+                    if not d_task.done() and p_task.done():
+                        exc = p_task.exception()
+                        if isinstance(exc, _PrefillFailed):
+                            failure = str(exc)
+                        elif exc is not None:
+                            raise exc
+                        elif p_task.result().status != 200:  # prefill refused: relay its error
+                            answer = p_task.result()
+                            yield Head(answer.status, answer.content_type, rid, p.instance.id, d.instance.id)
+                            yield answer.body
+                            return
+                        else:
+                            await d_task
+                    if failure is None:
+                        try:
+                            resp = await d_task
+                        except EngineUnreachable as exc:
+                            self.scheduler.record_failure(d.endpoint)
+                            raise Unavailable(f"decode {exc}", reason="DECODE_FAILED",
+                                              metadata={"role": "decode"}) from exc
+                        if resp.status >= 500:  # was it the prefill's fault? then retry elsewhere
+                            await asyncio.wait({p_task}, timeout=self.cfg.connect_timeout_sec)
+                            if p_task.done() and isinstance(p_task.exception(), _PrefillFailed):
+                                failure = str(p_task.exception())
+                    if failure is None:
+                        assert resp is not None
+                        head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
+                                    p.instance.id, d.instance.id)
+                        async for frame in self._relay(resp, d, head):
+                            yield frame
+                        if not p_task.done():
+                            await asyncio.wait({p_task}, timeout=self.cfg.connect_timeout_sec)
+                        return
+                except BaseException:
+                    if resp is not None:
+                        resp.close()
+                    raise
+                finally:
+                    if resp is not None:
+                        resp.release()
+                    for t in (p_task, d_task):
+                        t.cancel()
+                    await asyncio.gather(p_task, d_task, return_exceptions=True)
+                    if d_task.done() and not d_task.cancelled() and d_task.exception() is None:
+                        unused = d_task.result()
+                        if unused is not resp:
+                            unused.close()
+            tried.append(endpoint_key(p.endpoint))
+            nxt = self._next(Role.PREFILL, info, route, tried)
+            if nxt is None or len(tried) > self.cfg.prefill_retries:
+                raise self._exhausted("prefill", req, len(tried), failure or "")
+            p = nxt

@@ -1,0 +1,104 @@
+"""HTTP to engines: one shared aiohttp session (keep-alive; aiohttp's BaseProtocol sets
+TCP_NODELAY on every connection). aiohttp/OS errors are translated here into
+:class:`EngineUnreachable`; HTTP statuses are returned, not raised."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+
+from motor_common.domain import Endpoint
+
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+class EngineUnreachable(Exception):
+    """The engine could not be reached or dropped the connection before answering."""
+
+    def __init__(self, endpoint: Endpoint, cause: str) -> None:
+        super().__init__(f"engine {endpoint.host_port} unreachable: {cause}")
+        self.endpoint = endpoint
+
+
+class EngineClient:
+    def __init__(self, *, connect_timeout: float, probe_timeout: float) -> None:
+        self._connect_timeout = connect_timeout
+        self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self._connect_timeout, sock_connect=self._connect_timeout
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, json_serialize=lambda o: orjson.dumps(o).decode()
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("EngineClient.start() was not called")
+        return self._session
+
+    async def open(
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str
+    ) -> aiohttp.ClientResponse:
+        """POST *body* as JSON and return the response once its head arrived (caller closes it)."""
+        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
+        try:
+            return await self.session.post(endpoint.base_url + path, data=orjson.dumps(body), headers=headers)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}") from exc
+
+    @asynccontextmanager
+    async def post(
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """:meth:`open` as a context; the connection is dropped (not reused) if the caller leaves
+        early, so the engine sees the disconnect and aborts the request."""
+        resp = await self.open(endpoint, path, body, request_id)
+        try:
+            yield resp
+        except BaseException:
+            resp.close()
+            raise
+        finally:
+            resp.release()
+
+    async def read_all(
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str
+    ) -> tuple[int, str, bytes]:
+        """POST and read the whole answer: (status, content type, body)."""
+        async with self.post(endpoint, path, body, request_id) as resp:
+            try:
+                data = await resp.read()
+            except (aiohttp.ClientError, OSError) as exc:
+                raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}") from exc
+            return resp.status, resp.headers.get("Content-Type", ""), data
+
+    async def probe(self, endpoint: Endpoint, path: str = "/health") -> bool:
+        try:
+            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return False
+
+    async def get_text(self, endpoint: Endpoint, path: str) -> str | None:
+        try:
+            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
+                if resp.status != 200:
+                    return None
+                return await resp.text()
+        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+            return None

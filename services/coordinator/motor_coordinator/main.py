@@ -1,0 +1,73 @@
+"""``motor-coordinator --config FILE [--host H] [--port P] [--ports-file PATH] [--log-format F]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from motor_common.config import load_config, to_dict
+from motor_common.logs import setup_logging
+from motor_common.runner import run, stop_event_on_signals
+from motor_coordinator.app import Coordinator
+from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
+
+log = logging.getLogger("motor_coordinator")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="motor-coordinator", description="Motor PD dispatcher (coordinator)")
+    p.add_argument("--config", help="YAML or JSON config file (unknown keys are rejected)")
+    p.add_argument("--host", help="gRPC listen address (overrides server.host)")
+    p.add_argument("--port", type=int, help="gRPC port, 0 = any (overrides server.port)")
+    p.add_argument("--ports-file", help='write {"grpc": port, "metrics": port|null} here once listening')
+    p.add_argument("--log-format", choices=("json", "text"), help="overrides log_format")
+    return p.parse_args(argv)
+
+
+def write_ports_file(path: str, ports: dict[str, int | None]) -> None:
+    """Atomically (tmp + rename) write the bound ports."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(orjson.dumps(ports))
+    os.replace(tmp, target)
+
+
+async def amain(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {}
+    server: dict[str, Any] = {}
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    if server:
+        overrides["server"] = server
+    if args.log_format is not None:
+        overrides["log_format"] = args.log_format
+    cfg = load_config(CoordinatorConfig, args.config, env_prefix=ENV_PREFIX, overrides=overrides)
+    setup_logging("coordinator", cfg.log_level, cfg.log_format)
+    stop = stop_event_on_signals()
+    app = Coordinator(cfg)
+    port = await app.start()
+    log.info("coordinator started", extra={"grpc_port": port, "config": to_dict(cfg)})
+    try:
+        if args.ports_file:
+            write_ports_file(args.ports_file, {"grpc": port, "metrics": app.ops.port if app.ops else None})
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await app.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run(lambda: amain(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

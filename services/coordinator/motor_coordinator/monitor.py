@@ -1,0 +1,85 @@
+"""Background health probes and metrics scrapes of every registered engine endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from motor_common.domain import EngineType
+from motor_coordinator.engine_client import EngineClient
+from motor_coordinator.policies import EngineLoad
+from motor_coordinator.scheduler import ProbeTarget, Scheduler
+
+log = logging.getLogger(__name__)
+
+_GAUGES = {
+    EngineType.VLLM: ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+    EngineType.SGLANG: ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
+}
+
+
+def _sample(line: str) -> tuple[str, float] | None:
+    """``name{labels} value [ts]`` → (name, value); None for comments and junk."""
+    if not line or line.startswith("#"):
+        return None
+    brace, space = line.find("{"), line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name, rest = line[:brace], line[line.rfind("}") + 1 :]
+    elif space != -1:
+        name, rest = line[:space], line[space:]
+    else:
+        return None
+    parts = rest.split()
+    try:
+        return name, float(parts[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def parse_load(text: str, engine: EngineType) -> EngineLoad:
+    """Sum the engine's running/waiting gauges and take the max KV usage over label sets (pure)."""
+    running_name, waiting_name, kv_name = _GAUGES[engine]
+    running = waiting = kv = 0.0
+    for line in text.splitlines():
+        sample = _sample(line)
+        if sample is None:
+            continue
+        name, value = sample
+        if name == running_name:
+            running += value
+        elif name == waiting_name:
+            waiting += value
+        elif name == kv_name:
+            kv = max(kv, value)
+    return EngineLoad(running=running, waiting=waiting, kv_usage=kv)
+
+
+class Monitor:
+    def __init__(self, scheduler: Scheduler, client: EngineClient, *, probe_interval: float, scrape_interval: float) -> None:
+        self.scheduler = scheduler
+        self.client = client
+        self.probe_interval = probe_interval
+        self.scrape_interval = scrape_interval
+
+    async def _probe(self, t: ProbeTarget) -> None:
+        ok = await self.client.probe(t.endpoint)
+        self.scheduler.record_probe(t.key, ok)
+
+    async def _scrape(self, t: ProbeTarget) -> None:
+        text = await self.client.get_text(t.endpoint, "/metrics")
+        if text is not None:
+            self.scheduler.set_load(t.key, parse_load(text, t.engine))
+
+    async def probe_loop(self) -> None:
+        while True:
+            targets = self.scheduler.probe_targets()
+            if targets:
+                await asyncio.gather(*(self._probe(t) for t in targets))
+            await asyncio.sleep(self.probe_interval)
+
+    async def scrape_loop(self) -> None:
+        while True:
+            targets = self.scheduler.probe_targets()
+            if targets:
+                await asyncio.gather(*(self._scrape(t) for t in targets))
+            await asyncio.sleep(self.scrape_interval)

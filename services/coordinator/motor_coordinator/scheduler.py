@@ -1,0 +1,224 @@
+"""The scheduler's view: schedulable endpoints per model and role, their load and breakers.
+
+No I/O. ``accept`` swaps in a new registry snapshot; ``route`` chooses (never mutates);
+``load_guard`` does the in-flight accounting at dispatch time. Breaker and load updates come
+from the dispatcher (request outcomes) and the monitor (probes, metrics scrapes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role, normalize_ip
+from motor_common.errors import NotFound, Unavailable
+from motor_coordinator.breaker import Breaker
+from motor_coordinator.policies import Candidate, EngineLoad, Policy, RequestInfo
+from motor_coordinator.registry import RegistryState
+
+EndpointKey = tuple[str, int]
+
+
+def endpoint_key(ep: Endpoint) -> EndpointKey:
+    return (normalize_ip(ep.ip), ep.business_port)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one request goes: a prefill+decode pair, or one union endpoint."""
+
+    engine: EngineType
+    prefill: Candidate | None = None
+    decode: Candidate | None = None
+    union: Candidate | None = None
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    key: EndpointKey
+    endpoint: Endpoint
+    engine: EngineType
+
+
+class Scheduler:
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        breaker_failures: int = 3,
+        breaker_cooldown: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self._failures = breaker_failures
+        self._cooldown = breaker_cooldown
+        self._clock = clock
+        self._state = RegistryState()
+        self._breakers: dict[EndpointKey, Breaker] = {}
+        self._inflight: dict[EndpointKey, int] = {}
+        self._loads: dict[EndpointKey, EngineLoad] = {}
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- snapshot --------------------------------------------------------------------------
+
+    def accept(self, state: RegistryState) -> None:
+        """Swap in a new registry snapshot; breakers and loads of kept endpoints survive."""
+        keys = {endpoint_key(ep) for inst in state.instances.values() for ep in inst.endpoints}
+        self._breakers = {
+            k: self._breakers.get(k) or Breaker(self._failures, self._cooldown) for k in keys
+        }
+        self._loads = {k: v for k, v in self._loads.items() if k in keys}
+        self._state = state
+        self._changed()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    # -- health, breakers, load --------------------------------------------------------------
+
+    def is_broken(self, ep: Endpoint) -> bool:
+        b = self._breakers.get(endpoint_key(ep))
+        return b is not None and b.is_open
+
+    def instance_unavailable(self, inst: Instance) -> bool:
+        """All endpoints of *inst* are out of rotation (shown as UNAVAILABLE in List)."""
+        return all(self.is_broken(ep) for ep in inst.endpoints)
+
+    def record_failure(self, ep: Endpoint) -> None:
+        b = self._breakers.get(endpoint_key(ep))
+        if b is not None and b.record_failure(self._clock()):
+            self._changed()
+
+    def record_success(self, ep: Endpoint) -> None:
+        b = self._breakers.get(endpoint_key(ep))
+        if b is not None:
+            b.record_success()
+
+    def record_probe(self, key: EndpointKey, ok: bool) -> None:
+        b = self._breakers.get(key)
+        if b is not None and b.record_probe(ok, self._clock()):
+            self._changed()
+
+    def set_load(self, key: EndpointKey, load: EngineLoad) -> None:
+        if key in self._breakers:
+            self._loads[key] = load
+
+    def inflight(self, ep: Endpoint) -> int:
+        return self._inflight.get(endpoint_key(ep), 0)
+
+    @asynccontextmanager
+    async def load_guard(self, *candidates: Candidate | None) -> AsyncIterator[None]:
+        keys = [endpoint_key(c.endpoint) for c in candidates if c is not None]
+        for k in keys:
+            self._inflight[k] = self._inflight.get(k, 0) + 1
+        try:
+            yield
+        finally:
+            for k in keys:
+                left = self._inflight.get(k, 0) - 1
+                if left > 0:
+                    self._inflight[k] = left
+                else:
+                    self._inflight.pop(k, None)
+
+    def probe_targets(self) -> list[ProbeTarget]:
+        seen: dict[EndpointKey, ProbeTarget] = {}
+        for inst in self._state.instances.values():
+            for ep in inst.endpoints:
+                seen.setdefault(endpoint_key(ep), ProbeTarget(endpoint_key(ep), ep, inst.engine_type))
+        return list(seen.values())
+
+    # -- choosing ----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> RegistryState:
+        return self._state
+
+    def _candidates(
+        self, model: str, role: Role, engine: EngineType | None = None, exclude: Iterable[EndpointKey] = ()
+    ) -> list[Candidate]:
+        skip = set(exclude)
+        out: list[Candidate] = []
+        for iid in sorted(self._state.instances):
+            inst = self._state.instances[iid]
+            if inst.model_name != model or inst.role is not role or inst.status is not InstanceStatus.AVAILABLE:
+                continue
+            if engine is not None and inst.engine_type is not engine:
+                continue
+            for ep in sorted(inst.endpoints, key=lambda e: e.id):
+                k = endpoint_key(ep)
+                if k in skip or self.is_broken(ep):
+                    continue
+                out.append(Candidate(inst, ep, self._inflight.get(k, 0), self._loads.get(k)))
+        return out
+
+    def pick(
+        self,
+        role: Role,
+        req: RequestInfo,
+        engine: EngineType | None = None,
+        exclude: Iterable[EndpointKey] = (),
+    ) -> Candidate | None:
+        cands = self._candidates(req.model, role, engine, exclude)
+        return self.policy.select(role, cands, req) if cands else None
+
+    def route(self, req: RequestInfo) -> Route:
+        """Choose P+D (same engine type) when possible, else a union endpoint."""
+        model = req.model
+        registered = [i for i in self._state.instances.values() if i.model_name == model]
+        if not registered:
+            raise NotFound(
+                f"model {model!r} is not served by any registered instance",
+                reason="MODEL_NOT_FOUND",
+                metadata={"model": model},
+            )
+        decodes = self._candidates(model, Role.DECODE)
+        engines = {c.instance.engine_type for c in decodes}
+        prefills = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type in engines]
+        if prefills:
+            p = self.policy.select(Role.PREFILL, prefills, req)
+            d = self.pick(Role.DECODE, req, engine=p.instance.engine_type)
+            assert d is not None
+            return Route(p.instance.engine_type, prefill=p, decode=d)
+        unions = self._candidates(model, Role.UNION)
+        if unions:
+            u = self.policy.select(Role.UNION, unions, req)
+            return Route(u.instance.engine_type, union=u)
+        roles = {i.role for i in registered}
+        if Role.PREFILL in roles or Role.DECODE in roles:
+            has_p = bool(self._candidates(model, Role.PREFILL))
+            missing = [n for n, ok in (("prefill", has_p), ("decode", bool(decodes))) if not ok]
+            what = " and ".join(missing) + " instance" if missing else "prefill+decode pair of one engine type"
+            raise Unavailable(
+                f"no schedulable {what} for model {model!r}",
+                reason="NO_SCHEDULABLE_INSTANCE",
+                metadata={"model": model, "role": "+".join(missing) or "pair"},
+            )
+        raise Unavailable(
+            f"no schedulable union instance for model {model!r}",
+            reason="NO_SCHEDULABLE_INSTANCE",
+            metadata={"model": model, "role": "union"},
+        )
+
+    def has_schedulable_route(self) -> bool:
+        """Some model has a schedulable P+D pair of one engine type, or a union endpoint."""
+        models = {i.model_name for i in self._state.instances.values()}
+        for model in models:
+            if self._candidates(model, Role.UNION):
+                return True
+            d_engines = {c.instance.engine_type for c in self._candidates(model, Role.DECODE)}
+            if any(c.instance.engine_type in d_engines for c in self._candidates(model, Role.PREFILL)):
+                return True
+        return False
+
+    def models(self) -> dict[str, Sequence[Instance]]:
+        out: dict[str, list[Instance]] = {}
+        for inst in self._state.instances.values():
+            out.setdefault(inst.model_name, []).append(inst)
+        return dict(out)
