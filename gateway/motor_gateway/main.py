@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coordinator", action="append", metavar="ADDR",
                    help="coordinator gRPC address host:port (repeatable, first ready one serves)")
     p.add_argument("--ports-file", help="after start, write {\"http\": <port>} to this file")
+    p.add_argument("--log-format", choices=("json", "text"), help="overrides log_format")
     return p.parse_args(argv)
 
 
@@ -68,6 +69,8 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
         overrides["port"] = args.port
     if args.coordinator:
         overrides["coordinators"] = list(args.coordinator)
+    if args.log_format is not None:
+        overrides["log_format"] = args.log_format
     return load_config(GatewayConfig, args.config, env_prefix="MOTOR_GATEWAY", overrides=overrides)
 
 
