@@ -1,0 +1,147 @@
+"""Store records ↔ domain objects (JSON via orjson). Keys live in :data:`KEYS`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import orjson
+
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
+from motor_controller.model import (
+    Capabilities,
+    InstanceState,
+    ManagedInstance,
+    NodeRecord,
+    NodeSpec,
+)
+
+
+class KEYS:
+    NODE = "nodes/"
+    INSTANCE = "instances/"
+    JOB = "jobs/"
+    COORDINATOR = "coordinators/"
+    ALARM = "alarms/"
+    META_EPOCH = "meta/epoch"
+
+
+def _endpoint(d: dict[str, Any]) -> Endpoint:
+    return Endpoint(**d)
+
+
+def _instance(d: dict[str, Any]) -> Instance:
+    return Instance(
+        id=d["id"],
+        role=Role(d["role"]),
+        job_name=d["job_name"],
+        model_name=d["model_name"],
+        engine_type=EngineType(d["engine_type"]),
+        endpoints=tuple(_endpoint(e) for e in d["endpoints"]),
+        status=InstanceStatus(d.get("status", "available")),
+    )
+
+
+def _instance_dict(inst: Instance) -> dict[str, Any]:
+    return {
+        "id": inst.id,
+        "role": inst.role.value,
+        "job_name": inst.job_name,
+        "model_name": inst.model_name,
+        "engine_type": inst.engine_type.value,
+        "endpoints": [asdict(e) for e in inst.endpoints],
+        "status": inst.status.value,
+    }
+
+
+def encode_node(rec: NodeRecord) -> bytes:
+    s = rec.spec
+    return orjson.dumps(
+        {
+            "spec": {
+                **{k: getattr(s, k) for k in ("node_id", "job_name", "ip", "admin_port", "model_name",
+                                              "node_rank", "nodes_per_instance", "local_world_size")},
+                "role": s.role.value,
+                "engine_type": s.engine_type.value,
+                "endpoints": [asdict(e) for e in s.endpoints],
+                "capabilities": asdict(s.capabilities),
+            },
+            "registered_at": rec.registered_at,
+        }
+    )
+
+
+def decode_node(raw: bytes) -> NodeRecord:
+    d = orjson.loads(raw)
+    s = d["spec"]
+    spec = NodeSpec(
+        node_id=s["node_id"],
+        job_name=s["job_name"],
+        role=Role(s["role"]),
+        ip=s["ip"],
+        admin_port=s["admin_port"],
+        engine_type=EngineType(s["engine_type"]),
+        model_name=s["model_name"],
+        node_rank=s["node_rank"],
+        nodes_per_instance=s["nodes_per_instance"],
+        endpoints=tuple(_endpoint(e) for e in s["endpoints"]),
+        capabilities=Capabilities(**s["capabilities"]),
+        local_world_size=s["local_world_size"],
+    )
+    return NodeRecord(spec=spec, registered_at=d["registered_at"], registered_mono=None)
+
+
+def encode_instance(mi: ManagedInstance) -> bytes:
+    return orjson.dumps(
+        {
+            "id": mi.id,
+            "job_name": mi.job_name,
+            "incarnation": mi.incarnation,
+            "state": mi.state.value,
+            "instance": None if mi.instance is None else _instance_dict(mi.instance),
+            "node_ids": list(mi.node_ids),
+            "master_address": mi.master_address,
+            "state_changed_at": mi.state_changed_at,
+            "reason": mi.reason,
+            "generation": mi.generation,
+        }
+    )
+
+
+def decode_instance(raw: bytes) -> ManagedInstance:
+    d = orjson.loads(raw)
+    return ManagedInstance(
+        id=d["id"],
+        job_name=d["job_name"],
+        incarnation=d["incarnation"],
+        state=InstanceState(d["state"]),
+        instance=None if d["instance"] is None else _instance(d["instance"]),
+        node_ids=tuple(d["node_ids"]),
+        master_address=d["master_address"],
+        state_changed_at=d["state_changed_at"],
+        reason=d["reason"],
+        generation=d["generation"],
+    )
+
+
+def encode_alarm(a: Alarm) -> bytes:
+    return orjson.dumps({**asdict(a), "kind": a.kind.value, "action": a.action.value})
+
+
+def decode_alarm(raw: bytes) -> Alarm:
+    d = orjson.loads(raw)
+    return Alarm(
+        kind=AlarmKind(d["kind"]),
+        action=AlarmAction(d["action"]),
+        source=d["source"],
+        instance_ids=tuple(d["instance_ids"]),
+        address=d["address"],
+        message=d["message"],
+        raised_at=d["raised_at"],
+    )
+
+
+def alarm_store_key(a: Alarm) -> str:
+    kind, source, ids = a.key
+    return f"{KEYS.ALARM}{kind}/{source}/{','.join(map(str, ids))}"

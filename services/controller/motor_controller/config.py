@@ -1,0 +1,104 @@
+"""Controller configuration: frozen dataclasses loaded strictly by ``motor_common.config``.
+
+Field names of ``fault_tolerance_config`` are the seed's (SPEC §6); keep them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from motor_common.grpc_server import ServerConfig
+
+
+@dataclass(frozen=True)
+class DpScaleDownConfig:
+    request_timeout_sec: float = 5.0
+    poll_interval_sec: float = 1.0
+    execution_deadline_sec: float = 30.0
+
+
+@dataclass(frozen=True)
+class FaultToleranceConfig:
+    enable_fault_tolerance: bool = False
+    enable_engine_relaunch: bool = True
+    engine_relaunch_complete_timeout_sec: float = 180.0
+    engine_relaunch_poll_interval_sec: float = 2.0
+    engine_relaunch_dispatch_retries: int = 3
+    engine_relaunch_nm_unreachable_threshold: int = 3
+    enable_dp_scale_down: bool = False
+    enable_dp_scale_up: bool = False
+    dp_scale_down_config: DpScaleDownConfig = field(default_factory=DpScaleDownConfig)
+
+    def __post_init__(self) -> None:
+        if self.engine_relaunch_complete_timeout_sec <= 0:
+            raise ValueError("engine_relaunch_complete_timeout_sec must be > 0")
+        if self.engine_relaunch_poll_interval_sec <= 0:
+            raise ValueError("engine_relaunch_poll_interval_sec must be > 0")
+        if self.engine_relaunch_dispatch_retries < 0:
+            raise ValueError("engine_relaunch_dispatch_retries must be >= 0")
+        if self.engine_relaunch_nm_unreachable_threshold < 1:
+            raise ValueError("engine_relaunch_nm_unreachable_threshold must be >= 1")
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    # embedded = one SQLite file at `path`; etcd is reserved for the HA issue.
+    backend: Literal["embedded", "etcd"] = "embedded"
+    path: str = "motor-controller.db"
+    etcd_endpoints: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.backend == "etcd" and not self.etcd_endpoints:
+            raise ValueError("store.backend etcd needs store.etcd_endpoints")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: str = "INFO"
+    format: Literal["json", "text"] = "json"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # Coordinator gRPC addresses (host:port), each gets its own pusher.
+    coordinators: list[str] = field(default_factory=list)
+    # Heartbeat interval told to nodemanagers at registration.
+    heartbeat_interval_sec: float = 1.0
+    # A node whose last heartbeat is older than this is lost (about 3x the interval).
+    heartbeat_timeout_sec: float = 3.0
+    reconcile_interval_sec: float = 0.5
+    # Periodic full sync with every coordinator (the final safety net).
+    sync_interval_sec: float = 5.0
+    # Minimum spacing of full SET retries after a failed SET.
+    set_retry_interval_sec: float = 1.0
+    # Timeout of every call to a nodemanager or a coordinator.
+    rpc_timeout_sec: float = 5.0
+    # A start command not confirmed by heartbeats is re-sent after this long.
+    start_retry_interval_sec: float = 5.0
+    # DP master RPC port passed to engines of multi-node instances (vLLM default).
+    dp_master_port: int = 29550
+    store: StoreConfig = field(default_factory=StoreConfig)
+    fault_tolerance_config: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "heartbeat_interval_sec",
+            "heartbeat_timeout_sec",
+            "reconcile_interval_sec",
+            "sync_interval_sec",
+            "set_retry_interval_sec",
+            "rpc_timeout_sec",
+            "start_retry_interval_sec",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.heartbeat_timeout_sec <= self.heartbeat_interval_sec:
+            raise ValueError("heartbeat_timeout_sec must be greater than heartbeat_interval_sec")
+        if not 1 <= self.dp_master_port <= 65535:
+            raise ValueError("dp_master_port must be in [1, 65535]")
+        for addr in self.coordinators:
+            if ":" not in addr:
+                raise ValueError(f"coordinator address {addr!r} must be host:port")

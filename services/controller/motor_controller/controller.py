@@ -1,0 +1,348 @@
+"""The controller core: registry, heartbeat intake, the reconcile loop, alarms, admin operations.
+
+State is split as STYLE rule 9/10 asks: *desired* state (node specs, instances, job incarnations,
+alarms) is persisted in the :class:`~motor_controller.store.Store`; *observed* state (heartbeats)
+is memory only. Heartbeats only update observed state; the scheduled reconcile loop reads the whole
+of both, plans (``reconcile.plan``, pure) and applies the plan (persist, StartEngines, poke pushers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import orjson
+
+from motor_common.domain import Instance
+from motor_common.errors import MotorError, NotFound
+from motor_common.tasks import TaskOwner
+from motor_controller import codec
+from motor_controller.alarms import Alarm, AlarmAction, AlarmKind, AlarmStore
+from motor_controller.assembly import StartCommand
+from motor_controller.codec import KEYS
+from motor_controller.config import ControllerConfig
+from motor_controller.instance_fsm import Signal, transition
+from motor_controller.model import (
+    FaultReport,
+    ManagedInstance,
+    NodeObservation,
+    NodeRecord,
+    NodeSpec,
+)
+from motor_controller.peers import CoordinatorClient, NodeManagers
+from motor_controller.push_plan import desired_view, fingerprint
+from motor_controller.pusher import CoordinatorPusher
+from motor_controller.reconcile import World, node_alive, plan
+from motor_controller.registry import Registration, decide_registration, validate_spec
+from motor_controller.store import Store
+
+log = logging.getLogger(__name__)
+
+START_FAILURE_BACKOFF = 1.0
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        store: Store,
+        node_managers: NodeManagers,
+        coordinators: Sequence[CoordinatorClient] = (),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.node_managers = node_managers
+        self._clock = clock
+        self._wall = wall
+        self.started_at = clock()
+        self.epoch = ""
+        self.nodes: dict[str, NodeRecord] = {}
+        self.observations: dict[str, NodeObservation] = {}
+        self.instances: dict[int, ManagedInstance] = {}
+        self.incarnations: dict[str, int] = {}
+        self.signals: dict[int, Signal] = {}
+        self.start_gates: dict[str, tuple[int, float]] = {}
+        self.alarms = AlarmStore()
+        self.faults: deque[FaultReport] = deque(maxlen=1000)
+        self.starts_sent: list[StartCommand] = []  # bounded log for observability and tests
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._tasks = TaskOwner("controller")
+        self._desired_fp = ""
+        self.pushers = [
+            CoordinatorPusher(
+                c,
+                self.desired_view,
+                store,
+                sync_interval=config.sync_interval_sec,
+                set_retry_interval=config.set_retry_interval_sec,
+                clock=clock,
+            )
+            for c in coordinators
+        ]
+
+    # ---- life cycle -------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Resume nodes, instances, incarnations and alarms from the store."""
+        raw = await self.store.get(KEYS.META_EPOCH)
+        if raw is None:
+            self.epoch = uuid.uuid4().hex
+            await self.store.put(KEYS.META_EPOCH, self.epoch.encode())
+        else:
+            self.epoch = raw.decode()
+        for _, value in await self.store.list(KEYS.NODE):
+            rec = codec.decode_node(value)
+            self.nodes[rec.spec.node_id] = rec
+        for _, value in await self.store.list(KEYS.INSTANCE):
+            mi = codec.decode_instance(value)
+            self.instances[mi.id] = mi
+        for key, value in await self.store.list(KEYS.JOB):
+            self.incarnations[key[len(KEYS.JOB) :]] = int(orjson.loads(value)["incarnation"])
+        for _, value in await self.store.list(KEYS.ALARM):
+            self.alarms.report(codec.decode_alarm(value))
+        for pusher in self.pushers:
+            await pusher.load()
+        self.started_at = self._clock()
+        log.info(
+            "controller state loaded",
+            extra={"nodes": len(self.nodes), "instances": len(self.instances), "epoch": self.epoch},
+        )
+
+    def start(self) -> None:
+        self._tasks.spawn(self._reconcile_loop(), name="reconcile")
+        for pusher in self.pushers:
+            self._tasks.spawn(pusher.run(), name=f"pusher:{pusher.client.address}")
+
+    async def close(self) -> None:
+        await self._tasks.close()
+        for pusher in self.pushers:
+            await pusher.client.close()
+        await self.node_managers.close()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    # ---- registry and heartbeats ------------------------------------------------------------
+
+    def is_alive(self, node_id: str) -> bool:
+        rec = self.nodes.get(node_id)
+        return rec is not None and node_alive(
+            rec, self.observations.get(node_id), self._clock(), self.config.heartbeat_timeout_sec
+        )
+
+    async def register_node(self, spec: NodeSpec) -> Registration:
+        spec = validate_spec(spec)
+        async with self._lock:
+            existing = self.nodes.get(spec.node_id)
+            same_job = [r for r in self.nodes.values() if r.spec.job_name == spec.job_name]
+            alive = {r.spec.node_id: self.is_alive(r.spec.node_id) for r in [*same_job, *([existing] if existing else [])]}
+            decision, displaced = decide_registration(spec, existing, same_job, alive)
+            rec = NodeRecord(
+                spec=spec,
+                registered_at=existing.registered_at if decision is Registration.IDEMPOTENT and existing else self._wall(),
+                registered_mono=self._clock(),
+            )
+            await self.store.batch(
+                {f"{KEYS.NODE}{spec.node_id}": codec.encode_node(rec)}, [f"{KEYS.NODE}{n}" for n in displaced]
+            )
+            for node_id in displaced:
+                self.nodes.pop(node_id, None)
+                self.observations.pop(node_id, None)
+            self.nodes[spec.node_id] = rec
+            if decision is not Registration.IDEMPOTENT:
+                self.observations.pop(spec.node_id, None)  # a new nodemanager process
+            self.start_gates.pop(spec.node_id, None)
+        log.info(
+            "node registered",
+            extra={"node_id": spec.node_id, "job": spec.job_name, "rank": spec.node_rank,
+                   "decision": decision.value, "displaced": displaced},
+        )
+        self.poke()
+        return decision
+
+    def heartbeat(self, node_id: str, ob: NodeObservation) -> bool:
+        """Record one heartbeat frame; False when the node is unknown (it must re-register)."""
+        if node_id not in self.nodes:
+            return False
+        prev = self.observations.get(node_id)
+        self.observations[node_id] = ob
+        if (
+            prev is None
+            or prev.state is not ob.state
+            or prev.instance_id != ob.instance_id
+            or [h.status for h in prev.endpoints] != [h.status for h in ob.endpoints]
+        ):
+            self.poke()  # something observable changed: reconcile soon (the loop still reads everything)
+        return True
+
+    # ---- faults and alarms ------------------------------------------------------------------
+
+    def report_fault(self, report: FaultReport) -> tuple[bool, bool]:
+        self.faults.append(report)
+        ft = self.config.fault_tolerance_config
+        mi = self.instances.get(report.instance_id)
+        relaunch = (
+            ft.enable_fault_tolerance
+            and ft.enable_engine_relaunch
+            and report.level == "engine_dead"
+            and mi is not None
+            and mi.live
+        )
+        log.warning(
+            "engine fault reported",
+            extra={"node_id": report.node_id, "instance_id": report.instance_id, "endpoint_id": report.endpoint_id,
+                   "level": report.level, "source": report.source, "relaunch_expected": relaunch},
+        )
+        return True, relaunch
+
+    async def report_alarm(self, alarm: Alarm) -> bool:
+        changed = self.alarms.report(alarm)
+        key = codec.alarm_store_key(alarm)
+        if alarm.action is AlarmAction.RAISE:
+            await self.store.put(key, codec.encode_alarm(alarm))
+        elif changed is not None:
+            await self.store.delete(key)
+        if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
+            for pusher in self.pushers:
+                pusher.request_full_set()
+        log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
+                                                            "instance_ids": list(alarm.instance_ids)})
+        return True
+
+    # ---- admin ------------------------------------------------------------------------------
+
+    def get_instance(self, instance_id: int) -> ManagedInstance:
+        mi = self.instances.get(instance_id)
+        if mi is None:
+            raise NotFound(f"instance {instance_id} is not known", reason="INSTANCE_NOT_FOUND")
+        return mi
+
+    async def terminate_instance(self, instance_id: int, precision_alarm_clear: bool, reason: str) -> list[str]:
+        async with self._lock:
+            mi = self.get_instance(instance_id)
+            specs = [self.nodes[n].spec for n in mi.node_ids if n in self.nodes]
+            nxt = transition(mi.state, Signal.TERMINATE)
+            if nxt is not None:
+                mi = replace(mi, state=nxt, reason=f"terminated: {reason or 'operator request'}",
+                             state_changed_at=self._wall())
+                inc = max(self.incarnations.get(mi.job_name, 0), mi.incarnation + 1)
+                await self.store.batch(
+                    {
+                        f"{KEYS.INSTANCE}{mi.id}": codec.encode_instance(mi),
+                        f"{KEYS.JOB}{mi.job_name}": orjson.dumps({"incarnation": inc}),
+                    },
+                    [f"{KEYS.NODE}{s.node_id}" for s in specs],
+                )
+                self.instances[mi.id] = mi
+                self.incarnations[mi.job_name] = inc
+                for s in specs:  # the nodemanagers exit and are rescheduled: they register anew
+                    self.nodes.pop(s.node_id, None)
+                    self.observations.pop(s.node_id, None)
+                    self.start_gates.pop(s.node_id, None)
+        self._after_change()
+        stopped: list[str] = []
+
+        async def stop(spec: NodeSpec) -> None:
+            try:
+                await self.node_managers.stop_node(spec.admin_address, f"instance {instance_id} terminated")
+                stopped.append(spec.node_id)
+            except MotorError as exc:
+                log.warning("stop node failed", extra={"node_id": spec.node_id, "error": exc.message})
+
+        await asyncio.gather(*(stop(s) for s in specs))
+        if precision_alarm_clear:
+            await self._clear_precision(instance_id)
+        log.info("instance terminated", extra={"instance_id": instance_id, "stopped": stopped})
+        return sorted(stopped)
+
+    async def _clear_precision(self, instance_id: int) -> None:
+        cleared = self.alarms.clear_precision(instance_id, "cleared by terminate")
+        if cleared:
+            await self.store.batch({}, [codec.alarm_store_key(a) for a in cleared])
+        ids = sorted({i for a in cleared for i in a.instance_ids} | {instance_id})
+        for pusher in self.pushers:
+            try:
+                await pusher.client.clear_precision_alarms(ids)
+            except MotorError as exc:
+                log.warning("clear precision alarms failed", extra={"coordinator": pusher.client.address,
+                                                                    "error": exc.message})
+
+    # ---- reconcile --------------------------------------------------------------------------
+
+    def desired_view(self) -> dict[int, Instance]:
+        return desired_view(self.instances.values(), self.signals)
+
+    def _after_change(self) -> None:
+        fp = fingerprint(self.desired_view())
+        if fp != self._desired_fp:
+            self._desired_fp = fp
+            for pusher in self.pushers:
+                pusher.poke()
+
+    async def reconcile_once(self) -> None:
+        async with self._lock:
+            world = World(
+                nodes=self.nodes,
+                observations=self.observations,
+                instances=self.instances,
+                incarnations=self.incarnations,
+                start_gates=self.start_gates,
+                now=self._clock(),
+                wall=self._wall(),
+                started_at=self.started_at,
+                heartbeat_timeout=self.config.heartbeat_timeout_sec,
+                master_port=self.config.dp_master_port,
+            )
+            p = plan(world)
+            if p.upserts or p.incarnations:
+                puts = {f"{KEYS.INSTANCE}{i}": codec.encode_instance(mi) for i, mi in p.upserts.items()}
+                puts.update({f"{KEYS.JOB}{j}": orjson.dumps({"incarnation": n}) for j, n in p.incarnations.items()})
+                await self.store.batch(puts)
+                for iid, mi in p.upserts.items():
+                    old = self.instances.get(iid)
+                    if old is None or old.state is not mi.state:
+                        log.info(
+                            "instance state",
+                            extra={"instance_id": iid, "job": mi.job_name, "from": old.state.value if old else None,
+                                   "to": mi.state.value, "reason": mi.reason},
+                        )
+                self.instances.update(p.upserts)
+                self.incarnations.update(p.incarnations)
+            self.signals = p.signals
+            now = self._clock()
+            for cmd in p.starts:
+                self.start_gates[cmd.node_id] = (cmd.instance_id, now + self.config.start_retry_interval_sec)
+                self._tasks.spawn(self._send_start(cmd), name=f"start:{cmd.node_id}")
+        self._after_change()
+
+    async def _send_start(self, cmd: StartCommand) -> None:
+        self.starts_sent.append(cmd)
+        del self.starts_sent[:-1000]
+        try:
+            await self.node_managers.start_engines(cmd)
+            log.info("start command sent", extra={"node_id": cmd.node_id, "instance_id": cmd.instance_id})
+        except MotorError as exc:
+            self.start_gates[cmd.node_id] = (cmd.instance_id, self._clock() + START_FAILURE_BACKOFF)
+            log.warning("start command failed, will retry",
+                        extra={"node_id": cmd.node_id, "instance_id": cmd.instance_id, "error": exc.message})
+
+    async def _reconcile_loop(self) -> None:
+        interval = self.config.reconcile_interval_sec
+        while True:
+            self._wake.clear()
+            try:
+                await self.reconcile_once()
+            except Exception:
+                log.exception("reconcile failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=interval)

@@ -1,0 +1,228 @@
+"""Controller protos ↔ controller domain types (used only at the gRPC boundary)."""
+
+from __future__ import annotations
+
+from google.protobuf import timestamp_pb2
+
+from motor_common.convert import (
+    ENGINE_TO_PB,
+    ROLE_TO_PB,
+    endpoint_from_pb,
+    endpoint_to_pb,
+    engine_from_pb,
+    instance_to_pb,
+    role_from_pb,
+)
+from motor_common.domain import EndpointStatus
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
+from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
+from motor_controller.assembly import StartCommand
+from motor_controller.model import (
+    Capabilities,
+    EndpointHealth,
+    InstanceState,
+    ManagedInstance,
+    NodeObservation,
+    NodeRecord,
+    NodeSpec,
+    NodeState,
+)
+
+NODE_STATE_FROM_PB = {
+    pb.NODE_STATE_REGISTERED: NodeState.REGISTERED,
+    pb.NODE_STATE_STARTING: NodeState.STARTING,
+    pb.NODE_STATE_RUNNING: NodeState.RUNNING,
+    pb.NODE_STATE_PAUSED: NodeState.PAUSED,
+    pb.NODE_STATE_RELAUNCHING: NodeState.RELAUNCHING,
+    pb.NODE_STATE_STOPPING: NodeState.STOPPING,
+    pb.NODE_STATE_RESTORED: NodeState.RESTORED,
+}
+NODE_STATE_TO_PB = {v: k for k, v in NODE_STATE_FROM_PB.items()}
+EP_STATUS_FROM_PB = {
+    tpb.ENDPOINT_STATUS_INITIAL: EndpointStatus.INITIAL,
+    tpb.ENDPOINT_STATUS_NORMAL: EndpointStatus.NORMAL,
+    tpb.ENDPOINT_STATUS_ABNORMAL: EndpointStatus.ABNORMAL,
+    tpb.ENDPOINT_STATUS_PAUSED: EndpointStatus.PAUSED,
+    tpb.ENDPOINT_STATUS_RETIRED: EndpointStatus.RETIRED,
+}
+EP_STATUS_TO_PB = {v: k for k, v in EP_STATUS_FROM_PB.items()}
+INSTANCE_STATE_TO_PB = {
+    InstanceState.INITIAL: pb.INSTANCE_STATE_INITIAL,
+    InstanceState.STARTING: pb.INSTANCE_STATE_STARTING,
+    InstanceState.ACTIVE: pb.INSTANCE_STATE_ACTIVE,
+    InstanceState.INACTIVE: pb.INSTANCE_STATE_INACTIVE,
+    InstanceState.RECOVERING: pb.INSTANCE_STATE_RECOVERING,
+    InstanceState.DELETED: pb.INSTANCE_STATE_DELETED,
+}
+ALARM_KIND_FROM_PB = {
+    pb.ALARM_KIND_PRECISION: AlarmKind.PRECISION,
+    pb.ALARM_KIND_COORDINATOR_PROMOTED: AlarmKind.COORDINATOR_PROMOTED,
+    pb.ALARM_KIND_STORE_UNAVAILABLE: AlarmKind.STORE_UNAVAILABLE,
+}
+ALARM_KIND_TO_PB = {v: k for k, v in ALARM_KIND_FROM_PB.items()}
+ALARM_ACTION_FROM_PB = {pb.ALARM_ACTION_RAISE: AlarmAction.RAISE, pb.ALARM_ACTION_CLEAR: AlarmAction.CLEAR}
+ALARM_ACTION_TO_PB = {v: k for k, v in ALARM_ACTION_FROM_PB.items()}
+
+
+def ts(wall: float) -> timestamp_pb2.Timestamp:
+    out = timestamp_pb2.Timestamp()
+    if wall:
+        out.FromNanoseconds(int(wall * 1e9))
+    return out
+
+
+def node_spec_from_pb(msg: pb.NodeSpec) -> NodeSpec:
+    """Enum and shape conversion only; :func:`registry.validate_spec` validates semantics."""
+    return NodeSpec(
+        node_id=msg.node_id,
+        job_name=msg.job_name,
+        role=role_from_pb(msg.role, "node.role"),
+        ip=msg.ip,
+        admin_port=msg.admin_port,
+        engine_type=engine_from_pb(msg.engine_type, "node.engine_type"),
+        model_name=msg.model_name,
+        node_rank=msg.node_rank,
+        nodes_per_instance=msg.nodes_per_instance,
+        endpoints=tuple(endpoint_from_pb(e) for e in msg.endpoints),
+        capabilities=Capabilities(
+            fault_tolerance=msg.capabilities.fault_tolerance,
+            engine_relaunch=msg.capabilities.engine_relaunch,
+            dp_scale_down=msg.capabilities.dp_scale_down,
+        ),
+        local_world_size=msg.local_world_size,
+    )
+
+
+def node_spec_to_pb(spec: NodeSpec) -> pb.NodeSpec:
+    return pb.NodeSpec(
+        node_id=spec.node_id,
+        job_name=spec.job_name,
+        role=ROLE_TO_PB[spec.role],
+        ip=spec.ip,
+        admin_port=spec.admin_port,
+        engine_type=ENGINE_TO_PB[spec.engine_type],
+        model_name=spec.model_name,
+        node_rank=spec.node_rank,
+        nodes_per_instance=spec.nodes_per_instance,
+        endpoints=[endpoint_to_pb(e) for e in spec.endpoints],
+        capabilities=pb.Capabilities(
+            fault_tolerance=spec.capabilities.fault_tolerance,
+            engine_relaunch=spec.capabilities.engine_relaunch,
+            dp_scale_down=spec.capabilities.dp_scale_down,
+        ),
+        local_world_size=spec.local_world_size,
+    )
+
+
+def observation_from_pb(msg: pb.HeartbeatRequest, now: float, wall: float) -> NodeObservation:
+    return NodeObservation(
+        seen_at=now,
+        state=NODE_STATE_FROM_PB.get(msg.state, NodeState.REGISTERED),
+        instance_id=msg.instance_id,
+        endpoints=tuple(
+            EndpointHealth(
+                endpoint_id=e.endpoint_id,
+                status=EP_STATUS_FROM_PB.get(e.status, EndpointStatus.INITIAL),
+                generation=e.generation,
+                pid=e.pid,
+                was_normal=e.was_normal,
+                detail=e.detail,
+            )
+            for e in msg.endpoints
+        ),
+        sequence=msg.sequence,
+        relaunch_count=msg.relaunch_count,
+        wall_time=wall,
+    )
+
+
+def node_to_pb(rec: NodeRecord, ob: NodeObservation | None) -> pb.Node:
+    out = pb.Node(spec=node_spec_to_pb(rec.spec), registered_at=ts(rec.registered_at))
+    out.state = NODE_STATE_TO_PB[ob.state] if ob else pb.NODE_STATE_REGISTERED
+    if ob is not None:
+        out.instance_id = ob.instance_id
+        out.last_heartbeat_at.CopyFrom(ts(ob.wall_time))
+        out.endpoints.extend(
+            pb.EndpointHealth(
+                endpoint_id=h.endpoint_id,
+                status=EP_STATUS_TO_PB[h.status],
+                generation=h.generation,
+                pid=h.pid,
+                was_normal=h.was_normal,
+                detail=h.detail,
+            )
+            for h in ob.endpoints
+        )
+    return out
+
+
+def managed_to_pb(mi: ManagedInstance) -> pb.ManagedInstance:
+    out = pb.ManagedInstance(
+        state=INSTANCE_STATE_TO_PB[mi.state],
+        node_ids=list(mi.node_ids),
+        master_address=mi.master_address,
+        state_changed_at=ts(mi.state_changed_at),
+        reason=mi.reason,
+    )
+    if mi.instance is not None:
+        out.instance.CopyFrom(instance_to_pb(mi.instance))
+    else:
+        out.instance.CopyFrom(tpb.Instance(id=mi.id, job_name=mi.job_name))
+    return out
+
+
+def alarm_from_pb(msg: pb.Alarm, wall: float) -> Alarm:
+    from motor_common.errors import InvalidArgument
+
+    if msg.kind not in ALARM_KIND_FROM_PB:
+        raise InvalidArgument("alarm.kind is required", reason="INVALID_ALARM")
+    if msg.action not in ALARM_ACTION_FROM_PB:
+        raise InvalidArgument("alarm.action must be RAISE or CLEAR", reason="INVALID_ALARM")
+    if not msg.source:
+        raise InvalidArgument("alarm.source is required", reason="INVALID_ALARM")
+    kind = ALARM_KIND_FROM_PB[msg.kind]
+    if kind is AlarmKind.PRECISION and not msg.instance_ids:
+        raise InvalidArgument("a precision alarm needs the instance ids of its P/D group", reason="INVALID_ALARM")
+    raised = msg.raised_at.ToNanoseconds() / 1e9 if msg.HasField("raised_at") else wall
+    return Alarm(
+        kind=kind,
+        action=ALARM_ACTION_FROM_PB[msg.action],
+        source=msg.source,
+        instance_ids=tuple(msg.instance_ids),
+        address=msg.address,
+        message=msg.message,
+        raised_at=raised,
+    )
+
+
+def alarm_to_pb(a: Alarm) -> pb.Alarm:
+    return pb.Alarm(
+        kind=ALARM_KIND_TO_PB[a.kind],
+        action=ALARM_ACTION_TO_PB[a.action],
+        source=a.source,
+        instance_ids=list(a.instance_ids),
+        address=a.address,
+        message=a.message,
+        raised_at=ts(a.raised_at),
+    )
+
+
+def start_request(cmd: StartCommand, request_id: str = "") -> npb.StartEnginesRequest:
+    return npb.StartEnginesRequest(
+        instance_id=cmd.instance_id,
+        job_name=cmd.job_name,
+        role=ROLE_TO_PB[cmd.role],
+        engine_type=ENGINE_TO_PB[cmd.engine_type],
+        model_name=cmd.model_name,
+        endpoints=[endpoint_to_pb(e) for e in cmd.endpoints],
+        node_rank=cmd.node_rank,
+        num_nodes=cmd.num_nodes,
+        master_address=cmd.master_address,
+        master_port=cmd.master_port,
+        dp_size=cmd.dp_size,
+        generation=cmd.generation,
+        peers=[endpoint_to_pb(e) for e in cmd.peers],
+        request_id=request_id,
+    )

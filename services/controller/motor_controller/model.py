@@ -1,0 +1,133 @@
+"""The controller's own domain types (frozen dataclasses, no gRPC).
+
+Desired state (persisted): :class:`NodeSpec` per node, :class:`ManagedInstance` per instance.
+Observed state (memory only, rebuilt from heartbeats): :class:`NodeObservation`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from motor_common.domain import Endpoint, EndpointStatus, EngineType, Instance, Role
+
+
+class NodeState(enum.Enum):
+    REGISTERED = "registered"
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    RELAUNCHING = "relaunching"
+    STOPPING = "stopping"
+    RESTORED = "restored"
+
+
+class InstanceState(enum.Enum):
+    INITIAL = "initial"
+    STARTING = "starting"
+    ACTIVE = "active"
+    INACTIVE = "inactive"
+    RECOVERING = "recovering"
+    DELETED = "deleted"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    fault_tolerance: bool = False
+    engine_relaunch: bool = False
+    dp_scale_down: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a nodemanager declares about itself (validated)."""
+
+    node_id: str
+    job_name: str
+    role: Role
+    ip: str
+    admin_port: int
+    engine_type: EngineType
+    model_name: str
+    node_rank: int
+    nodes_per_instance: int
+    # Endpoints with node-local dp ranks.
+    endpoints: tuple[Endpoint, ...]
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    local_world_size: int = 0
+
+    def identity(self) -> tuple[str, Role, int, str]:
+        """What may not change under one node id while the node is alive."""
+        return (self.job_name, self.role, self.node_rank, self.ip)
+
+    @property
+    def admin_address(self) -> str:
+        return f"[{self.ip}]:{self.admin_port}" if ":" in self.ip else f"{self.ip}:{self.admin_port}"
+
+
+@dataclass(frozen=True)
+class EndpointHealth:
+    endpoint_id: int
+    status: EndpointStatus
+    generation: int = 0
+    pid: int = 0
+    was_normal: bool = False
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class NodeObservation:
+    """The last heartbeat of a node (observed state; never persisted)."""
+
+    seen_at: float  # monotonic
+    state: NodeState
+    instance_id: int
+    endpoints: tuple[EndpointHealth, ...]
+    sequence: int = 0
+    relaunch_count: int = 0
+    wall_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    spec: NodeSpec
+    registered_at: float  # wall clock, for display
+    # Monotonic time of registration in this process; None for nodes loaded from the store.
+    registered_mono: float | None = None
+
+
+@dataclass(frozen=True)
+class ManagedInstance:
+    """A controller instance (desired state, persisted)."""
+
+    id: int
+    job_name: str
+    incarnation: int
+    state: InstanceState
+    # None while assembly fails closed (see ``reason``).
+    instance: Instance | None
+    node_ids: tuple[str, ...]
+    master_address: str
+    state_changed_at: float  # wall clock
+    reason: str = ""
+    generation: int = 1
+
+    @property
+    def blocked(self) -> bool:
+        return self.instance is None
+
+    @property
+    def live(self) -> bool:
+        return self.state is not InstanceState.DELETED
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    node_id: str
+    instance_id: int
+    endpoint_id: int
+    level: str
+    source: str
+    pid: int
+    detail: str
+    received_at: float

@@ -1,0 +1,151 @@
+"""Clients for the controller's peers, behind small Protocols (tests substitute fakes).
+
+gRPC errors are translated at this boundary (``motor_common.grpc_client.translate``); every call
+has a timeout. The management key from ``server.management_key_file`` is the fleet's key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import grpc
+
+from motor_common.convert import instance_from_pb, instance_to_pb
+from motor_common.domain import Instance
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
+from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_controller.assembly import StartCommand
+from motor_controller.convert import start_request
+from motor_controller.push_plan import Op, OpKind
+
+
+class NodeManagers(Protocol):
+    async def start_engines(self, cmd: StartCommand) -> None: ...
+    async def stop_node(self, address: str, reason: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+class CoordinatorClient(Protocol):
+    address: str
+
+    async def apply(self, op: Op) -> int: ...
+    async def list_instances(self) -> tuple[int, dict[int, Instance]]: ...
+    async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None: ...
+    async def close(self) -> None: ...
+
+
+class GrpcNodeManagers:
+    """One channel per nodemanager address, opened lazily."""
+
+    def __init__(self, management_key: str | None, timeout: float) -> None:
+        self._key = management_key
+        self._timeout = timeout
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> ngrpc.NodeManagerServiceStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = open_channel(address)
+        return ngrpc.NodeManagerServiceStub(ch)  # type: ignore[no-untyped-call]
+
+    async def start_engines(self, cmd: StartCommand) -> None:
+        try:
+            await self._stub(cmd.admin_address).StartEngines(
+                start_request(cmd), metadata=call_metadata(self._key), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {cmd.node_id}@{cmd.admin_address}") from exc
+
+    async def stop_node(self, address: str, reason: str) -> None:
+        try:
+            await self._stub(address).StopNode(
+                npb.StopNodeRequest(reason=reason), metadata=call_metadata(self._key), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            await ch.close()
+
+
+class GrpcCoordinator:
+    """InstanceRegistryService of one coordinator, over its own channel."""
+
+    def __init__(self, address: str, management_key: str | None, timeout: float) -> None:
+        self.address = address
+        self._key = management_key
+        self._timeout = timeout
+        self._channel = open_channel(address)
+        self._stub = cgrpc.InstanceRegistryServiceStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def apply(self, op: Op) -> int:
+        insts = [instance_to_pb(i) for i in op.instances]
+        ids = [i.id for i in op.instances]
+        md = call_metadata(self._key)
+        try:
+            if op.kind is OpKind.SET:
+                r1 = await self._stub.SetInstances(
+                    cpb.SetInstancesRequest(instances=insts, generation=op.generation), metadata=md, timeout=self._timeout
+                )
+                return int(r1.generation)
+            if op.kind is OpKind.ADD:
+                r2 = await self._stub.AddInstances(
+                    cpb.AddInstancesRequest(instances=insts, generation=op.generation), metadata=md, timeout=self._timeout
+                )
+                return int(r2.generation)
+            if op.kind is OpKind.DEL:
+                r3 = await self._stub.DeleteInstances(
+                    cpb.DeleteInstancesRequest(instances=insts, generation=op.generation), metadata=md, timeout=self._timeout
+                )
+                return int(r3.generation)
+            if op.kind is OpKind.PAUSE:
+                r4 = await self._stub.PauseInstances(
+                    cpb.PauseInstancesRequest(instance_ids=ids, generation=op.generation), metadata=md, timeout=self._timeout
+                )
+                return int(r4.generation)
+            r5 = await self._stub.ResumeInstances(
+                cpb.ResumeInstancesRequest(instance_ids=ids, generation=op.generation), metadata=md, timeout=self._timeout
+            )
+            return int(r5.generation)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"coordinator {self.address}") from exc
+
+    async def list_instances(self) -> tuple[int, dict[int, Instance]]:
+        out: dict[int, Instance] = {}
+        token = ""
+        generation = 0
+        try:
+            while True:
+                resp = await self._stub.ListInstances(
+                    cpb.ListInstancesRequest(page_size=1000, page_token=token),
+                    metadata=call_metadata(self._key),
+                    timeout=self._timeout,
+                )
+                generation = int(resp.generation)
+                for msg in resp.instances:
+                    inst = instance_from_pb(msg)
+                    out[inst.id] = inst
+                token = resp.next_page_token
+                if not token:
+                    return generation, out
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"coordinator {self.address}") from exc
+
+    async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None:
+        try:
+            await self._stub.ClearPrecisionAlarms(
+                cpb.ClearPrecisionAlarmsRequest(instance_ids=list(instance_ids)),
+                metadata=call_metadata(self._key),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"coordinator {self.address}") from exc
+
+    async def close(self) -> None:
+        await self._channel.close()

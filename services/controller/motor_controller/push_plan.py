@@ -1,0 +1,157 @@
+"""Event-pusher planning (pure): desired coordinator view vs last synced view → operations.
+
+Per coordinator the pusher keeps a :class:`SyncState`. Rules (SPEC §5, seed "最终一致性兜底"):
+
+- increments (DEL, ADD, PAUSE, RESUME) are planned from the diff; each is stamped with the next
+  generation (the coordinator accepts exactly current + 1);
+- a failed increment sets ``full_set_pending`` (one coalesced full SET, however many failed) and
+  drops the rest of the batch;
+- a failed SET is not re-enqueued recursively: it stays pending but is retried no sooner than
+  ``set_retry_at``, and the last-synced view and fingerprint do not move;
+- the periodic full sync compares the coordinator's own list and generation with what we believe
+  is synced (:func:`check`), and any difference (restart, foreign writes) makes a full SET pending.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from motor_common.domain import Instance, InstanceStatus
+from motor_controller.instance_fsm import Signal
+from motor_controller.model import InstanceState, ManagedInstance
+
+View = Mapping[int, Instance]
+
+
+class OpKind(enum.Enum):
+    SET = "set"
+    DEL = "delete"
+    ADD = "add"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    instances: tuple[Instance, ...]
+    generation: int
+
+
+@dataclass(frozen=True)
+class SyncState:
+    generation: int = 0  # last generation the coordinator confirmed (persisted)
+    synced: View | None = None  # None = unknown: check or SET first
+    fingerprint: str = ""
+    full_set_pending: bool = False
+    set_retry_at: float = 0.0
+
+
+def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Signal]) -> dict[int, Instance]:
+    """ACTIVE instances (PAUSED when their endpoints are paused) and RECOVERING ones as PAUSED."""
+    out: dict[int, Instance] = {}
+    for mi in instances:
+        if mi.instance is None:
+            continue
+        if mi.state is InstanceState.ACTIVE:
+            paused = signals.get(mi.id) is Signal.PAUSED
+        elif mi.state is InstanceState.RECOVERING:
+            paused = True
+        else:
+            continue
+        status = InstanceStatus.PAUSED if paused else InstanceStatus.AVAILABLE
+        out[mi.id] = replace(mi.instance, status=status)
+    return out
+
+
+def _content(inst: Instance) -> tuple[object, ...]:
+    eps = tuple(sorted((e.id, e.ip, e.business_port, e.bootstrap_port, e.kv_port, e.dp_rank) for e in inst.endpoints))
+    return (inst.id, inst.role.value, inst.job_name, inst.model_name, inst.engine_type.value, eps)
+
+
+def _paused(inst: Instance) -> bool:
+    return inst.status is InstanceStatus.PAUSED
+
+
+def fingerprint(view: View) -> str:
+    h = hashlib.sha256()
+    for iid in sorted(view):
+        h.update(repr((_content(view[iid]), _paused(view[iid]))).encode())
+    return h.hexdigest()
+
+
+def plan_ops(state: SyncState, desired: View, now: float) -> list[Op]:
+    """Operations that bring the coordinator from ``state.synced`` to *desired*."""
+    if state.synced is None or state.full_set_pending:
+        if now < state.set_retry_at:
+            return []
+        return [Op(OpKind.SET, tuple(desired[i] for i in sorted(desired)), state.generation + 1)]
+    synced = state.synced
+    dels: list[Instance] = []
+    adds: list[Instance] = []
+    pauses: list[Instance] = []
+    resumes: list[Instance] = []
+    for iid in sorted(synced):
+        if iid not in desired or _content(synced[iid]) != _content(desired[iid]):
+            dels.append(synced[iid])
+    for iid in sorted(desired):
+        want = desired[iid]
+        have = synced.get(iid)
+        if have is None or _content(have) != _content(want):
+            adds.append(want)
+        elif _paused(have) != _paused(want):
+            (pauses if _paused(want) else resumes).append(want)
+    ops: list[Op] = []
+    gen = state.generation
+    for kind, batch in ((OpKind.DEL, dels), (OpKind.ADD, adds), (OpKind.PAUSE, pauses), (OpKind.RESUME, resumes)):
+        if batch:
+            gen += 1
+            ops.append(Op(kind, tuple(batch), gen))
+    return ops
+
+
+def after_success(state: SyncState, op: Op, generation: int) -> SyncState:
+    """The coordinator applied *op* and reports *generation*."""
+    if op.kind is OpKind.SET:
+        view = {i.id: i for i in op.instances}
+        return SyncState(generation, view, fingerprint(view), False, 0.0)
+    assert state.synced is not None
+    view = dict(state.synced)
+    for inst in op.instances:
+        if op.kind is OpKind.DEL:
+            view.pop(inst.id, None)
+        elif op.kind is OpKind.ADD:
+            view[inst.id] = inst
+        elif op.kind is OpKind.PAUSE:
+            view[inst.id] = replace(view[inst.id], status=InstanceStatus.PAUSED)
+        else:
+            view[inst.id] = replace(view[inst.id], status=InstanceStatus.AVAILABLE)
+    return replace(state, generation=generation, synced=view, fingerprint=fingerprint(view))
+
+
+def after_failure(state: SyncState, op: Op, now: float, set_retry_interval: float) -> SyncState:
+    """*op* failed: an increment enqueues one coalesced SET; a failed SET only waits to retry."""
+    if op.kind is OpKind.SET:
+        return replace(state, full_set_pending=True, set_retry_at=now + set_retry_interval)
+    return replace(state, full_set_pending=True)
+
+
+def check(state: SyncState, coordinator_generation: int, coordinator_view: View) -> SyncState:
+    """Compare the coordinator's own list with what we believe is synced (periodic full sync).
+
+    An unknown state adopts the coordinator's list when its generation is the one we persisted
+    (a restarted controller need not SET); any mismatch makes a full SET pending, stamped above
+    the higher of both generations.
+    """
+    theirs = fingerprint(coordinator_view)
+    generation = max(state.generation, coordinator_generation)
+    if state.synced is None:
+        if coordinator_generation == state.generation and coordinator_generation > 0:
+            return SyncState(generation, dict(coordinator_view), theirs, state.full_set_pending, state.set_retry_at)
+        return replace(state, generation=generation, full_set_pending=True)
+    if coordinator_generation != state.generation or theirs != state.fingerprint:
+        return replace(state, generation=generation, full_set_pending=True)
+    return state

@@ -1,0 +1,122 @@
+"""Event pusher I/O: one loop per coordinator, driven by the pure rules in ``push_plan``.
+
+Each coordinator has its own client (channel), :class:`~push_plan.SyncState` and persisted
+generation. The loop wakes when poked (desired view changed) or on its timers: a periodic full
+check (``sync_interval_sec``: the coordinator's list + generation vs what we believe is synced)
+and a bounded retry of a pending SET (``set_retry_interval_sec``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import orjson
+
+from motor_common.domain import Instance
+from motor_common.errors import MotorError
+from motor_controller.codec import KEYS
+from motor_controller.peers import CoordinatorClient
+from motor_controller.push_plan import (
+    OpKind,
+    SyncState,
+    after_failure,
+    after_success,
+    check,
+    plan_ops,
+)
+from motor_controller.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorPusher:
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        desired: Callable[[], dict[int, Instance]],
+        store: Store,
+        *,
+        sync_interval: float,
+        set_retry_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self._desired = desired
+        self._store = store
+        self._sync_interval = sync_interval
+        self._set_retry = set_retry_interval
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._next_check = 0.0
+        self.state = SyncState()
+        self.pushes: dict[str, int] = {}  # op kind -> successful count (observability, tests)
+
+    @property
+    def key(self) -> str:
+        return f"{KEYS.COORDINATOR}{self.client.address}"
+
+    async def load(self) -> None:
+        raw = await self._store.get(self.key)
+        if raw is not None:
+            self.state = SyncState(generation=int(orjson.loads(raw)["generation"]))
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def request_full_set(self) -> None:
+        """Enqueue one full SET now (e.g. a standby coordinator was promoted)."""
+        self.state = replace(self.state, full_set_pending=True, set_retry_at=0.0)
+        self._wake.set()
+
+    async def check_now(self) -> None:
+        gen, view = await self.client.list_instances()
+        self.state = check(self.state, gen, view)
+
+    async def flush(self) -> None:
+        """Send the operations that bring the coordinator to the desired view (one round)."""
+        now = self._clock()
+        for op in plan_ops(self.state, self._desired(), now):
+            try:
+                generation = await self.client.apply(op)
+            except MotorError as exc:
+                self.state = after_failure(self.state, op, self._clock(), self._set_retry)
+                if op.kind is OpKind.SET:
+                    self._next_check = 0.0  # learn the coordinator's generation before retrying
+                log.warning(
+                    "push to coordinator failed",
+                    extra={"coordinator": self.client.address, "op": op.kind.value, "generation": op.generation,
+                           "error": exc.message, "reason": exc.reason},
+                )
+                return
+            self.state = after_success(self.state, op, generation)
+            self.pushes[op.kind.value] = self.pushes.get(op.kind.value, 0) + 1
+            await self._store.put(self.key, orjson.dumps({"generation": self.state.generation}))
+            log.info(
+                "pushed to coordinator",
+                extra={"coordinator": self.client.address, "op": op.kind.value, "generation": generation,
+                       "instances": [i.id for i in op.instances]},
+            )
+
+    async def run(self) -> None:
+        while True:
+            self._wake.clear()  # pokes during this round make the wait below return at once
+            now = self._clock()
+            if now >= self._next_check:
+                self._next_check = now + self._sync_interval
+                try:
+                    await self.check_now()
+                except MotorError as exc:
+                    log.debug("coordinator check failed", extra={"coordinator": self.client.address, "error": exc.message})
+            await self.flush()
+            now = self._clock()
+            wait = self._next_check - now
+            if self.state.full_set_pending:
+                wait = min(wait, max(self.state.set_retry_at - now, 0.0))
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)

@@ -1,0 +1,164 @@
+"""The reconcile plan (pure): whole observed + desired state in, a plan out.
+
+The controller's loop calls :func:`plan` on a schedule (and when poked), then applies the plan.
+The plan never depends on what woke the loop; deterministic instance ids make a retried apply
+a no-op. Steps:
+
+1. *Assemble*: a job with no live instance and all ranks registered and alive gets one (or a
+   fail-closed INITIAL record with the reason); a still-INITIAL blocked record is re-assembled.
+2. *Validate*: a live instance whose nodes were displaced or whose specs changed is retired
+   (DELETED, the job's incarnation bumped so the next assembly gets a new id).
+3. *Observe*: every live instance's signal moves its state through ``instance_fsm``.
+4. *Start*: a fresh node whose heartbeat shows it is not running its instance gets StartEngines
+   (rate-limited per node; never for nodes without a heartbeat since registration/restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from motor_controller.assembly import StartCommand, assemble, start_commands
+from motor_controller.instance_fsm import Signal, observe, transition
+from motor_controller.model import (
+    InstanceState,
+    ManagedInstance,
+    NodeObservation,
+    NodeRecord,
+    NodeSpec,
+    NodeState,
+)
+
+
+@dataclass(frozen=True)
+class World:
+    nodes: Mapping[str, NodeRecord]
+    observations: Mapping[str, NodeObservation]
+    instances: Mapping[int, ManagedInstance]
+    incarnations: Mapping[str, int]
+    # node id -> (instance id, monotonic time before which no new start is sent)
+    start_gates: Mapping[str, tuple[int, float]]
+    now: float  # monotonic
+    wall: float
+    started_at: float  # monotonic start of this controller process
+    heartbeat_timeout: float
+    master_port: int
+
+
+@dataclass
+class Plan:
+    upserts: dict[int, ManagedInstance] = field(default_factory=dict)
+    incarnations: dict[str, int] = field(default_factory=dict)
+    starts: list[StartCommand] = field(default_factory=list)
+    signals: dict[int, Signal] = field(default_factory=dict)
+
+
+def node_alive(rec: NodeRecord, ob: NodeObservation | None, now: float, timeout: float) -> bool:
+    if ob is not None and now - ob.seen_at < timeout:
+        return True
+    return ob is None and rec.registered_mono is not None and now - rec.registered_mono < timeout
+
+
+def _set_state(mi: ManagedInstance, state: InstanceState, reason: str, wall: float) -> ManagedInstance:
+    return replace(mi, state=state, reason=reason, state_changed_at=wall)
+
+
+def plan(world: World) -> Plan:
+    out = Plan()
+    now, timeout = world.now, world.heartbeat_timeout
+    instances = dict(world.instances)
+    incarnations = dict(world.incarnations)
+
+    def put(mi: ManagedInstance) -> None:
+        instances[mi.id] = mi
+        out.upserts[mi.id] = mi
+
+    alive_by_job: dict[str, list[NodeSpec]] = {}
+    for node_id, rec in world.nodes.items():
+        ob = world.observations.get(node_id)
+        if node_alive(rec, ob, now, timeout) and (ob is None or ob.state is not NodeState.STOPPING):
+            alive_by_job.setdefault(rec.spec.job_name, []).append(rec.spec)
+    live_by_job: dict[str, ManagedInstance] = {}
+    for mi in instances.values():
+        if mi.live:
+            live_by_job[mi.job_name] = mi
+
+    # 2. retire live instances whose nodes no longer match what they were assembled from.
+    for job, mi in list(live_by_job.items()):
+        if mi.blocked:
+            continue
+        specs = [world.nodes[n].spec for n in mi.node_ids if n in world.nodes]
+        again = (
+            assemble(job, specs, mi.incarnation, world.master_port)
+            if len(specs) == len(mi.node_ids)
+            else None
+        )
+        if again is None or again.instance != mi.instance or again.master_address != mi.master_address:
+            why = "nodes changed: " + (again.reason if again and again.reason else "re-registered with another spec")
+            put(_set_state(mi, InstanceState.DELETED, why, world.wall))
+            incarnations[job] = mi.incarnation + 1
+            out.incarnations[job] = mi.incarnation + 1
+            del live_by_job[job]
+
+    # 1. assemble jobs without a live instance; refresh blocked INITIAL records.
+    for job, specs in alive_by_job.items():
+        current = live_by_job.get(job)
+        if current is not None and not (current.blocked and current.state is InstanceState.INITIAL):
+            continue
+        inc = incarnations.get(job, 0)
+        result = assemble(job, specs, inc, world.master_port)
+        if result is None:
+            continue
+        mi = ManagedInstance(
+            id=result.instance_id,
+            job_name=job,
+            incarnation=inc,
+            state=InstanceState.INITIAL,
+            instance=result.instance,
+            node_ids=result.node_ids,
+            master_address=result.master_address,
+            state_changed_at=world.wall,
+            reason=result.reason or "assembled",
+        )
+        if current is not None and (current.instance, current.node_ids, current.reason, current.id) == (
+            mi.instance, mi.node_ids, mi.reason, mi.id,
+        ):
+            continue
+        put(mi)
+        live_by_job[job] = mi
+
+    # 3 + 4. observe, transition, start.
+    for mi in list(live_by_job.values()):
+        if mi.blocked:
+            continue
+        sig, why = observe(mi, world.nodes, world.observations, now, timeout, world.started_at)
+        out.signals[mi.id] = sig
+        nxt = transition(mi.state, sig)
+        if nxt is not None:
+            mi = _set_state(mi, nxt, why, world.wall)
+            put(mi)
+        if mi.state in (InstanceState.RECOVERING, InstanceState.DELETED, InstanceState.ACTIVE):
+            continue
+        assert mi.instance is not None
+        specs = [world.nodes[n].spec for n in mi.node_ids]
+        commands = start_commands(mi.instance, specs, mi.master_address, world.master_port, mi.generation)
+        dispatched = 0
+        for node_id, cmd in commands.items():
+            ob = world.observations.get(node_id)
+            if ob is None or now - ob.seen_at >= timeout:
+                continue  # no evidence yet: wait for a heartbeat (never re-launch blindly)
+            running = ob.instance_id == mi.id and ob.state not in (NodeState.REGISTERED, NodeState.RESTORED)
+            if running or ob.state is NodeState.STOPPING:
+                dispatched += running
+                continue
+            gate = world.start_gates.get(node_id)
+            if gate is not None and gate[0] == mi.id and now < gate[1]:
+                dispatched += 1
+                continue
+            out.starts.append(cmd)
+            dispatched += 1
+        if mi.state is InstanceState.INITIAL and dispatched == len(commands):
+            nxt = transition(mi.state, Signal.START_DISPATCHED)
+            if nxt is not None:
+                put(_set_state(mi, nxt, "start commands dispatched", world.wall))
+    return out
