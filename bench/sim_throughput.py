@@ -83,7 +83,18 @@ async def run_case(url: str, concurrency: int, stream: bool, seconds: float,
     return done / elapsed, tokens / elapsed, errors
 
 
-async def main() -> None:
+async def drive(url: str, proc: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+    await wait_healthy(url, proc)
+    print(f"motor-sim {args.flavour} zero-latency, max_tokens={args.max_tokens}, "
+          f"{args.seconds:g}s per case, {os.cpu_count()} CPUs shared with the client")
+    print(f"{'concurrency':>11} {'stream':>6} {'req/s':>9} {'tok/s':>10} {'errors':>6}")
+    for stream in (False, True):
+        for conc in (1, 16, 64):
+            rps, tps, errs = await run_case(url, conc, stream, args.seconds, args.max_tokens)
+            print(f"{conc:>11} {stream!s:>6} {rps:>9.0f} {tps:>10.0f} {errs:>6}")
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="per case (6 cases)")
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -91,29 +102,24 @@ async def main() -> None:
     args = ap.parse_args()
     port = free_port()
     exe = str(Path(sys.executable).with_name("motor-sim"))
-    engine = ["vllm", "serve", "bench"] if args.flavour == "vllm" else [
-        "sglang", "--model-path", "bench"]
+    engine = ["vllm", "serve", "bench", "--max-num-seqs", "256"] if args.flavour == "vllm" else [
+        "sglang", "--model-path", "bench", "--max-running-requests", "256"]
     proc = subprocess.Popen([exe, *engine, "--host", "127.0.0.1", "--port", str(port),
-                             "--sim-zero-latency", "--max-num-seqs", "256"],
+                             "--sim-zero-latency"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        await wait_healthy(url, proc)
-        print(f"motor-sim {args.flavour} zero-latency, max_tokens={args.max_tokens}, "
-              f"{args.seconds:g}s per case, {os.cpu_count()} CPUs shared with the client")
-        print(f"{'concurrency':>11} {'stream':>6} {'req/s':>9} {'tok/s':>10} {'errors':>6}")
-        for stream in (False, True):
-            for conc in (1, 16, 64):
-                rps, tps, errs = await run_case(url, conc, stream, args.seconds, args.max_tokens)
-                print(f"{conc:>11} {str(stream):>6} {rps:>9.0f} {tps:>10.0f} {errs:>6}")
+        asyncio.run(drive(url, proc, args))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

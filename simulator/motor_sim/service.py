@@ -22,7 +22,7 @@ from motor_sim.generator import Decoder, Step, sequence_digest
 from motor_sim.kvcache import BlockManager, blocks_for
 from motor_sim.kvtransfer import KVPayload, Lease, LeaseTable, RoomTable
 from motor_sim.params import Job
-from motor_sim.scheduler import Engine
+from motor_sim.scheduler import Engine, Stats
 
 log = logging.getLogger("motor_sim")
 
@@ -85,7 +85,7 @@ class SimService:
         self.started = time.time()
 
     @property
-    def stats(self) -> Any:
+    def stats(self) -> Stats:
         return self.engine.stats
 
     def set_fault(self, fault: Fault) -> None:
