@@ -1,0 +1,405 @@
+"""The application base: ordered module start/stop, signals, ``stop`` on stdin, the daemon loop and
+config hot-reload propagation.
+
+:class:`Application` knows nothing about nodemanagers. :class:`NodeManagerApp` composes the modules in
+the SPEC start order: signals → config → logging → ports → API server → register → (config watcher
+unless snapshot mode) → daemon loop. Modules stop in reverse order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+from motor_common.config import to_dict
+from motor_common.errors import ConfigError
+from motor_common.grpc_server import GrpcServer, read_secret
+from motor_common.logs import setup_logging
+from motor_common.runner import EXIT_RESCHEDULE
+from motor_common.tasks import TaskOwner
+from motor_nodemanager import config as nmconfig
+from motor_nodemanager.config import NodeManagerConfig
+from motor_nodemanager.controller_client import ControllerPeer, GrpcController
+from motor_nodemanager.heartbeat import HeartbeatSender
+from motor_nodemanager.node import Node
+from motor_nodemanager.ports import free_port, plan_endpoints
+from motor_nodemanager.registration import RegistrationFailed, register_with_retry
+from motor_nodemanager.servicer import add_services
+
+log = logging.getLogger(__name__)
+
+
+class Module(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def on_config_change(self, new: NodeManagerConfig) -> None: ...
+
+
+class Application:
+    """Runs modules in order, a daemon loop, and stops them in reverse on any exit request."""
+
+    name = "app"
+
+    def __init__(self) -> None:
+        self.modules: list[Module] = []
+        self.exit_code = 0
+        self._stop = asyncio.Event()
+        self._started: list[Module] = []
+        self.daemon_interval = 5.0
+
+    def request_exit(self, code: int, reason: str) -> None:
+        if not self._stop.is_set():
+            log.warning("exiting: %s", reason, extra={"exit_code": code})
+            self.exit_code = code
+            self._stop.set()
+
+    @property
+    def exiting(self) -> bool:
+        return self._stop.is_set()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_exit, 0, f"signal {signal.Signals(sig).name}")
+        try:
+            mode = os.fstat(0).st_mode
+        except OSError:
+            return
+        if os.isatty(0) or stat.S_ISFIFO(mode):
+            buf = bytearray()
+
+            def on_stdin() -> None:
+                try:
+                    chunk = os.read(0, 4096)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    loop.remove_reader(0)
+                    return
+                buf.extend(chunk)
+                while b"\n" in buf:
+                    line, _, rest = bytes(buf).partition(b"\n")
+                    buf[:] = rest
+                    if line.strip() == b"stop":
+                        self.request_exit(0, "'stop' on stdin")
+
+            with contextlib.suppress(OSError, NotImplementedError, ValueError):
+                loop.add_reader(0, on_stdin)
+
+    async def setup(self) -> None:
+        """Load configuration and logging, build the modules (subclasses)."""
+
+    async def tick(self) -> None:
+        """One daemon-loop iteration (subclasses)."""
+
+    async def run(self) -> int:
+        self._install_signals()
+        await self.setup()
+        try:
+            for module in self.modules:
+                if self.exiting:
+                    break
+                await module.start()
+                self._started.append(module)
+            while not self.exiting:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.daemon_interval)
+                if not self.exiting:
+                    await self.tick()
+        finally:
+            for module in reversed(self._started):
+                try:
+                    await module.stop()
+                except Exception:
+                    log.exception("module %s failed to stop", module.name)
+        return self.exit_code
+
+    def propagate_config(self, new: NodeManagerConfig) -> None:
+        for module in self._started:
+            try:
+                module.on_config_change(new)
+            except Exception:
+                log.exception("module %s rejected the configuration change", module.name)
+
+
+# --- modules of the nodemanager ------------------------------------------------------------------
+class _Base:
+    name = "module"
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def on_config_change(self, new: NodeManagerConfig) -> None:
+        pass
+
+
+class EnginesModule(_Base):
+    """Owns the engine processes: started first, stopped last (no orphan keeps a port)."""
+
+    name = "engines"
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def stop(self) -> None:
+        await self.node.stop_engines()
+
+    def on_config_change(self, new: NodeManagerConfig) -> None:
+        self.node.arbiter.threshold = new.health.abnormal_threshold
+
+
+class ApiServerModule(_Base):
+    name = "api-server"
+
+    def __init__(self, app: NodeManagerApp) -> None:
+        self.app = app
+        self.server: GrpcServer | None = None
+
+    async def start(self) -> None:
+        cfg = self.app.config
+        server = GrpcServer("nodemanager", cfg.server)
+        add_services(server, self.app.node, self.app.request_stop_node, cfg)
+        port = await server.start()
+        self.server = server
+        self.app.admin_port = port
+        self.app.node.node_id = cfg.node_id or os.environ.get("POD_NAME") or f"{socket.gethostname()}:{port}"
+        if self.app.ports_file:
+            write_ports_file(self.app.ports_file, {"grpc": port})
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.set_serving(False)
+            await self.server.stop(1.0)
+
+    def on_config_change(self, new: NodeManagerConfig) -> None:
+        if new.server != self.app.config.server:
+            log.warning("server listen address/port/TLS changed: needs a restart to take effect")
+
+
+class RegistrationModule(_Base):
+    name = "registration"
+
+    def __init__(self, app: NodeManagerApp) -> None:
+        self.app = app
+
+    async def start(self) -> None:
+        await self.app.register(first=True)
+
+
+class HeartbeatModule(_Base):
+    name = "heartbeat"
+
+    def __init__(self, app: NodeManagerApp, peer: ControllerPeer) -> None:
+        self.app = app
+        node = app.node
+        self.sender = HeartbeatSender(
+            peer,
+            node.heartbeat_frame,
+            lambda: app.config.heartbeat_interval_seconds,
+            lambda: app.register(first=False),
+        )
+        node.on_change = self.sender.poke
+        self.tasks = TaskOwner("heartbeat")
+
+    async def start(self) -> None:
+        self.tasks.spawn(self.sender.run(), name="heartbeat-stream")
+
+    async def stop(self) -> None:
+        await self.tasks.close()
+
+    def on_config_change(self, new: NodeManagerConfig) -> None:
+        self.sender.poke()
+
+
+class ConfigWatcherModule(_Base):
+    """Polls the config file's mtime; a valid new config is propagated to every started module."""
+
+    name = "config-watcher"
+
+    def __init__(self, app: NodeManagerApp, path: str) -> None:
+        self.app = app
+        self.path = path
+        self.tasks = TaskOwner("config-watcher")
+        self._mtime = _mtime(path)
+
+    async def start(self) -> None:
+        self.tasks.spawn(self._watch(), name="config-watch")
+
+    async def stop(self) -> None:
+        await self.tasks.close()
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.app.config.config_watch_interval_sec)
+            mtime = _mtime(self.path)
+            if mtime == self._mtime:
+                continue
+            self._mtime = mtime
+            self.app.reload_config()
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime_ns / 1e9
+    except OSError:
+        return 0.0
+
+
+def write_ports_file(path: str, ports: Mapping[str, int]) -> None:
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(dict(ports)))
+    os.replace(tmp, p)
+
+
+class NodeManagerApp(Application):
+    name = "nodemanager"
+
+    def __init__(self, config_path: str | None, ports_file: str | None = None) -> None:
+        super().__init__()
+        self.config_path = config_path
+        self.ports_file = ports_file
+        self.admin_port = 0
+        self._config: NodeManagerConfig | None = None
+        self._node: Node | None = None
+        self.peer: ControllerPeer | None = None
+        self._tasks: TaskOwner | None = None
+        self._registering = asyncio.Lock()
+
+    @property
+    def config(self) -> NodeManagerConfig:
+        assert self._config is not None
+        return self._config
+
+    @property
+    def node(self) -> Node:
+        assert self._node is not None
+        return self._node
+
+    async def setup(self) -> None:
+        cfg = nmconfig.load(self.config_path)  # config
+        self._config = cfg
+        setup_logging("nodemanager", cfg.log.level, cfg.log.format)  # logging
+        log.info("configuration loaded", extra={"config": orjson.dumps(to_dict(cfg)).decode()})
+        self.daemon_interval = cfg.daemon_loop_interval
+        self._tasks = TaskOwner("nodemanager")
+        planned = plan_endpoints(  # ports
+            ip=cfg.ip,
+            count=cfg.endpoints_per_node,
+            base_port=cfg.base_port,
+            engine_type=cfg.engine_type_enum,
+            role=cfg.role_enum,
+            pick=lambda: free_port(cfg.ip),
+        )
+        self._node = Node(lambda: self.config, planned)
+        self.modules = [EnginesModule(self._node), ApiServerModule(self)]
+        if cfg.registers:
+            self.peer = GrpcController(
+                cfg.controller_address,
+                self._management_key(),
+                tls_ca_file=cfg.controller_tls_ca_file,
+            )
+            self.modules += [RegistrationModule(self), HeartbeatModule(self, self.peer)]
+        else:
+            log.info("KV-store-only node (separated mode): no registration, no heartbeat")
+        if self.config_path and not cfg.snapshot_config.enable_snapshot:
+            self.modules.append(ConfigWatcherModule(self, self.config_path))
+
+    def _management_key(self) -> str | None:
+        return read_secret(self.config.server.management_key_file)
+
+    async def register(self, *, first: bool) -> None:
+        assert self.peer is not None
+        peer = self.peer
+        reg = self.config.registration
+        async with self._registering:
+            spec = self.node.spec(self.admin_port)
+
+            async def attempt() -> object:
+                return await peer.register(spec, reg.rpc_timeout_sec)
+
+            try:
+                result = await register_with_retry(attempt, max_attempts=reg.max_attempts, base_sec=reg.backoff_base_sec)
+            except RegistrationFailed as exc:
+                log.error("%s", exc)
+                if first:
+                    self.request_exit(EXIT_RESCHEDULE, "registration failed")
+                return
+            node_id = getattr(result, "node_id", "") or self.node.node_id
+            self.node.node_id = node_id
+            self.node.registered = True
+            log.info("registered with the controller", extra={"node_id": node_id, "controller": self.config.controller_address})
+            self.node.on_change()
+
+    def request_stop_node(self, reason: str) -> None:
+        """StopNode: reply first, then stop engines and exit with the reschedule code."""
+        assert self._tasks is not None
+
+        async def later() -> None:
+            self.node.stopping = True
+            await asyncio.sleep(self.config.stop_exit_delay_sec)
+            await self.node.stop_engines()
+            self.request_exit(EXIT_RESCHEDULE, f"StopNode: {reason}")
+
+        self._tasks.spawn(later(), name="stop-node")
+
+    def reload_config(self) -> None:
+        try:
+            new = nmconfig.load(self.config_path)
+        except ConfigError as exc:
+            log.error("configuration change rejected, keeping the running one: %s", exc.message)
+            return
+        old = self.config
+        if new == old:
+            return
+        for key in nmconfig.restart_needed(old, new):
+            log.warning("configuration key %r changed: needs a restart to take effect", key)
+        self._config = _hot(old, new)
+        self.daemon_interval = new.daemon_loop_interval
+        log.info(
+            "configuration reloaded",
+            extra={"heartbeat_interval_seconds": new.heartbeat_interval_seconds,
+                   "enable_fault_tolerance": new.fault_tolerance_config.enable_fault_tolerance},
+        )  # fmt: skip
+        self.propagate_config(self._config)
+
+    async def tick(self) -> None:
+        verdict = self.node.tick()
+        if verdict.terminate:
+            log.error("self-termination: %s", verdict.reason)
+            self.node.stopping = True
+            await self.node.stop_engines()
+            self.request_exit(EXIT_RESCHEDULE, f"self-termination: {verdict.reason}")
+
+    async def run(self) -> int:
+        try:
+            return await super().run()
+        finally:
+            if self._tasks is not None:
+                await self._tasks.close()
+            if self.peer is not None:
+                await self.peer.close()
+
+
+def _hot(old: NodeManagerConfig, new: NodeManagerConfig) -> NodeManagerConfig:
+    """The new config with the restart-only keys kept at their running values."""
+    keep = {k: getattr(old, k) for k in nmconfig.restart_needed(old, new)}
+    return dataclasses.replace(new, **keep)

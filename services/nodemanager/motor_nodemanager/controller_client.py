@@ -1,0 +1,199 @@
+"""The controller as this node sees it: registration, the heartbeat stream, fault reports.
+
+:class:`ControllerPeer` is the Protocol the rest of the package uses; :class:`GrpcController` is the
+gRPC implementation (the only module here that touches ``controller_pb2``). gRPC failures are
+translated into :mod:`motor_common.errors` at this boundary.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from motor_common.convert import ENGINE_TO_PB, ROLE_TO_PB, endpoint_to_pb
+from motor_common.domain import Endpoint, EndpointStatus, EngineType, Role
+from motor_common.gen.motor.common.v1 import types_pb2
+from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
+from motor_common.grpc_client import call_metadata, open_channel, translate
+
+
+class NodeState(enum.Enum):
+    UNSPECIFIED = cpb.NODE_STATE_UNSPECIFIED
+    REGISTERED = cpb.NODE_STATE_REGISTERED
+    STARTING = cpb.NODE_STATE_STARTING
+    RUNNING = cpb.NODE_STATE_RUNNING
+    PAUSED = cpb.NODE_STATE_PAUSED
+    RELAUNCHING = cpb.NODE_STATE_RELAUNCHING
+    STOPPING = cpb.NODE_STATE_STOPPING
+    RESTORED = cpb.NODE_STATE_RESTORED
+
+
+ENDPOINT_STATUS_TO_PB = {
+    EndpointStatus.INITIAL: types_pb2.ENDPOINT_STATUS_INITIAL,
+    EndpointStatus.NORMAL: types_pb2.ENDPOINT_STATUS_NORMAL,
+    EndpointStatus.ABNORMAL: types_pb2.ENDPOINT_STATUS_ABNORMAL,
+    EndpointStatus.PAUSED: types_pb2.ENDPOINT_STATUS_PAUSED,
+    EndpointStatus.RETIRED: types_pb2.ENDPOINT_STATUS_RETIRED,
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    fault_tolerance: bool = False
+    engine_relaunch: bool = False
+    dp_scale_down: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    node_id: str
+    job_name: str
+    role: Role
+    ip: str
+    admin_port: int
+    engine_type: EngineType
+    model_name: str
+    node_rank: int
+    nodes_per_instance: int
+    endpoints: tuple[Endpoint, ...]
+    capabilities: Capabilities
+    local_world_size: int
+
+
+@dataclass(frozen=True)
+class Registration:
+    node_id: str
+    heartbeat_interval_seconds: float
+    controller_epoch: str
+
+
+@dataclass(frozen=True)
+class EndpointHealth:
+    endpoint_id: int
+    status: EndpointStatus
+    generation: int
+    pid: int
+    was_normal: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class HeartbeatFrame:
+    node_id: str
+    state: NodeState
+    instance_id: int
+    endpoints: tuple[EndpointHealth, ...]
+    relaunch_count: int = 0
+    sent_at: float = field(default_factory=time.time)
+
+
+class AckCommand(enum.Enum):
+    NONE = "none"
+    REREGISTER = "reregister"
+
+
+@dataclass(frozen=True)
+class Ack:
+    sequence: int
+    command: AckCommand
+    message: str = ""
+
+
+class ControllerPeer(Protocol):
+    async def register(self, spec: NodeSpec, timeout: float) -> Registration: ...
+
+    def heartbeat(self, frames: AsyncIterator[HeartbeatFrame]) -> AsyncIterator[Ack]: ...
+
+    async def close(self) -> None: ...
+
+
+def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def endpoint_health_to_pb(h: EndpointHealth) -> cpb.EndpointHealth:
+    return cpb.EndpointHealth(
+        endpoint_id=h.endpoint_id,
+        status=ENDPOINT_STATUS_TO_PB[h.status],
+        generation=h.generation,
+        pid=h.pid,
+        was_normal=h.was_normal,
+        detail=h.detail,
+    )
+
+
+def spec_to_pb(spec: NodeSpec) -> cpb.NodeSpec:
+    return cpb.NodeSpec(
+        node_id=spec.node_id,
+        job_name=spec.job_name,
+        role=ROLE_TO_PB[spec.role],
+        ip=spec.ip,
+        admin_port=spec.admin_port,
+        engine_type=ENGINE_TO_PB[spec.engine_type],
+        model_name=spec.model_name,
+        node_rank=spec.node_rank,
+        nodes_per_instance=spec.nodes_per_instance,
+        endpoints=[endpoint_to_pb(e) for e in spec.endpoints],
+        capabilities=cpb.Capabilities(
+            fault_tolerance=spec.capabilities.fault_tolerance,
+            engine_relaunch=spec.capabilities.engine_relaunch,
+            dp_scale_down=spec.capabilities.dp_scale_down,
+        ),
+        local_world_size=spec.local_world_size,
+    )
+
+
+class GrpcController:
+    """ControllerService over one channel (reconnects by itself; streams are re-opened by callers)."""
+
+    def __init__(self, address: str, management_key: str | None, *, tls_ca_file: str | None = None) -> None:
+        self.address = address
+        self._key = management_key
+        self._channel = open_channel(address, tls_ca_file=tls_ca_file)
+        self._stub = cgrpc.ControllerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def register(self, spec: NodeSpec, timeout: float) -> Registration:
+        try:
+            resp = await self._stub.RegisterNode(
+                cpb.RegisterNodeRequest(node=spec_to_pb(spec)), metadata=call_metadata(self._key), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"controller {self.address}") from exc
+        return Registration(resp.node_id or spec.node_id, resp.heartbeat_interval_seconds, resp.controller_epoch)
+
+    async def heartbeat(self, frames: AsyncIterator[HeartbeatFrame]) -> AsyncIterator[Ack]:
+        async def requests() -> AsyncIterator[cpb.HeartbeatRequest]:
+            seq = 0
+            async for f in frames:
+                seq += 1
+                yield cpb.HeartbeatRequest(
+                    node_id=f.node_id,
+                    sequence=seq,
+                    state=f.state.value,
+                    instance_id=f.instance_id,
+                    endpoints=[endpoint_health_to_pb(e) for e in f.endpoints],
+                    sent_at=timestamp(f.sent_at),
+                    relaunch_count=f.relaunch_count,
+                )
+
+        call = self._stub.Heartbeat(requests(), metadata=call_metadata(self._key))
+        try:
+            async for resp in call:
+                cmd = AckCommand.REREGISTER if resp.command == cpb.HEARTBEAT_COMMAND_REREGISTER else AckCommand.NONE
+                yield Ack(resp.acked_sequence, cmd, resp.message)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"controller {self.address}") from exc
+        finally:
+            call.cancel()
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,176 @@
+"""Engine processes as process groups: spawn in a new session, stop = SIGTERM the group, wait,
+SIGKILL the group, reap. No orphan may keep a port.
+
+A watcher task per process reports unexpected exits (deduplicated by pid) to ``on_exit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from motor_common.errors import Internal
+from motor_common.tasks import TaskOwner
+from motor_nodemanager.launch import LaunchPlan
+
+log = logging.getLogger(__name__)
+
+# A process that dies within this window after spawn is a launch failure.
+IMMEDIATE_EXIT_SEC = 0.3
+
+ExitCallback = Callable[[int, int, int], None]  # endpoint_id, pid, returncode
+
+
+@dataclass
+class EngineProcess:
+    endpoint_id: int
+    argv: tuple[str, ...]
+    proc: asyncio.subprocess.Process
+    started_at: float
+    log_file: IO[bytes] | None = None
+    stopping: bool = field(default=False)
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send *sig* to a process group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - pid reused by someone else
+        return False
+    return True
+
+
+class EngineSupervisor:
+    def __init__(self, on_exit: ExitCallback | None = None) -> None:
+        self._on_exit = on_exit
+        self._procs: dict[int, EngineProcess] = {}
+        self._tasks = TaskOwner("engine-watchers")
+        self._reported: set[int] = set()
+
+    @property
+    def processes(self) -> list[EngineProcess]:
+        return [self._procs[k] for k in sorted(self._procs)]
+
+    def pid_of(self, endpoint_id: int) -> int:
+        p = self._procs.get(endpoint_id)
+        return p.pid if p is not None and p.alive else 0
+
+    @property
+    def running(self) -> bool:
+        return bool(self._procs)
+
+    async def launch(self, plans: Sequence[LaunchPlan], log_dir: str | None = None) -> list[int]:
+        """Spawn every plan; on any failure stop what started and raise Internal."""
+        if self._procs:
+            raise Internal("engines are already running", reason="ENGINES_RUNNING")
+        started: list[EngineProcess] = []
+        try:
+            for plan in plans:
+                started.append(await self._spawn(plan, log_dir))
+            await asyncio.sleep(IMMEDIATE_EXIT_SEC)
+            for p in started:
+                if not p.alive:
+                    raise Internal(
+                        f"Failed to start engine: endpoint {p.endpoint_id} process exited immediately "
+                        f"with code {p.proc.returncode} ({' '.join(p.argv[:3])} ...)",
+                        reason="ENGINE_EXITED_IMMEDIATELY",
+                    )
+        except BaseException:
+            for p in started:
+                p.stopping = True
+            await asyncio.gather(*(self._stop_one(p, 2.0) for p in started), return_exceptions=True)
+            raise
+        for p in started:
+            self._procs[p.endpoint_id] = p
+            self._tasks.spawn(self._watch(p), name=f"watch-engine-{p.endpoint_id}")
+        return [p.pid for p in started]
+
+    async def _spawn(self, plan: LaunchPlan, log_dir: str | None) -> EngineProcess:
+        out = _open_log(log_dir, plan.endpoint.id) if log_dir else None
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *plan.argv,
+                env=dict(plan.env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT if out is not None else None,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            if out is not None:
+                out.close()
+            raise Internal(
+                f"Failed to start engine: endpoint {plan.endpoint.id}: {plan.argv[0]}: {exc.strerror or exc}",
+                reason="ENGINE_SPAWN_FAILED",
+            ) from exc
+        log.info(
+            "engine launched",
+            extra={"endpoint_id": plan.endpoint.id, "pid": proc.pid, "argv": " ".join(plan.argv)},
+        )
+        return EngineProcess(plan.endpoint.id, plan.argv, proc, time.monotonic(), out)
+
+    async def _watch(self, p: EngineProcess) -> None:
+        rc = await p.proc.wait()
+        if p.stopping or p.pid in self._reported:
+            return
+        self._reported.add(p.pid)
+        log.error("engine process exited", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": rc})
+        if self._on_exit is not None:
+            self._on_exit(p.endpoint_id, p.pid, rc)
+
+    async def stop_all(self, timeout: float) -> None:
+        procs = list(self._procs.values())
+        for p in procs:
+            p.stopping = True
+        await asyncio.gather(*(self._stop_one(p, timeout) for p in procs), return_exceptions=True)
+        self._procs.clear()
+        await self._tasks.close()
+        self._tasks = TaskOwner("engine-watchers")
+
+    async def _stop_one(self, p: EngineProcess, timeout: float) -> None:
+        pgid = p.pid  # session leader: pgid == pid
+        deadline = time.monotonic() + timeout
+        if _signal_group(pgid, signal.SIGTERM):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(p.proc.wait(), timeout)
+            # the leader is gone; give the rest of its group the remaining time
+            while _group_alive(pgid):
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.05)
+            _signal_group(pgid, signal.SIGKILL)
+        await p.proc.wait()  # reap
+        if p.log_file is not None:
+            p.log_file.close()
+        log.info("engine stopped", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": p.proc.returncode})
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _open_log(log_dir: str, endpoint_id: int) -> IO[bytes]:
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
+    return open(Path(log_dir) / f"engine-{endpoint_id}.log", "ab")  # closed when the engine stops

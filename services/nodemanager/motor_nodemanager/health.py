@@ -1,0 +1,99 @@
+"""Health polling of each engine's native ``GET /health``.
+
+Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``poll_interval_sec``
+with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, timeout, refused, garbage) →
+UNHEALTHY. Each probe carries the generation read *before* it was sent, so the state machine can drop
+it if newer controller data arrived meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from motor_common.domain import Endpoint
+from motor_common.tasks import TaskOwner
+from motor_nodemanager.endpoint_state import Observation
+
+log = logging.getLogger(__name__)
+
+# endpoint_id, observation, generation, detail
+ObserveFn = Callable[[int, Observation, int, str], None]
+
+
+@dataclass(frozen=True)
+class PollSettings:
+    poll_interval_sec: float
+    timeout_sec: float
+    port_wait_sec: float
+
+
+async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> tuple[Observation, str]:
+    try:
+        async with session.get(f"{ep.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            await resp.read()
+            if resp.status == 200:
+                return Observation.HEALTHY, ""
+            return Observation.UNHEALTHY, f"/health answered {resp.status}"
+    except TimeoutError:
+        return Observation.UNHEALTHY, f"/health timed out after {timeout}s"
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        return Observation.UNHEALTHY, f"/health failed: {type(exc).__name__}: {exc}"
+
+
+async def wait_port(ep: Endpoint, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(ep.ip, ep.business_port), 1.0)
+        except (OSError, TimeoutError):
+            await asyncio.sleep(0.2)
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
+
+
+class HealthPoller:
+    def __init__(
+        self,
+        settings: Callable[[], PollSettings],
+        generation: Callable[[int], int],
+        observe: ObserveFn,
+    ) -> None:
+        self._settings = settings
+        self._generation = generation
+        self._observe = observe
+        self._tasks = TaskOwner("health-poller")
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self, endpoints: list[Endpoint]) -> None:
+        await self.stop()
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        for ep in endpoints:
+            self._tasks.spawn(self._run(ep, self._session), name=f"poll-{ep.id}")
+
+    async def _run(self, ep: Endpoint, session: aiohttp.ClientSession) -> None:
+        s = self._settings()
+        if not await wait_port(ep, time.monotonic() + s.port_wait_sec):
+            log.warning("engine port not open after %ss, polling anyway", s.port_wait_sec, extra={"endpoint_id": ep.id})
+        while True:
+            s = self._settings()
+            gen = self._generation(ep.id)
+            obs, detail = await probe(session, ep, s.timeout_sec)
+            self._observe(ep.id, obs, gen, detail)
+            await asyncio.sleep(s.poll_interval_sec)
+
+    async def stop(self) -> None:
+        await self._tasks.close()
+        self._tasks = TaskOwner("health-poller")
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

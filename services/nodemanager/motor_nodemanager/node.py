@@ -1,0 +1,346 @@
+"""The node: what one nodemanager knows and does (the seed's Daemon + RegisterManager).
+
+It owns the start command, the engine processes, the endpoint states, the arbiter and the relaunch
+counter. The gRPC servicer is a thin shell over it; the application's daemon loop calls :meth:`tick`.
+Everything here runs on one event loop: a check-then-act without an ``await`` in between is atomic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from motor_common.domain import Endpoint, EndpointStatus
+from motor_common.errors import Aborted, FailedPrecondition, Internal, MotorError
+from motor_nodemanager import endpoint_state as es
+from motor_nodemanager.arbiter import Arbiter, Verdict
+from motor_nodemanager.config import NodeManagerConfig
+from motor_nodemanager.controller_client import (
+    Capabilities,
+    EndpointHealth,
+    HeartbeatFrame,
+    NodeSpec,
+    NodeState,
+)
+from motor_nodemanager.engines import EngineSupervisor
+from motor_nodemanager.health import HealthPoller, PollSettings
+from motor_nodemanager.launch import LaunchSettings, plan_launch, settings_from
+from motor_nodemanager.start_command import StartCommand, check_payload, validate_for_node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: str
+    state: NodeState
+    instance_id: int
+    endpoints: tuple[EndpointHealth, ...]
+    frozen: bool
+    freeze_deadline: float | None  # wall-clock seconds
+    relaunch_count: int
+    registered: bool
+
+
+def _simulator_bin() -> str:
+    local = os.path.join(os.path.dirname(sys.executable), "motor-sim")
+    return local if os.path.exists(local) else "motor-sim"
+
+
+class Node:
+    def __init__(
+        self,
+        config: Callable[[], NodeManagerConfig],
+        planned: tuple[Endpoint, ...],
+        *,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self.planned = planned
+        self._environ = environ if environ is not None else os.environ
+        self._clock = clock
+        self.node_id = ""
+        self.registered = False
+        self.command: StartCommand | None = None
+        self.states: dict[int, es.EndpointState] = {}
+        self.paused = False
+        self.relaunching = False
+        self.relaunch_count = 0
+        self.stopping = False
+        self.restored = False  # snapshot restore: waiting for a start command (no respawn)
+        self.arbiter = Arbiter(config().health.abnormal_threshold)
+        self.supervisor = EngineSupervisor(on_exit=self._on_engine_exit)
+        self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe)
+        self._start_lock = asyncio.Lock()
+        self.on_change: Callable[[], None] = lambda: None
+
+    @property
+    def cfg(self) -> NodeManagerConfig:
+        return self._config()
+
+    # --- identity / registration -------------------------------------------------------------
+    def spec(self, admin_port: int) -> NodeSpec:
+        c = self.cfg
+        ft = c.fault_tolerance_config
+        return NodeSpec(
+            node_id=self.node_id,
+            job_name=c.job_name,
+            role=c.role_enum,
+            ip=c.ip,
+            admin_port=admin_port,
+            engine_type=c.engine_type_enum,
+            model_name=c.model_name,
+            node_rank=c.node_rank,
+            nodes_per_instance=c.nodes_per_instance,
+            endpoints=self.planned,
+            capabilities=Capabilities(
+                fault_tolerance=ft.enable_fault_tolerance,
+                engine_relaunch=ft.enable_engine_relaunch,
+                dp_scale_down=ft.enable_dp_scale_down,
+            ),
+            local_world_size=c.local_world_size,
+        )
+
+    # --- observations --------------------------------------------------------------------------
+    def _poll_settings(self) -> PollSettings:
+        h = self.cfg.health
+        return PollSettings(h.poll_interval_sec, h.timeout_sec, h.port_wait_sec)
+
+    def _generation_of(self, endpoint_id: int) -> int:
+        st = self.states.get(endpoint_id)
+        return st.generation if st is not None else 0
+
+    def _apply(self, endpoint_id: int, obs: es.Observation, generation: int, detail: str) -> None:
+        old = self.states.get(endpoint_id)
+        if old is None:
+            return
+        new = es.observe(
+            old, obs, generation=generation, now=self._clock(), grace_sec=self.cfg.health.startup_grace_sec, detail=detail
+        )
+        if new.status is not old.status:
+            log.info(
+                "endpoint %d %s -> %s",
+                endpoint_id,
+                old.status.value,
+                new.status.value,
+                extra={"endpoint_id": endpoint_id, "detail": detail},
+            )
+        self.states[endpoint_id] = new
+        if new.status is not old.status:
+            self.on_change()
+
+    def _on_probe(self, endpoint_id: int, obs: es.Observation, generation: int, detail: str) -> None:
+        self._apply(endpoint_id, obs, generation, detail)
+
+    def _on_engine_exit(self, endpoint_id: int, pid: int, returncode: int) -> None:
+        st = self.states.get(endpoint_id)
+        if st is None or st.pid != pid:
+            return
+        self._apply(endpoint_id, es.Observation.EXITED, st.generation, f"engine process {pid} exited with {returncode}")
+
+    # --- start -----------------------------------------------------------------------------------
+    def _launch_settings(self) -> LaunchSettings:
+        c = self.cfg
+        return settings_from(
+            launcher=c.launcher,
+            model_path=c.model_path,
+            local_world_size=c.local_world_size,
+            device_count=c.device_count,
+            visible_devices_env=c.visible_devices_env,
+            command=c.engine.command,
+            extra_args=c.engine.extra_args,
+            env=c.engine.env,
+            kv_connector=c.engine.kv_connector,
+            zmq_pub_port=c.fault_tolerance_config.zmq_pub_port if c.fault_tolerance_config.enable_fault_tolerance else None,
+            simulator_bin=_simulator_bin(),
+        )
+
+    def validate(self, cmd: StartCommand) -> None:
+        check_payload(cmd)
+        c = self.cfg
+        validate_for_node(cmd, job_name=c.job_name, node_ip=c.ip, endpoint_count=c.endpoints_per_node, role=c.role_enum)
+
+    async def start_engines(self, cmd: StartCommand) -> list[int]:
+        self.validate(cmd)
+        if self.stopping:
+            raise FailedPrecondition("the node is stopping", reason="NODE_STOPPING")
+        if self.relaunching:
+            raise Aborted("an engine relaunch is in progress", reason="RELAUNCH_IN_PROGRESS")
+        async with self._start_lock:
+            if self.command is not None and self.supervisor.running:
+                if self.command.same_launch(cmd):
+                    for eid, st in self.states.items():
+                        self.states[eid] = es.with_generation(st, cmd.generation)
+                    log.info("repeated start command for running instance %d: no-op", cmd.instance_id)
+                    return [st.pid for st in self.states.values()]
+                raise FailedPrecondition(
+                    f"engines already running for instance {self.command.instance_id}; stop the node first",
+                    reason="ALREADY_STARTED",
+                )
+            pids = await self._launch(cmd)
+            self.command = cmd
+            self.restored = False
+            self.paused = False
+            log.info("engines started", extra={"instance_id": cmd.instance_id, "pids": pids})
+            self.on_change()
+            return pids
+
+    async def _launch(self, cmd: StartCommand) -> list[int]:
+        plans = plan_launch(cmd, self._launch_settings(), self._environ)
+        pids = await self.supervisor.launch(plans, self.cfg.engine.log_dir)
+        now = self._clock()
+        self.states = {
+            p.endpoint.id: es.launched(p.endpoint.id, generation=cmd.generation, now=now, pid=pid)
+            for p, pid in zip(plans, pids, strict=True)
+        }
+        self.arbiter.reset()
+        await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
+        return pids
+
+    async def stop_engines(self) -> None:
+        await self.poller.stop()
+        await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+        for eid, st in self.states.items():
+            self.states[eid] = es.observe(
+                st, es.Observation.EXITED, generation=st.generation, now=self._clock(), grace_sec=0.0, detail="stopped"
+            )
+
+    # --- operator verbs --------------------------------------------------------------------------
+    def pause(self) -> None:
+        self.paused = True
+        self.states = {k: es.pause(v) for k, v in self.states.items()}
+        self.on_change()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.states = {k: es.resume(v) for k, v in self.states.items()}
+        self.on_change()
+
+    async def restart_engine(self, *, abort: bool, instance_id: int) -> list[int]:
+        if abort:
+            self.arbiter.unfreeze()
+            log.warning("engine relaunch aborted by the controller: self-termination unfrozen")
+            return [st.pid for st in self.states.values()]
+        if self.restored and self.command is None:
+            raise Aborted("restoring from a snapshot", reason="SNAPSHOT_RESTORING")
+        if self.relaunching:
+            raise Aborted("an engine relaunch is already in progress", reason="RELAUNCH_IN_PROGRESS")
+        cmd = self.command
+        if cmd is None:
+            raise FailedPrecondition("engines were never started on this node", reason="NOT_STARTED")
+        if instance_id and instance_id != cmd.instance_id:
+            raise FailedPrecondition(
+                f"instance {instance_id} is not running here (running {cmd.instance_id})", reason="INSTANCE_MISMATCH"
+            )
+        if self.stopping:
+            raise FailedPrecondition("the node is stopping", reason="NODE_STOPPING")
+        self.relaunching = True
+        self.on_change()
+        ft = self.cfg.fault_tolerance_config
+        self.arbiter.freeze(self._clock() + ft.engine_restart_freeze_sec)
+        try:
+            async with self._start_lock:
+                await self.poller.stop()
+                await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+                self.relaunch_count += 1
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                print(f"[ENGINE RELAUNCH #{self.relaunch_count}] {stamp} instance {cmd.instance_id}", flush=True)
+                pids = await self._launch(cmd)
+        except MotorError as exc:
+            self.arbiter.unfreeze()
+            raise Internal(f"Failed to relaunch engine: {exc.message}", reason="RELAUNCH_FAILED") from exc
+        finally:
+            self.relaunching = False
+            self.on_change()
+        log.info("engines relaunched", extra={"relaunch_count": self.relaunch_count, "pids": pids})
+        return pids
+
+    # --- daemon ----------------------------------------------------------------------------------
+    def tick(self) -> Verdict:
+        now = self._clock()
+        self.arbiter.threshold = self.cfg.health.abnormal_threshold
+        visible = [s for s in self.states.values() if s.status is not EndpointStatus.RETIRED]
+        if self.arbiter.is_frozen(now) and visible and all(s.status is EndpointStatus.NORMAL for s in visible):
+            if not self.relaunching and self.relaunch_count:
+                log.info("relaunched engines are NORMAL: self-termination unfrozen")
+                self.arbiter.unfreeze()
+        verdict = self.arbiter.tick(visible, now)
+        if verdict.freeze_expired:
+            log.warning("self-termination freeze expired")
+        for eid, n in verdict.streaks:
+            log.warning(
+                "Consecutive abnormal heartbeat count: %d/%d", n, self.arbiter.threshold, extra={"endpoint_id": eid}
+            )
+        return verdict
+
+    # --- views -----------------------------------------------------------------------------------
+    def node_state(self) -> NodeState:
+        if self.stopping:
+            return NodeState.STOPPING
+        if self.relaunching:
+            return NodeState.RELAUNCHING
+        if self.command is None:
+            if self.restored:
+                return NodeState.RESTORED
+            return NodeState.REGISTERED if self.registered else NodeState.UNSPECIFIED
+        if self.paused:
+            return NodeState.PAUSED
+        if self.states and all(s.was_normal for s in self.states.values()):
+            return NodeState.RUNNING
+        return NodeState.STARTING
+
+    def endpoint_health(self) -> tuple[EndpointHealth, ...]:
+        return tuple(
+            EndpointHealth(s.endpoint_id, s.status, s.generation, s.pid if self.supervisor.pid_of(s.endpoint_id) else 0,
+                           s.was_normal, s.detail)
+            for s in sorted(self.states.values(), key=lambda s: s.endpoint_id)
+            if s.status is not EndpointStatus.RETIRED
+        )  # fmt: skip
+
+    def status(self) -> NodeStatus:
+        until = self.arbiter.frozen_until
+        now = self._clock()
+        frozen = self.arbiter.is_frozen(now)
+        deadline = time.time() + (until - now) if (frozen and until is not None) else None
+        return NodeStatus(
+            self.node_id,
+            self.node_state(),
+            self.command.instance_id if self.command else 0,
+            self.endpoint_health(),
+            frozen,
+            deadline,
+            self.relaunch_count,
+            self.registered,
+        )
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.restored and self.command is None:
+            return False, "restored from a snapshot: waiting for a start command"
+        if self.stopping:
+            return False, "stopping"
+        if self.relaunching:
+            return False, "relaunching engines"
+        if self.paused:
+            return False, "paused"
+        if not self.states:
+            return False, "no endpoints: waiting for a start command"
+        bad = [s for s in self.states.values() if s.status is not EndpointStatus.NORMAL]
+        if bad:
+            desc = ", ".join(f"endpoint {s.endpoint_id} {s.status.value}" for s in bad)
+            return False, f"not all endpoints NORMAL: {desc}"
+        return True, "all endpoints NORMAL"
+
+    def heartbeat_frame(self) -> HeartbeatFrame:
+        return HeartbeatFrame(
+            node_id=self.node_id,
+            state=self.node_state(),
+            instance_id=self.command.instance_id if self.command else 0,
+            endpoints=self.endpoint_health(),
+            relaunch_count=self.relaunch_count,
+        )

@@ -1,0 +1,55 @@
+"""Port planning for this node's engines (the "ports" start-up step).
+
+``base_port > 0``: business ports are ``base_port + i``, KV side-channel ports (vLLM)
+``base_port + n + i`` and bootstrap ports (SGLang prefill) ``base_port + 2n + i``. ``base_port == 0``:
+free ports are picked from the OS (tests). Endpoint ids and dp ranks are local (0..n-1); the
+controller assigns global dp ranks in the start command.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from motor_common.domain import Endpoint, EngineType, Role
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def plan_endpoints(
+    *,
+    ip: str,
+    count: int,
+    base_port: int,
+    engine_type: EngineType,
+    role: Role,
+    node_id: str = "",
+    pick: Callable[[], int] | None = None,
+) -> tuple[Endpoint, ...]:
+    taken: set[int] = set()
+
+    def fresh() -> int:
+        assert pick is not None
+        for _ in range(100):
+            port = pick()
+            if port not in taken:
+                taken.add(port)
+                return port
+        raise RuntimeError("could not pick distinct free ports")
+
+    def port(offset: int, i: int) -> int:
+        return base_port + offset * count + i if base_port else fresh()
+
+    out = []
+    for i in range(count):
+        business = port(0, i)
+        kv = port(1, i) if engine_type is EngineType.VLLM and role is not Role.UNION else 0
+        boot = port(2, i) if engine_type is EngineType.SGLANG and role is Role.PREFILL else 0
+        out.append(Endpoint(i, ip, business, bootstrap_port=boot, kv_port=kv, dp_rank=i, node_id=node_id))
+    return tuple(out)

@@ -1,0 +1,144 @@
+"""gRPC servicers: protobuf ↔ domain at the boundary, everything else in :class:`Node`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from motor_common.convert import endpoint_from_pb, engine_from_pb, role_from_pb
+from motor_common.errors import FailedPrecondition, InvalidArgument
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as pbg
+from motor_common.grpc_server import GrpcServer
+from motor_nodemanager.config import NodeManagerConfig
+from motor_nodemanager.controller_client import endpoint_health_to_pb, timestamp
+from motor_nodemanager.node import Node
+from motor_nodemanager.start_command import StartCommand
+
+log = logging.getLogger(__name__)
+
+NODEMANAGER_SERVICE = "motor.nodemanager.v1.NodeManagerService"
+SCALE_DOWN_SERVICE = "motor.nodemanager.v1.ScaleDownService"
+
+
+def start_command_from_pb(req: pb.StartEnginesRequest) -> StartCommand:
+    """Convert (enums must be set: INVALID_ARGUMENT otherwise)."""
+    try:
+        role = role_from_pb(req.role)
+        engine = engine_from_pb(req.engine_type)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"Invalid start command payload: {exc.message}", reason=exc.reason) from exc
+    return StartCommand(
+        instance_id=req.instance_id,
+        job_name=req.job_name,
+        role=role,
+        engine_type=engine,
+        model_name=req.model_name,
+        endpoints=tuple(endpoint_from_pb(e) for e in req.endpoints),
+        node_rank=req.node_rank,
+        num_nodes=req.num_nodes or 1,
+        master_address=req.master_address,
+        master_port=req.master_port,
+        dp_size=req.dp_size or len(req.endpoints),
+        generation=req.generation,
+        peers=tuple(endpoint_from_pb(e) for e in req.peers),
+    )
+
+
+class NodeManagerServicer(pbg.NodeManagerServiceServicer):
+    def __init__(self, node: Node, request_stop: Callable[[str], None]) -> None:
+        self._node = node
+        self._request_stop = request_stop
+
+    async def StartEngines(self, request: pb.StartEnginesRequest, context: Any) -> pb.StartEnginesResponse:
+        cmd = start_command_from_pb(request)
+        pids = await self._node.start_engines(cmd)
+        return pb.StartEnginesResponse(pids=pids)
+
+    async def StopNode(self, request: pb.StopNodeRequest, context: Any) -> pb.StopNodeResponse:
+        log.warning("StopNode: %s", request.reason or "(no reason given)")
+        self._request_stop(request.reason or "StopNode")
+        return pb.StopNodeResponse()
+
+    async def PauseNode(self, request: pb.PauseNodeRequest, context: Any) -> pb.PauseNodeResponse:
+        self._node.pause()
+        return pb.PauseNodeResponse()
+
+    async def ResumeNode(self, request: pb.ResumeNodeRequest, context: Any) -> pb.ResumeNodeResponse:
+        self._node.resume()
+        return pb.ResumeNodeResponse()
+
+    async def GetStatus(self, request: pb.GetStatusRequest, context: Any) -> pb.GetStatusResponse:
+        st = self._node.status()
+        resp = pb.GetStatusResponse(
+            node_id=st.node_id,
+            state=st.state.value,
+            instance_id=st.instance_id,
+            endpoints=[endpoint_health_to_pb(e) for e in st.endpoints],
+            frozen=st.frozen,
+            relaunch_count=st.relaunch_count,
+            registered=st.registered,
+        )
+        if st.freeze_deadline is not None:
+            resp.freeze_deadline.CopyFrom(timestamp(st.freeze_deadline))
+        return resp
+
+    async def GetReadiness(self, request: pb.GetReadinessRequest, context: Any) -> pb.GetReadinessResponse:
+        ready, reason = self._node.readiness()
+        return pb.GetReadinessResponse(ready=ready, reason=reason)
+
+    async def RestartEngine(self, request: pb.RestartEngineRequest, context: Any) -> pb.RestartEngineResponse:
+        if request.action not in (pb.RESTART_ACTION_RESTART, pb.RESTART_ACTION_ABORT):
+            raise InvalidArgument("action must be RESTART_ACTION_RESTART or RESTART_ACTION_ABORT", reason="INVALID_ACTION")
+        abort = request.action == pb.RESTART_ACTION_ABORT
+        pids = await self._node.restart_engine(abort=abort, instance_id=request.instance_id)
+        return pb.RestartEngineResponse(relaunch_count=self._node.relaunch_count, pids=pids)
+
+
+class ScaleDownServicer(pbg.ScaleDownServiceServicer):
+    """DP scale-down proxy. Only the status query exists yet; the transaction comes with its issue."""
+
+    def __init__(self, enabled: Callable[[], bool]) -> None:
+        self._enabled = enabled
+
+    def _refuse(self) -> FailedPrecondition:
+        if not self._enabled():
+            return FailedPrecondition("DP scale-down is disabled on this node", reason="SCALE_DOWN_DISABLED")
+        return FailedPrecondition("DP scale-down transactions are not supported yet", reason="SCALE_DOWN_UNSUPPORTED")
+
+    async def GuardScaleDown(self, request: pb.GuardScaleDownRequest, context: Any) -> pb.GuardScaleDownResponse:
+        raise self._refuse()
+
+    async def ApplyScaleDown(self, request: pb.ApplyScaleDownRequest, context: Any) -> pb.ApplyScaleDownResponse:
+        raise self._refuse()
+
+    async def FinalizeScaleDown(
+        self, request: pb.FinalizeScaleDownRequest, context: Any
+    ) -> pb.FinalizeScaleDownResponse:
+        raise self._refuse()
+
+    async def GetScaleDownStatus(
+        self, request: pb.GetScaleDownStatusRequest, context: Any
+    ) -> pb.GetScaleDownStatusResponse:
+        state = pb.SCALE_DOWN_STATE_IDLE if self._enabled() else pb.SCALE_DOWN_STATE_DISABLED
+        return pb.GetScaleDownStatusResponse(state=state)
+
+
+
+def add_services(
+    server: GrpcServer, node: Node, request_stop: Callable[[str], None], cfg: NodeManagerConfig
+) -> None:
+    """Register both services (protected by the management key) on *server*."""
+    nm = NodeManagerServicer(node, request_stop)
+    sd = ScaleDownServicer(lambda: cfg.fault_tolerance_config.enable_dp_scale_down)
+    server.add_service(
+        NODEMANAGER_SERVICE,
+        lambda s: pbg.add_NodeManagerServiceServicer_to_server(nm, s),  # type: ignore[no-untyped-call]
+        protected=True,
+    )
+    server.add_service(
+        SCALE_DOWN_SERVICE,
+        lambda s: pbg.add_ScaleDownServiceServicer_to_server(sd, s),  # type: ignore[no-untyped-call]
+        protected=True,
+    )
