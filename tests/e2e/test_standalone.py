@@ -1,0 +1,200 @@
+"""Standalone deployment end to end: real simulator engines (P, D and a union reference), a real
+``motor-coordinator`` and ``motor-gateway``, engines registered with the real ``motor register``
+CLI, requests sent with the ``openai`` SDK. Runs for the vLLM and the SGLang flavour."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from tests.e2e.stack import (
+    MODEL,
+    Proc,
+    endpoint_arg,
+    motor_cli,
+    start_coordinator,
+    start_gateway_proc,
+    start_sim,
+)
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
+
+KEY = "e2e-management-key"
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me a story"}]
+SAMPLING: dict[str, Any] = {"max_tokens": 12, "temperature": 0.7, "seed": 1234}
+
+
+@dataclass
+class Stack:
+    flavour: str
+    procs: list[Proc]
+    gateway_url: str
+    pd: AsyncOpenAI
+    union: AsyncOpenAI
+    health_before: tuple[int, dict[str, Any]]
+    cli_env: dict[str, str]
+
+
+async def gateway_health(url: str) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/health") as r:
+        return r.status, await r.json()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["vllm", "sglang"])
+async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    flavour: str = request.param
+    workdir = tmp_path_factory.mktemp(f"standalone-{flavour}")
+    procs: list[Proc] = []
+    try:
+        for role in ("prefill", "decode", "union"):
+            procs.append(await start_sim(flavour, role, workdir))
+        prefill, decode, union = procs
+        coordinator = await start_coordinator(workdir, KEY)
+        procs.append(coordinator)
+        addr = f"127.0.0.1:{coordinator.ports['grpc']}"
+        gateway = await start_gateway_proc(workdir, addr)
+        procs.append(gateway)
+        url = f"http://127.0.0.1:{gateway.ports['http']}"
+        health_before = await gateway_health(url)
+
+        (workdir / "key").write_text(KEY)
+        env = {"MOTOR_COORDINATOR": addr, "MOTOR_MANAGEMENT_KEY_FILE": str(workdir / "key")}
+        for role, sim in (("prefill", prefill), ("decode", decode)):
+            rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
+                                           "--engine", flavour, "--endpoint", endpoint_arg(sim), env=env)
+            assert rc == 0, f"register {role} failed:\n{out}\n{err}"
+        await wait_for(lambda: _ready(url), timeout=20,
+                       what="gateway ready after registration")
+        pd = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        ref = AsyncOpenAI(base_url=f"http://127.0.0.1:{union.ports['http']}/v1", api_key="unused", max_retries=0)
+        yield Stack(flavour, procs, url, pd, ref, health_before, env)
+        await pd.close()
+        await ref.close()
+    except BaseException:
+        for p in procs:
+            print(f"----- {p.name} log -----\n{p.log()[-4000:]}")
+        raise
+    finally:
+        for p in reversed(procs):
+            await p.stop()
+
+
+async def _ready(url: str) -> bool:
+    status, _ = await gateway_health(url)
+    return status == 200
+
+
+async def test_readiness_is_503_before_registration_and_200_after(stack: Stack) -> None:
+    status, body = stack.health_before
+    assert status == 503
+    assert body["status"] == "unavailable"
+    assert "no schedulable" in body["reason"]
+    assert await gateway_health(stack.gateway_url) == (200, {"status": "ok"})
+
+
+async def test_models_lists_the_registered_model(stack: Stack) -> None:
+    models = await stack.pd.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].owned_by == "motor"
+
+
+async def test_cli_lists_both_instances_as_json(stack: Stack) -> None:
+    rc, out, err = await motor_cli("register", "list", "--json", env=stack.cli_env)
+    assert rc == 0, err
+    doc = orjson.loads(out)
+    assert sorted(i["role"] for i in doc["instances"]) == ["decode", "prefill"]
+    assert {i["engine"] for i in doc["instances"]} == {stack.flavour}
+    assert doc["summary"]["available"] == 2
+
+
+async def test_pd_completion_equals_union_completion(stack: Stack) -> None:
+    pd = await stack.pd.completions.create(model=MODEL, prompt=PROMPT, **SAMPLING)
+    ref = await stack.union.completions.create(model=MODEL, prompt=PROMPT, **SAMPLING)
+    assert pd.choices[0].text == ref.choices[0].text
+    assert pd.choices[0].text
+    assert pd.choices[0].finish_reason == ref.choices[0].finish_reason
+    assert pd.usage is not None and ref.usage is not None
+    assert pd.usage.completion_tokens == ref.usage.completion_tokens
+
+
+async def test_pd_streaming_completion_equals_union(stack: Stack) -> None:
+    async def text(client: AsyncOpenAI) -> str:
+        stream = await client.completions.create(model=MODEL, prompt=PROMPT, stream=True, **SAMPLING)
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    assert await text(stack.pd) == await text(stack.union) != ""
+
+
+async def test_pd_chat_equals_union_chat(stack: Stack) -> None:
+    pd = await stack.pd.chat.completions.create(model=MODEL, messages=MESSAGES, **SAMPLING)
+    ref = await stack.union.chat.completions.create(model=MODEL, messages=MESSAGES, **SAMPLING)
+    assert pd.choices[0].message.content == ref.choices[0].message.content
+    assert pd.choices[0].message.content
+
+
+async def test_pd_streaming_chat_equals_union(stack: Stack) -> None:
+    async def text(client: AsyncOpenAI) -> str:
+        stream = await client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True, **SAMPLING)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    assert await text(stack.pd) == await text(stack.union) != ""
+
+
+async def test_unknown_model_is_an_openai_404(stack: Stack) -> None:
+    from openai import NotFoundError
+
+    with pytest.raises(NotFoundError):
+        await stack.pd.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+
+
+async def test_cli_refuses_an_endpoint_already_registered_under_another_role(stack: Stack) -> None:
+    rc, out, _ = await motor_cli("register", "list", "--json", env=stack.cli_env)
+    prefill = next(i for i in orjson.loads(out)["instances"] if i["role"] == "prefill")
+    ep = prefill["endpoints"][0]
+    rc, _, err = await motor_cli("register", "add", "--role", "decode", "--model", MODEL, "--engine",
+                                 stack.flavour, "--endpoint", f"{ep['ip']}:{ep['port']}",
+                                 "--no-health-check", env=stack.cli_env)
+    assert rc != 0
+    assert "already registered" in err
+
+
+
+async def sim_stats(sim: Proc) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{sim.ports['http']}/sim/state") as r:
+        stats: dict[str, Any] = (await r.json())["stats"]
+        return stats
+
+
+async def test_requests_really_go_through_prefill_then_decode_with_kv_transfer(stack: Stack) -> None:
+    prefill, decode = stack.procs[0], stack.procs[1]
+    p0, d0 = await sim_stats(prefill), await sim_stats(decode)
+    await stack.pd.completions.create(model=MODEL, prompt=PROMPT + " once more", **SAMPLING)
+    p1, d1 = await sim_stats(prefill), await sim_stats(decode)
+    assert p1["requests_finished"] == p0["requests_finished"] + 1
+    assert d1["requests_finished"] == d0["requests_finished"] + 1
+    assert d1["kv_transfer_fallbacks"] == d0["kv_transfer_fallbacks"] == 0
+
+
+async def test_client_disconnect_mid_stream_aborts_the_engine_request(stack: Stack) -> None:
+    decode = stack.procs[1]
+    before = (await sim_stats(decode))["requests_aborted"]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(f"{stack.gateway_url}/v1/completions", json=body)
+        assert resp.status == 200
+        await resp.content.readuntil(b"\n\n")  # the stream is flowing
+        resp.close()
+
+    async def aborted() -> bool:
+        return bool((await sim_stats(decode))["requests_aborted"] > before)
+
+    await wait_for(aborted, timeout=15, what="decode engine to abort the request")
