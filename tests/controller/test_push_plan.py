@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_controller.instance_fsm import Signal
+from motor_controller.model import InstanceState, ManagedInstance
+from motor_controller.push_plan import (
+    Op,
+    OpKind,
+    SyncState,
+    after_failure,
+    after_success,
+    check,
+    desired_view,
+    fingerprint,
+    plan_ops,
+)
+
+
+def inst(iid: int, port: int = 9000, status: InstanceStatus = InstanceStatus.AVAILABLE) -> Instance:
+    return Instance(iid, Role.PREFILL, f"job{iid}", "m", EngineType.VLLM,
+                    (Endpoint(0, "10.0.0.1", port, dp_rank=0, node_id="n"),), status)
+
+
+def synced_state(view: dict[int, Instance], generation: int = 5) -> SyncState:
+    return SyncState(generation, view, fingerprint(view))
+
+
+def test_unknown_state_plans_one_full_set_with_next_generation() -> None:
+    ops = plan_ops(SyncState(generation=7), {1: inst(1)}, 0.0)
+    assert [(o.kind, o.generation, [i.id for i in o.instances]) for o in ops] == [(OpKind.SET, 8, [1])]
+
+
+def test_diff_plans_increments_each_stamped_current_plus_one() -> None:
+    state = synced_state({1: inst(1), 2: inst(2), 3: inst(3), 4: inst(4, status=InstanceStatus.PAUSED)})
+    desired = {
+        1: inst(1),  # unchanged
+        2: inst(2, port=9100),  # endpoints changed: DEL + ADD
+        3: inst(3, status=InstanceStatus.PAUSED),  # PAUSE
+        4: inst(4),  # RESUME
+        5: inst(5),  # ADD
+    }
+    ops = plan_ops(state, desired, 0.0)
+    assert [(o.kind, o.generation, [i.id for i in o.instances]) for o in ops] == [
+        (OpKind.DEL, 6, [2]),
+        (OpKind.ADD, 7, [2, 5]),
+        (OpKind.PAUSE, 8, [3]),
+        (OpKind.RESUME, 9, [4]),
+    ]
+    for op in ops:
+        state = after_success(state, op, op.generation)
+    assert state.generation == 9 and state.fingerprint == fingerprint(desired)
+    assert plan_ops(state, desired, 0.0) == []
+
+
+def test_removed_instance_is_deleted_with_its_full_identity() -> None:
+    state = synced_state({1: inst(1)})
+    ops = plan_ops(state, {}, 0.0)
+    assert ops == [Op(OpKind.DEL, (inst(1),), 6)]
+
+
+def test_failed_increment_enqueues_one_coalesced_set() -> None:
+    state = synced_state({1: inst(1)})
+    desired = {2: inst(2), 3: inst(3, status=InstanceStatus.PAUSED)}
+    ops = plan_ops(state, desired, 0.0)
+    state = after_failure(state, ops[0], now=10.0, set_retry_interval=1.0)
+    assert state.full_set_pending and state.generation == 5
+    again = plan_ops(state, desired, 10.0)
+    assert [(o.kind, o.generation) for o in again] == [(OpKind.SET, 6)]
+    assert [i.id for i in again[0].instances] == [2, 3]
+
+
+def test_failed_set_is_not_re_enqueued_immediately_and_does_not_move_fingerprint() -> None:
+    state = replace(synced_state({1: inst(1)}), full_set_pending=True)
+    before = state.fingerprint
+    (op,) = plan_ops(state, {2: inst(2)}, 10.0)
+    failed = after_failure(state, op, now=10.0, set_retry_interval=1.0)
+    assert failed.fingerprint == before and failed.synced == state.synced and failed.generation == 5
+    assert plan_ops(failed, {2: inst(2)}, 10.5) == []  # no recursive retry
+    assert [o.kind for o in plan_ops(failed, {2: inst(2)}, 11.0)] == [OpKind.SET]  # bounded retry
+    ok = after_success(failed, op, 6)
+    assert ok.fingerprint == fingerprint({2: inst(2)}) and not ok.full_set_pending
+
+
+def test_check_detects_a_restarted_coordinator() -> None:
+    view = {1: inst(1)}
+    state = synced_state(view, generation=12)
+    assert check(state, 12, view) == state
+    restarted = check(state, 0, {})
+    assert restarted.full_set_pending
+    (op,) = plan_ops(restarted, view, 0.0)
+    assert op.kind is OpKind.SET and op.generation == 13
+
+
+def test_check_detects_foreign_writes_and_stamps_above_their_generation() -> None:
+    state = synced_state({1: inst(1)}, generation=3)
+    checked = check(state, 9, {1: inst(1), 7: inst(7)})
+    assert checked.full_set_pending and plan_ops(checked, {1: inst(1)}, 0.0)[0].generation == 10
+
+
+def test_restarted_controller_adopts_coordinator_list_when_generation_matches() -> None:
+    view = {1: inst(1)}
+    adopted = check(SyncState(generation=4), 4, view)
+    assert adopted.synced == view and not adopted.full_set_pending
+    assert plan_ops(adopted, view, 0.0) == []
+    assert check(SyncState(generation=4), 2, view).full_set_pending
+
+
+def test_desired_view_has_active_and_paused_and_recovering_instances() -> None:
+    def mi(iid: int, state: InstanceState) -> ManagedInstance:
+        return ManagedInstance(iid, f"job{iid}", 0, state, inst(iid), ("n",), "", 0.0)
+
+    view = desired_view(
+        [mi(1, InstanceState.ACTIVE), mi(2, InstanceState.ACTIVE), mi(3, InstanceState.INACTIVE),
+         mi(4, InstanceState.RECOVERING), mi(5, InstanceState.STARTING), mi(6, InstanceState.DELETED)],
+        {1: Signal.HEALTHY, 2: Signal.PAUSED},
+    )
+    assert {i: v.status for i, v in view.items()} == {
+        1: InstanceStatus.AVAILABLE, 2: InstanceStatus.PAUSED, 4: InstanceStatus.PAUSED
+    }
