@@ -288,3 +288,33 @@ async def start_coordinator(
             "--ports-file", str(ports_path), "--log-format", "text", *extra_args]
     async with running(name, argv, log_dir, ready=ports_file_ready(ports_path)) as proc:
         yield proc
+
+
+# --- gateway -------------------------------------------------------------------------------------
+def _gateway_files(log_dir: Path, name: str, config: dict[str, Any] | None) -> tuple[Path, Path]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = log_dir / f"{name}.json"
+    cfg_path.write_text(json.dumps(config or {}))
+    ports_path = log_dir / f"{name}.ports.json"
+    ports_path.unlink(missing_ok=True)
+    return cfg_path, ports_path
+
+
+@asynccontextmanager
+async def start_gateway(
+    log_dir: Path,
+    coordinators: Sequence[str],
+    *,
+    config: dict[str, Any] | None = None,
+    name: str = "gateway",
+    extra_args: Sequence[str] = (),
+) -> AsyncIterator[Proc]:
+    """``motor-gateway`` with ``--port 0 --ports-file``; ``proc.port`` is the HTTP port, ``proc.url``
+    its base URL (OpenAI base URL = ``proc.url + "/v1"``)."""
+    cfg_path, ports_path = _gateway_files(log_dir, name, config)
+    argv = [tool("motor-gateway"), "--config", str(cfg_path), "--host", "127.0.0.1", "--port", "0",
+            "--ports-file", str(ports_path), "--log-format", "text", *extra_args]
+    for addr in coordinators:
+        argv += ["--coordinator", addr]
+    async with running(name, argv, log_dir, ready=ports_file_ready(ports_path, key="http")) as proc:
+        yield proc

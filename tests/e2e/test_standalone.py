@@ -4,7 +4,10 @@ CLI, requests sent with the ``openai`` SDK. Runs for the vLLM and the SGLang fla
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,19 +17,13 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
-from tests.e2e.stack import (
-    MODEL,
-    Proc,
-    endpoint_arg,
-    motor_cli,
-    start_coordinator,
-    start_gateway_proc,
-    start_sim,
-)
+from tests.conftest import tool
 from tests.helpers import wait_for
+from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
 
+MODEL = "tiny"
 KEY = "e2e-management-key"
 PROMPT = "The quick brown fox jumps over the lazy dog because"
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me a story"}]
@@ -49,43 +46,51 @@ async def gateway_health(url: str) -> tuple[int, dict[str, Any]]:
         return r.status, await r.json()
 
 
+def endpoint_arg(sim: Proc) -> str:
+    """The ``--endpoint`` of a simulator: ``IP:PORT[,bootstrap=N][,kv=N]``."""
+    text = f"127.0.0.1:{sim.port}"
+    if "bootstrap_port" in sim.extra:
+        text += f",bootstrap={sim.extra['bootstrap_port']}"
+    if "side_channel_port" in sim.extra:
+        text += f",kv={sim.extra['side_channel_port']}"
+    return text
+
+
+async def motor_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> tuple[int, str, str]:
+    """Run the real ``motor`` CLI; returns (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        tool("motor"), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["vllm", "sglang"])
 async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     flavour: str = request.param
-    workdir = tmp_path_factory.mktemp(f"standalone-{flavour}")
-    procs: list[Proc] = []
-    try:
-        for role in ("prefill", "decode", "union"):
-            procs.append(await start_sim(flavour, role, workdir))
+    logs = tmp_path_factory.mktemp(f"standalone-{flavour}")
+    async with AsyncExitStack() as es:
+        procs = [await es.enter_async_context(start_simulator(flavour, role, logs, model=MODEL))
+                 for role in ("prefill", "decode", "union")]
         prefill, decode, union = procs
-        coordinator = await start_coordinator(workdir, KEY)
-        procs.append(coordinator)
-        addr = f"127.0.0.1:{coordinator.ports['grpc']}"
-        gateway = await start_gateway_proc(workdir, addr)
-        procs.append(gateway)
-        url = f"http://127.0.0.1:{gateway.ports['http']}"
-        health_before = await gateway_health(url)
+        coordinator = await es.enter_async_context(start_coordinator(logs, management_key=KEY))
+        gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address]))
+        procs += [coordinator, gateway]
+        health_before = await gateway_health(gateway.url)
 
-        (workdir / "key").write_text(KEY)
-        env = {"MOTOR_COORDINATOR": addr, "MOTOR_MANAGEMENT_KEY_FILE": str(workdir / "key")}
+        (logs / "cli.key").write_text(KEY)
+        env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
         for role, sim in (("prefill", prefill), ("decode", decode)):
             rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
                                            "--engine", flavour, "--endpoint", endpoint_arg(sim), env=env)
             assert rc == 0, f"register {role} failed:\n{out}\n{err}"
-        await wait_for(lambda: _ready(url), timeout=20,
-                       what="gateway ready after registration")
-        pd = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        ref = AsyncOpenAI(base_url=f"http://127.0.0.1:{union.ports['http']}/v1", api_key="unused", max_retries=0)
-        yield Stack(flavour, procs, url, pd, ref, health_before, env)
-        await pd.close()
-        await ref.close()
-    except BaseException:
-        for p in procs:
-            print(f"----- {p.name} log -----\n{p.log()[-4000:]}")
-        raise
-    finally:
-        for p in reversed(procs):
-            await p.stop()
+        await wait_for(lambda: _ready(gateway.url), timeout=20, what="gateway ready after registration")
+        pd = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+        ref = AsyncOpenAI(base_url=f"{union.url}/v1", api_key="unused", max_retries=0)
+        es.push_async_callback(pd.close)
+        es.push_async_callback(ref.close)
+        yield Stack(flavour, procs, gateway.url, pd, ref, health_before, env)
 
 
 async def _ready(url: str) -> bool:
@@ -169,7 +174,7 @@ async def test_cli_refuses_an_endpoint_already_registered_under_another_role(sta
 
 
 async def sim_stats(sim: Proc) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{sim.ports['http']}/sim/state") as r:
+    async with aiohttp.ClientSession() as s, s.get(f"{sim.url}/sim/state") as r:
         stats: dict[str, Any] = (await r.json())["stats"]
         return stats
 
