@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from motor_common.errors import Internal
+from motor_common.logs import request_id_var
 from motor_common.tasks import TaskOwner
 from motor_nodemanager.launch import LaunchPlan
 
@@ -128,6 +129,7 @@ class EngineSupervisor:
         return EngineProcess(plan.endpoint.id, plan.argv, proc, time.monotonic(), out)
 
     async def _watch(self, p: EngineProcess) -> None:
+        request_id_var.set("")  # a background task, not part of the request that spawned it
         rc = await p.proc.wait()
         if p.stopping or p.pid in self._reported:
             return

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from motor_common.domain import Endpoint
+from motor_common.logs import request_id_var
 from motor_common.tasks import TaskOwner
 from motor_nodemanager.endpoint_state import Observation
 
@@ -81,6 +82,7 @@ class HealthPoller:
             self._tasks.spawn(self._run(ep, self._session), name=f"poll-{ep.id}")
 
     async def _run(self, ep: Endpoint, session: aiohttp.ClientSession) -> None:
+        request_id_var.set("")  # a background task, not part of the request that started it
         s = self._settings()
         if not await wait_port(ep, time.monotonic() + s.port_wait_sec):
             log.warning("engine port not open after %ss, polling anyway", s.port_wait_sec, extra={"endpoint_id": ep.id})
