@@ -1,0 +1,173 @@
+"""Controller in-process + fake nodemanagers (real gRPC) + a real motor-coordinator process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_client import call_metadata, open_channel
+from motor_controller.assembly import instance_id_for
+from tests.controller.fakes import (
+    KEY,
+    FakeNodeManager,
+    RunningController,
+    controller_config,
+    start_controller_inproc,
+)
+from tests.helpers import free_port, wait_for
+from tests.procs import start_coordinator
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+IID = instance_id_for("job-p", 0)
+
+
+async def coordinator_ids(address: str) -> dict[int, int]:
+    """id -> endpoint count as the coordinator lists them."""
+    async with open_channel(address) as ch:
+        resp = await cgrpc.InstanceRegistryServiceStub(ch).ListInstances(
+            cpb.ListInstancesRequest(), metadata=call_metadata(KEY), timeout=2
+        )
+    return {i.id: len(i.endpoints) for i in resp.instances}
+
+
+async def admin_instance(ctl: RunningController, iid: int) -> pb.ManagedInstance:
+    async with open_channel(ctl.address) as ch:
+        resp = await pbgrpc.ControllerAdminServiceStub(ch).GetInstance(
+            pb.GetInstanceRequest(instance_id=iid), metadata=call_metadata(KEY), timeout=2
+        )
+    return resp.instance
+
+
+async def nodes_for(ctl: RunningController, job: str = "job-p", n: int = 2) -> list[FakeNodeManager]:
+    return [await FakeNodeManager(f"{job}-n{r}", job, r, n, ctl.address).start() for r in range(n)]
+
+
+@pytest.fixture
+async def coordinator(tmp_path: Path) -> AsyncIterator[str]:
+    port = free_port()
+    async with start_coordinator(tmp_path / "coord", management_key=KEY, extra_args=["--port", str(port)]) as proc:
+        yield proc.address
+
+
+async def test_nodes_assemble_start_go_active_and_reach_the_coordinator_then_leave_and_return(
+    tmp_path: Path, coordinator: str
+) -> None:
+    ctl = await start_controller_inproc(controller_config(tmp_path, [coordinator]))
+    nms = await nodes_for(ctl)
+    try:
+        await wait_for(lambda: all(nm.starts for nm in nms), timeout=10, what="StartEngines on every node")
+        start1 = nms[1].starts[0]
+        assert start1.instance_id == IID and [e.dp_rank for e in start1.endpoints] == [2, 3]
+        assert (start1.node_rank, start1.num_nodes, start1.dp_size) == (1, 2, 4)
+        assert start1.master_address == "127.0.0.1" and all(e.node_id == "job-p-n1" for e in start1.endpoints)
+        await wait_for(lambda: ctl.controller.instances[IID].state.value == "active", timeout=10, what="ACTIVE")
+        assert (await coordinator_ids(coordinator)) == {IID: 4}
+
+        # one node stops heartbeating: the instance leaves the coordinator within the timeout
+        nms[1].heartbeating = False
+        # heartbeat timeout 0.6 s + one reconcile tick + one push
+        await wait_for(lambda: _empty(coordinator), timeout=0.6 + 1.0, what="instance removed within the timeout")
+        mi = await admin_instance(ctl, IID)
+        assert mi.state == pb.INSTANCE_STATE_INACTIVE and "job-p-n1" in mi.reason
+        # it comes back: the instance returns
+        nms[1].heartbeating = True
+        await wait_for(lambda: _has(coordinator, IID), timeout=5, what="instance back")
+        assert len(nms[0].starts) == 1  # the surviving node was never restarted
+    finally:
+        for nm in nms:
+            await nm.close()
+        await ctl.stop()
+
+
+async def _empty(address: str) -> bool:
+    return (await coordinator_ids(address)) == {}
+
+
+async def _has(address: str, iid: int) -> bool:
+    return iid in await coordinator_ids(address)
+
+
+async def test_restarted_coordinator_gets_the_instance_set_within_one_sync_period(tmp_path: Path) -> None:
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    ctl = await start_controller_inproc(controller_config(tmp_path, [address], sync_interval_sec=1.0))
+    nms = await nodes_for(ctl)
+    try:
+        async with start_coordinator(tmp_path / "c1", management_key=KEY, extra_args=["--port", str(port)]):
+            await wait_for(lambda: _has(address, IID), timeout=10, what="instance on coordinator")
+        # the coordinator is down; nothing changes meanwhile; then it comes back empty on the same port
+        async with start_coordinator(tmp_path / "c2", management_key=KEY, extra_args=["--port", str(port)]):
+            await wait_for(lambda: _has(address, IID), timeout=1.0 + 2.0, what="full SET after restart")
+            assert set(await coordinator_ids(address)) == set(ctl.controller.desired_view())
+    finally:
+        for nm in nms:
+            await nm.close()
+        await ctl.stop()
+
+
+async def test_restarted_controller_resumes_instances_without_restarting_healthy_engines(
+    tmp_path: Path, coordinator: str
+) -> None:
+    config = controller_config(tmp_path, [coordinator])
+    ctl = await start_controller_inproc(config)
+    port = ctl.port
+    nms = await nodes_for(ctl)
+    try:
+        await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
+        await ctl.stop()
+        ctl = await start_controller_inproc(config, port=port)
+        assert ctl.controller.instances[IID].state.value == "active"
+        await wait_for(lambda: all(nm.instance_id == IID for nm in nms), timeout=5)
+        # heartbeats confirm the running instance; a few timeouts later still one start per node
+        await wait_for(
+            lambda: all(ctl.controller.observations.get(nm.node_id) for nm in nms), timeout=5, what="heartbeats"
+        )
+        await wait_for(lambda: ctl.controller.signals.get(IID) is not None
+                       and ctl.controller.signals[IID].value == "healthy", timeout=5)
+        assert ctl.controller.instances[IID].state.value == "active"
+        assert [len(nm.starts) for nm in nms] == [1, 1]
+        assert ctl.controller.starts_sent == []
+        assert all(nm.reregister_commands == 0 for nm in nms)
+        assert await _has(coordinator, IID)
+    finally:
+        for nm in nms:
+            await nm.close()
+        await ctl.stop()
+
+
+async def test_terminate_stops_nodes_deletes_instance_and_clears_precision_alarms(
+    tmp_path: Path, coordinator: str
+) -> None:
+    ctl = await start_controller_inproc(controller_config(tmp_path, [coordinator]))
+    nms = await nodes_for(ctl)
+    try:
+        await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
+        async with open_channel(ctl.address) as ch:
+            node = pbgrpc.ControllerServiceStub(ch)
+            admin = pbgrpc.ControllerAdminServiceStub(ch)
+            md = call_metadata(KEY)
+            alarm = pb.Alarm(kind=pb.ALARM_KIND_PRECISION, action=pb.ALARM_ACTION_RAISE,
+                             source="coordinator@x", instance_ids=[IID, 42])
+            assert (await node.ReportAlarm(pb.ReportAlarmRequest(alarm=alarm), metadata=md, timeout=2)).accepted
+            assert len((await admin.ListAlarms(pb.ListAlarmsRequest(active_only=True), metadata=md)).alarms) == 1
+            resp = await admin.TerminateInstance(
+                pb.TerminateInstanceRequest(instance_id=IID, precision_alarm_clear=True, reason="test"),
+                metadata=md, timeout=5,
+            )
+            assert sorted(resp.stopped_node_ids) == ["job-p-n0", "job-p-n1"]
+            assert all(nm.stops for nm in nms)
+            assert (await admin.ListAlarms(pb.ListAlarmsRequest(active_only=True), metadata=md)).alarms == []
+            mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md)).instance
+            assert mi.state == pb.INSTANCE_STATE_DELETED
+        await wait_for(lambda: _empty(coordinator), timeout=5, what="DEL on coordinator")
+    finally:
+        for nm in nms:
+            await nm.close()
+        await ctl.stop()
