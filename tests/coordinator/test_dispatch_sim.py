@@ -1,0 +1,235 @@
+"""Dispatch through a real ``motor-coordinator`` process to real ``motor-sim`` engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.grpc_server import error_reason
+from tests.coordinator.grpc_util import KEY, MD, Stubs
+from tests.helpers import wait_for
+from tests.procs import Proc, start_coordinator, start_simulator
+
+pytestmark = pytest.mark.slow
+
+MODEL = "sim-model"
+COMPLETIONS = cpb.OPEN_AI_API_COMPLETIONS
+CHAT = cpb.OPEN_AI_API_CHAT_COMPLETIONS
+FAST = {"dispatch": {"health_probe_interval_sec": 0.2, "metrics_scrape_interval_sec": 0.2,
+                     "circuit_breaker_cooldown_sec": 0.2, "connect_timeout_sec": 1.0}}
+
+
+def instance(iid: int, role: Role, engine: EngineType, sims: list[Proc]) -> Instance:
+    eps = tuple(
+        Endpoint(i, "127.0.0.1", s.port, bootstrap_port=s.extra.get("bootstrap_port", 0)) for i, s in enumerate(sims)
+    )
+    return Instance(iid, role, f"job-{iid}", MODEL, engine, eps, InstanceStatus.AVAILABLE)
+
+
+async def dispatch(s: Stubs, api: int, body: dict[str, Any], timeout: float = 30) -> tuple[cpb.ResponseHead, bytes]:
+    head: cpb.ResponseHead | None = None
+    chunks: list[bytes] = []
+    call = s.dispatch.Dispatch(cpb.DispatchRequest(api=api, body=orjson.dumps(body)), timeout=timeout)
+    async for frame in call:
+        if frame.HasField("head"):
+            assert head is None, "head must come exactly once, first"
+            head = frame.head
+        else:
+            assert head is not None, "chunk before head"
+            chunks.append(frame.chunk)
+    assert head is not None
+    return head, b"".join(chunks)
+
+
+def direct(sim: Proc, path: str, body: dict[str, Any]) -> bytes:
+    req = urllib.request.Request(sim.url + path, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return bytes(resp.read())
+
+
+def sim_state(sim: Proc) -> dict[str, Any]:
+    with urllib.request.urlopen(sim.url + "/sim/state", timeout=5) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def text_of(api: int, raw: bytes, stream: bool) -> tuple[str, Any, Any]:
+    """(generated text, finish_reason, completion tokens) of a JSON or SSE answer."""
+    key = "text" if api == COMPLETIONS else "content"
+    if not stream:
+        obj = orjson.loads(raw)
+        ch = obj["choices"][0]
+        txt = ch["text"] if api == COMPLETIONS else ch["message"]["content"]
+        return txt, ch["finish_reason"], obj["usage"]["completion_tokens"]
+    out, finish = [], None
+    for line in raw.decode().splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        for ch in ev.get("choices", ()):
+            part = ch.get("text") if api == COMPLETIONS else (ch.get("delta") or {}).get(key)
+            out.append(part or "")
+            finish = ch.get("finish_reason") or finish
+    assert raw.decode().rstrip().endswith("data: [DONE]")
+    return "".join(out), finish, None
+
+
+BODIES = [
+    (COMPLETIONS, "/v1/completions", {"model": MODEL, "prompt": "The quick brown fox jumps", "max_tokens": 12}),
+    (CHAT, "/v1/chat/completions",
+     {"model": MODEL, "messages": [{"role": "user", "content": "Tell me about foxes"}], "max_tokens": 10}),
+]
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[AsyncExitStack]:
+    async with AsyncExitStack() as st:
+        yield st
+
+
+async def coordinator(st: AsyncExitStack, tmp: Path, config: dict[str, Any] | None = None) -> Stubs:
+    c = await st.enter_async_context(start_coordinator(tmp, config or FAST, management_key=KEY))
+    stubs = Stubs(c.address)
+    st.push_async_callback(stubs.close)
+    return stubs
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+async def test_pd_answers_equal_a_union_engines_answer_stream_and_not(
+    engine: str, tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    etype = EngineType.VLLM if engine == "vllm" else EngineType.SGLANG
+    p, d, u = await asyncio.gather(*(stack.enter_async_context(start_simulator(engine, r, tmp_path))
+                                     for r in ("prefill", "decode", "union")))
+    s = await coordinator(stack, tmp_path)
+    # UNAUTHENTICATED without the key, on the real process
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await s.registry.SetInstances(cpb.SetInstancesRequest(), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    await s.set(instance(1, Role.PREFILL, etype, [p]), instance(2, Role.DECODE, etype, [d]))
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    for api, path, body in BODIES:
+        for stream in (False, True):
+            b = {**body, "stream": stream}
+            head, raw = await dispatch(s, api, b)
+            assert head.http_status == 200, raw
+            assert (head.prefill_instance_id, head.decode_instance_id) == (1, 2)
+            assert head.content_type.startswith("text/event-stream" if stream else "application/json")
+            want = await asyncio.to_thread(direct, u, path, b)
+            assert text_of(api, raw, stream) == text_of(api, want, stream)
+    # the KV really moved from P to D (no local recompute on D)
+    ps, ds = await asyncio.to_thread(sim_state, p), await asyncio.to_thread(sim_state, d)
+    assert ps["stats"]["kv_transfers"] == 4 and ds["stats"]["kv_transfer_fallbacks"] == 0
+
+
+async def _ready(s: Stubs) -> bool:
+    return bool((await s.readiness()).ready)
+
+
+async def test_errors_before_the_head_and_engine_4xx_relayed(tmp_path: Path, stack: AsyncExitStack) -> None:
+    u = await stack.enter_async_context(start_simulator("vllm", "union", tmp_path))
+    s = await coordinator(stack, tmp_path)
+
+    async def code_of(api: int, raw: bytes) -> tuple[grpc.StatusCode, str | None, str]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in s.dispatch.Dispatch(cpb.DispatchRequest(api=api, body=raw), timeout=10):
+                pass
+        return err.value.code(), error_reason(err.value), err.value.details() or ""
+
+    code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "x"}))
+    assert code == grpc.StatusCode.NOT_FOUND and reason == "MODEL_NOT_FOUND"
+    await s.set(instance(3, Role.UNION, EngineType.VLLM, [u]))
+    assert (await code_of(COMPLETIONS, b"{nope"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert (await code_of(COMPLETIONS, b'{"prompt": "x"}'))[1] == "MISSING_MODEL"
+    assert (await code_of(cpb.OPEN_AI_API_UNSPECIFIED, b"{}"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    head, raw = await dispatch(s, COMPLETIONS, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert head.http_status == 200 and head.prefill_instance_id == head.decode_instance_id == 3
+    # the engine's own 4xx comes back as head + body, unchanged
+    head, raw = await dispatch(s, COMPLETIONS, {"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                                "stream": False, "stream_options": {"include_usage": True}})
+    assert head.http_status == 400 and b"Stream options" in raw, raw
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[3]), metadata=MD, timeout=5)
+    code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "x"}))
+    assert code == grpc.StatusCode.UNAVAILABLE and "union" in msg
+    await s.set(instance(4, Role.PREFILL, EngineType.VLLM, [u]))
+    code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "x"}))
+    assert code == grpc.StatusCode.UNAVAILABLE and "decode" in msg
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+async def test_client_cancellation_aborts_the_engine_requests(
+    engine: str, tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    etype = EngineType.VLLM if engine == "vllm" else EngineType.SGLANG
+    p, d = await asyncio.gather(*(stack.enter_async_context(start_simulator(engine, r, tmp_path))
+                                  for r in ("prefill", "decode")))
+    s = await coordinator(stack, tmp_path)
+    await s.set(instance(1, Role.PREFILL, etype, [p]), instance(2, Role.DECODE, etype, [d]))
+    body = {"model": MODEL, "prompt": "tell a very long story", "max_tokens": 4000, "stream": True}
+    call = s.dispatch.Dispatch(cpb.DispatchRequest(api=COMPLETIONS, body=orjson.dumps(body)), timeout=60)
+    frames = 0
+    async for _ in call:
+        frames += 1
+        if frames >= 4:
+            break
+    assert (await asyncio.to_thread(sim_state, d))["running"] == 1
+    call.cancel()
+
+    def decode_aborted() -> bool:
+        st = sim_state(d)
+        return bool(st["running"] == 0 and st["stats"]["requests_aborted"] >= 1)
+
+    await wait_for(lambda: asyncio.to_thread(decode_aborted), timeout=10, what="decode engine aborted")
+    await wait_for(lambda: asyncio.to_thread(lambda: sim_state(p)["running"] == 0), timeout=10, what="prefill idle")
+
+
+async def test_killed_prefill_fails_in_flight_cleanly_and_new_requests_use_the_survivor(
+    tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    slow = ["--sim-prefill-base-ms", "150"]
+    p1, p2, d = await asyncio.gather(
+        stack.enter_async_context(start_simulator("vllm", "prefill", tmp_path, extra_args=slow, name="p1")),
+        stack.enter_async_context(start_simulator("vllm", "prefill", tmp_path, extra_args=slow, name="p2")),
+        stack.enter_async_context(start_simulator("vllm", "decode", tmp_path, name="d")),
+    )
+    s = await coordinator(stack, tmp_path, {**FAST, "scheduler": {"policy": "round_robin"}})
+    await s.set(instance(1, Role.PREFILL, EngineType.VLLM, [p1]), instance(2, Role.PREFILL, EngineType.VLLM, [p2]),
+                instance(3, Role.DECODE, EngineType.VLLM, [d]))
+    body = {"model": MODEL, "prompt": "hello there", "max_tokens": 4}
+
+    async def one(i: int) -> str:
+        try:
+            head, _ = await dispatch(s, COMPLETIONS, {**body, "prompt": f"hello {i}"}, timeout=20)
+            return f"http {head.http_status}"
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+
+    tasks = [asyncio.create_task(one(i)) for i in range(12)]
+    await wait_for(lambda: asyncio.to_thread(lambda: sim_state(p1)["running"] + sim_state(p1)["waiting"] > 0),
+                   timeout=10, what="load on p1")
+    p1.kill()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+    print("results after killing p1:", results)
+    assert set(results) <= {"http 200", "UNAVAILABLE"}, results
+    assert "http 200" in results
+    for i in range(6):  # afterwards everything goes to the survivor
+        head, _ = await dispatch(s, COMPLETIONS, {**body, "prompt": f"after {i}"}, timeout=20)
+        assert head.http_status == 200 and head.prefill_instance_id == 2
+
+    async def p1_unavailable() -> bool:
+        resp = await s.list()
+        return any(i.id == 1 and i.status == tpb.INSTANCE_STATUS_UNAVAILABLE for i in resp.instances)
+
+    await wait_for(p1_unavailable, timeout=10, what="p1 shown UNAVAILABLE")
+    assert (await s.readiness()).ready

@@ -1,0 +1,176 @@
+"""The registry through the real gRPC API of an in-process coordinator (no engines: probes off)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from motor_common.domain import InstanceStatus, Role
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.grpc_server import ServerConfig, error_reason
+from motor_coordinator.app import Coordinator
+from motor_coordinator.config import CoordinatorConfig, DispatchConfig
+from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH
+from tests.coordinator.factories import inst
+from tests.coordinator.grpc_util import KEY, MD, Stubs
+from tests.helpers import wait_for
+
+P, D, U = inst(1, Role.PREFILL), inst(2, Role.DECODE), inst(3, Role.UNION)
+
+
+@pytest.fixture
+async def coord() -> AsyncIterator[tuple[Coordinator, Stubs]]:
+    cfg = CoordinatorConfig(
+        server=ServerConfig(port=0),
+        dispatch=DispatchConfig(health_probe_interval_sec=0, metrics_scrape_interval_sec=0),
+    )
+    app = Coordinator(cfg, management_key=KEY)
+    port = await app.start()
+    stubs = Stubs(f"127.0.0.1:{port}")
+    yield app, stubs
+    await stubs.close()
+    await app.stop(0)
+
+
+async def expect(code: grpc.StatusCode, call: object, reason: str | None = None) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call  # type: ignore[misc]
+    assert err.value.code() == code, err.value.details()
+    if reason is not None:
+        assert error_reason(err.value) == reason
+    return err.value
+
+
+async def test_management_calls_without_the_key_are_unauthenticated_and_change_nothing(
+    coord: tuple[Coordinator, Stubs],
+) -> None:
+    _, s = coord
+    await expect(grpc.StatusCode.UNAUTHENTICATED,
+                 s.registry.SetInstances(cpb.SetInstancesRequest(instances=[]), timeout=5))
+    await expect(grpc.StatusCode.UNAUTHENTICATED, s.registry.ListInstances(cpb.ListInstancesRequest(), timeout=5))
+    assert (await s.list()).generation == 0
+    # the data plane needs no key
+    assert not (await s.readiness()).ready
+
+
+async def test_set_duplicate_id_is_invalid_argument_and_applies_nothing(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    await s.set(P, D)
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, s.set(U, replace(U, role=Role.PREFILL)), "DUPLICATE_INSTANCE_ID")
+    assert await s.ids() == {1, 2}
+
+
+async def test_invalid_payloads_are_invalid_argument(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    bad_role = tpb.Instance(id=9, job_name="j", model_name="m", engine_type=tpb.ENGINE_TYPE_VLLM,
+                            endpoints=[tpb.Endpoint(ip="127.0.0.1", business_port=9000)])
+    err = await expect(grpc.StatusCode.INVALID_ARGUMENT,
+                       s.registry.AddInstances(cpb.AddInstancesRequest(instances=[bad_role]), metadata=MD, timeout=5))
+    assert "instances[0].role" in (err.details() or "")
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, s.add(replace(U, endpoints=())), "INVALID_INSTANCE")
+    assert await s.ids() == set()
+
+
+async def test_add_conflicting_identity_is_already_exists_and_identical_readd_is_a_noop(
+    coord: tuple[Coordinator, Stubs],
+) -> None:
+    _, s = coord
+    two = inst(4, Role.DECODE, ports=(9001, 9002))
+    assert list((await s.add(P, two)).added_ids) == [1, 4]
+    again = await s.add(replace(two, endpoints=tuple(reversed(two.endpoints))))
+    assert list(again.added_ids) == []
+    await expect(grpc.StatusCode.ALREADY_EXISTS, s.add(U, replace(P, job_name="other")), "INSTANCE_ID_CONFLICT")
+    await expect(grpc.StatusCode.ALREADY_EXISTS, s.add(replace(P, role=Role.DECODE)))
+    assert await s.ids() == {1, 4}
+
+
+async def test_delete_checks_identity_and_unknown_ids(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    await s.set(P, D)
+    await expect(grpc.StatusCode.FAILED_PRECONDITION, s.delete(replace(P, role=Role.UNION)), "IDENTITY_MISMATCH")
+    await expect(grpc.StatusCode.FAILED_PRECONDITION, s.delete(inst(1, ports=(9999,))), "IDENTITY_MISMATCH")
+    await expect(grpc.StatusCode.NOT_FOUND, s.delete(inst(77)), "INSTANCE_NOT_FOUND")
+    assert await s.ids() == {1, 2}
+    assert list((await s.delete(P)).deleted_ids) == [1]
+    assert await s.ids() == {2}
+
+
+async def test_pause_resume_list_summary_get_and_not_found(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    await s.set(P, D, U, inst(5, Role.PREFILL))
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1, 3]), metadata=MD, timeout=5)
+    await expect(grpc.StatusCode.NOT_FOUND,
+                 s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2, 99]), metadata=MD, timeout=5))
+    await expect(grpc.StatusCode.NOT_FOUND,
+                 s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[99]), metadata=MD, timeout=5))
+    resp = await s.list()
+    assert (resp.summary.available, resp.summary.paused, resp.summary.unavailable) == (2, 2, 0)
+    assert (resp.summary.prefill, resp.summary.decode, resp.summary.union) == (2, 1, 1)
+    got = await s.registry.GetInstance(cpb.GetInstanceRequest(instance_id=1), metadata=MD, timeout=5)
+    assert got.instance.status == tpb.INSTANCE_STATUS_PAUSED
+    await s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)
+    assert (await s.list()).summary.paused == 1
+    await expect(grpc.StatusCode.NOT_FOUND,
+                 s.registry.GetInstance(cpb.GetInstanceRequest(instance_id=42), metadata=MD, timeout=5))
+    page1 = await s.list(page_size=3)
+    page2 = await s.list(page_size=3, page_token=page1.next_page_token)
+    assert [i.id for i in page1.instances] + [i.id for i in page2.instances] == [1, 2, 3, 5]
+    assert page2.next_page_token == ""
+    prefills = await s.list(role=tpb.ROLE_PREFILL)
+    assert [i.id for i in prefills.instances] == [1, 5]
+
+
+async def test_generation_rules_over_grpc(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    assert (await s.set(P, generation=10)).generation == 10
+    await expect(grpc.StatusCode.ABORTED, s.set(D, generation=9), "STALE_GENERATION")
+    await expect(grpc.StatusCode.ABORTED, s.add(D, generation=10), "STALE_GENERATION")
+    await expect(grpc.StatusCode.FAILED_PRECONDITION, s.add(D, generation=12), "GENERATION_GAP")
+    assert await s.ids() == {1}
+    assert (await s.add(D, generation=11)).generation == 11
+    assert (await s.add(U)).generation == 12  # 0 = unconditional, advances by one
+    assert (await s.list()).generation == 12
+
+
+async def test_readiness_and_health_follow_the_instance_set(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    health = health_pb2_grpc.HealthStub(s.channel)
+
+    async def serving() -> bool:
+        r = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        d = await health.Check(health_pb2.HealthCheckRequest(service=DISPATCH), timeout=5)
+        assert r.status == d.status
+        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+
+    r = await s.readiness()
+    assert not r.ready and r.reason == "no schedulable prefill+decode pair or union instance"
+    assert r.role == cpb.COORDINATOR_ROLE_STANDALONE
+    assert not await serving()
+    await s.set(P)  # prefill alone is not enough
+    assert not (await s.readiness()).ready
+    await s.add(D)
+    assert (await s.readiness()).ready and (await s.readiness()).generation == 2
+    await wait_for(serving, timeout=5, what="SERVING")
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
+    assert not (await s.readiness()).ready
+    await wait_for(lambda: _not(serving), timeout=5, what="NOT_SERVING")
+    await s.set(replace(U, status=InstanceStatus.AVAILABLE))
+    assert (await s.readiness()).ready
+
+
+async def _not(check: object) -> bool:
+    return not await check()  # type: ignore[operator]
+
+
+async def test_list_models_counts_roles(coord: tuple[Coordinator, Stubs]) -> None:
+    _, s = coord
+    await s.set(P, D, U, inst(6, Role.UNION, model="other"))
+    models = (await s.dispatch.ListModels(cpb.ListModelsRequest(), timeout=5)).models
+    assert [(m.id, m.prefill_instances, m.decode_instances, m.union_instances) for m in models] == [
+        ("m", 1, 1, 1), ("other", 0, 0, 1)]
+    assert all(m.created > 0 for m in models)
