@@ -318,3 +318,26 @@ async def start_gateway(
         argv += ["--coordinator", addr]
     async with running(name, argv, log_dir, ready=ports_file_ready(ports_path, key="http")) as proc:
         yield proc
+
+
+# --- controller ----------------------------------------------------------------------------------
+@asynccontextmanager
+async def start_controller(
+    log_dir: Path,
+    config: dict[str, Any] | None = None,
+    *,
+    management_key: str | None = None,
+    name: str = "controller",
+    extra_args: Sequence[str] = (),
+) -> AsyncIterator[Proc]:
+    """``motor-controller --config <json> --ports-file``; ``proc.port`` is the gRPC port.
+
+    Defaults: port 0 and a store file in *log_dir* (pass the same *log_dir*/name to resume)."""
+    cfg: dict[str, Any] = json.loads(json.dumps(config or {}))
+    cfg.setdefault("server", {}).setdefault("port", 0)
+    cfg.setdefault("store", {}).setdefault("path", str(log_dir / f"{name}.db"))
+    cfg.setdefault("logging", {}).setdefault("format", "text")
+    cfg_path, ports_path = _coordinator_files(log_dir, name, cfg, management_key)
+    argv = [tool("motor-controller"), "--config", str(cfg_path), "--ports-file", str(ports_path), *extra_args]
+    async with running(name, argv, log_dir, ready=ports_file_ready(ports_path)) as proc:
+        yield proc
