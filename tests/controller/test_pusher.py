@@ -1,0 +1,117 @@
+"""CoordinatorPusher against an in-memory coordinator that applies the generation rules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_common.errors import Aborted, FailedPrecondition, Unavailable
+from motor_controller.push_plan import Op, OpKind
+from motor_controller.pusher import CoordinatorPusher
+from motor_controller.store import MemoryStore
+
+
+def inst(iid: int) -> Instance:
+    return Instance(iid, Role.DECODE, f"j{iid}", "m", EngineType.SGLANG, (Endpoint(0, "10.0.0.1", 9000 + iid),))
+
+
+class MemoryCoordinator:
+    address = "mem:1"
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.instances: dict[int, Instance] = {}
+        self.calls: list[tuple[str, int]] = []
+        self.down = False
+        self.fail_kinds: set[OpKind] = set()
+
+    async def apply(self, op: Op) -> int:
+        self.calls.append((op.kind.value, op.generation))
+        if self.down or op.kind in self.fail_kinds:
+            raise Unavailable("down")
+        if op.kind is OpKind.SET:
+            if op.generation < self.generation:
+                raise Aborted("stale", reason="STALE_GENERATION")
+            self.instances = {i.id: i for i in op.instances}
+            self.generation = op.generation
+            return self.generation
+        if op.generation <= self.generation:
+            raise Aborted("stale", reason="STALE_GENERATION")
+        if op.generation > self.generation + 1:
+            raise FailedPrecondition("gap", reason="GENERATION_GAP")
+        for i in op.instances:
+            if op.kind is OpKind.ADD:
+                self.instances[i.id] = i
+            elif op.kind is OpKind.DEL:
+                self.instances.pop(i.id)
+            else:
+                status = InstanceStatus.PAUSED if op.kind is OpKind.PAUSE else InstanceStatus.AVAILABLE
+                self.instances[i.id] = Instance(**{**i.__dict__, "status": status})
+        self.generation = op.generation
+        return self.generation
+
+    async def list_instances(self) -> tuple[int, dict[int, Instance]]:
+        if self.down:
+            raise Unavailable("down")
+        return self.generation, dict(self.instances)
+
+    async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_increments_then_restart_gap_falls_back_to_one_full_set_and_persists_generation() -> None:
+    coord, store, clock = MemoryCoordinator(), MemoryStore(), Clock()
+    desired: dict[int, Instance] = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, store, sync_interval=5, set_retry_interval=1, clock=clock)
+    await p.flush()  # unknown state: SET
+    desired[2] = inst(2)
+    await p.flush()  # ADD
+    assert coord.calls == [("set", 1), ("add", 2)] and set(coord.instances) == {1, 2}
+    assert store.data["coordinators/mem:1"] == b'{"generation":2}'
+
+    restarted = MemoryCoordinator()  # generation 0, empty, same address
+    p.client = restarted
+    desired[3] = inst(3)
+    await p.flush()  # ADD gen 3 → GENERATION_GAP → one coalesced SET pending
+    assert restarted.calls == [("add", 3)] and p.state.full_set_pending
+    await p.flush()
+    assert restarted.calls[-1] == ("set", 3) and set(restarted.instances) == {1, 2, 3}
+
+
+async def test_failed_set_waits_for_the_retry_interval_and_keeps_the_fingerprint() -> None:
+    coord, clock = MemoryCoordinator(), Clock()
+    desired = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, MemoryStore(), sync_interval=5, set_retry_interval=1, clock=clock)
+    coord.down = True
+    await p.flush()
+    fp = p.state.fingerprint
+    await p.flush()
+    await p.flush()
+    assert coord.calls == [("set", 1)] and p.state.fingerprint == fp  # no recursive retries
+    clock.t += 1.0
+    coord.down = False
+    await p.flush()
+    assert coord.calls == [("set", 1), ("set", 1)] and coord.instances == desired
+
+
+async def test_periodic_check_repairs_a_coordinator_changed_behind_our_back() -> None:
+    coord, clock = MemoryCoordinator(), Clock()
+    desired = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, MemoryStore(), sync_interval=5, set_retry_interval=1, clock=clock)
+    await p.flush()
+    coord.instances[99] = inst(99)  # an operator's CLI write bumps its generation
+    coord.generation += 1
+    await p.check_now()
+    await p.flush()
+    assert coord.calls[-1] == ("set", 3) and set(coord.instances) == {1}
