@@ -194,18 +194,20 @@ async def test_client_cancellation_aborts_the_engine_requests(
     await wait_for(lambda: asyncio.to_thread(lambda: sim_state(p)["running"] == 0), timeout=10, what="prefill idle")
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_killed_prefill_fails_in_flight_cleanly_and_new_requests_use_the_survivor(
-    tmp_path: Path, stack: AsyncExitStack
+    engine: str, tmp_path: Path, stack: AsyncExitStack
 ) -> None:
+    etype = EngineType.VLLM if engine == "vllm" else EngineType.SGLANG
     slow = ["--sim-prefill-base-ms", "150"]
     p1, p2, d = await asyncio.gather(
-        stack.enter_async_context(start_simulator("vllm", "prefill", tmp_path, extra_args=slow, name="p1")),
-        stack.enter_async_context(start_simulator("vllm", "prefill", tmp_path, extra_args=slow, name="p2")),
-        stack.enter_async_context(start_simulator("vllm", "decode", tmp_path, name="d")),
+        stack.enter_async_context(start_simulator(engine, "prefill", tmp_path, extra_args=slow, name="p1")),
+        stack.enter_async_context(start_simulator(engine, "prefill", tmp_path, extra_args=slow, name="p2")),
+        stack.enter_async_context(start_simulator(engine, "decode", tmp_path, name="d")),
     )
     s = await coordinator(stack, tmp_path, {**FAST, "scheduler": {"policy": "round_robin"}})
-    await s.set(instance(1, Role.PREFILL, EngineType.VLLM, [p1]), instance(2, Role.PREFILL, EngineType.VLLM, [p2]),
-                instance(3, Role.DECODE, EngineType.VLLM, [d]))
+    await s.set(instance(1, Role.PREFILL, etype, [p1]), instance(2, Role.PREFILL, etype, [p2]),
+                instance(3, Role.DECODE, etype, [d]))
     body = {"model": MODEL, "prompt": "hello there", "max_tokens": 4}
 
     async def one(i: int) -> str:
@@ -219,10 +221,11 @@ async def test_killed_prefill_fails_in_flight_cleanly_and_new_requests_use_the_s
     await wait_for(lambda: asyncio.to_thread(lambda: sim_state(p1)["running"] + sim_state(p1)["waiting"] > 0),
                    timeout=10, what="load on p1")
     p1.kill()
-    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
-    print("results after killing p1:", results)
-    assert set(results) <= {"http 200", "UNAVAILABLE"}, results
-    assert "http 200" in results
+    results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)  # nothing hangs
+    # in-flight prefills on p1 are retried on p2 or fail with a clean status; a decode whose KV
+    # lived on p1 may answer with the engine's own 5xx
+    assert set(results) <= {"http 200", "http 500", "UNAVAILABLE"}, results
+    assert results.count("http 200") >= 6, results
     for i in range(6):  # afterwards everything goes to the survivor
         head, _ = await dispatch(s, COMPLETIONS, {**body, "prompt": f"after {i}"}, timeout=20)
         assert head.http_status == 200 and head.prefill_instance_id == 2
@@ -233,3 +236,14 @@ async def test_killed_prefill_fails_in_flight_cleanly_and_new_requests_use_the_s
 
     await wait_for(p1_unavailable, timeout=10, what="p1 shown UNAVAILABLE")
     assert (await s.readiness()).ready
+
+
+async def test_request_timeout_ends_the_call_with_deadline_exceeded(tmp_path: Path, stack: AsyncExitStack) -> None:
+    u = await stack.enter_async_context(start_simulator("vllm", "union", tmp_path))
+    s = await coordinator(stack, tmp_path, {"dispatch": {"request_timeout_sec": 0.5}})
+    await s.set(instance(3, Role.UNION, EngineType.VLLM, [u]))
+    body = {"model": MODEL, "prompt": "long", "max_tokens": 4000, "stream": True}
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await dispatch(s, COMPLETIONS, body)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await wait_for(lambda: asyncio.to_thread(lambda: sim_state(u)["running"] == 0), timeout=10, what="engine idle")
