@@ -41,3 +41,45 @@ async def test_ports_file_and_graceful_sigterm(tmp_path: Path) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_stop_lets_in_flight_requests_finish(tmp_path: Path) -> None:
+    import aiohttp
+
+    from motor_gateway.config import GatewayConfig
+    from motor_gateway.main import serve
+    from tests.gateway.fakes import chunk, fake_coordinator, head
+
+    gate = asyncio.Event()
+
+    async def slow(request: object, context: object) -> object:
+        yield head(200, "text/event-stream")
+        yield chunk(b"data: 1\n\n")
+        await gate.wait()
+        yield chunk(b"data: [DONE]\n\n")
+
+    ports = tmp_path / "gw.ports"
+    async with fake_coordinator() as (addr, fake):
+        fake.script = slow  # type: ignore[assignment]
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(GatewayConfig(port=0, coordinators=(addr,)), str(ports), stop=stop))
+        await wait_for(ports.exists, timeout=10, what="ports file")
+        port = orjson.loads(ports.read_bytes())["http"]
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(f"http://127.0.0.1:{port}/v1/completions",
+                                   json={"model": "m", "prompt": "p", "stream": True})
+            assert await resp.content.readuntil(b"\n\n") == b"data: 1\n\n"
+            stop.set()  # as SIGTERM does
+
+            async def refusing() -> bool:
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    return True
+                writer.close()
+                return False
+
+            await wait_for(refusing, timeout=10, what="gateway to stop accepting")
+            gate.set()
+            assert await asyncio.wait_for(resp.read(), 10) == b"data: [DONE]\n\n"
+        assert await asyncio.wait_for(task, 15) == 0
