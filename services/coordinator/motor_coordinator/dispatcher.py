@@ -96,9 +96,11 @@ class Dispatcher:
         )
 
     async def _relay(
-        self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head
+        self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True
     ) -> AsyncIterator[Frame]:
-        if resp.status >= 500:
+        """Yield *head* then the body. A decode's 5xx is often its prefill's fault (lost KV), so
+        only union answers count 5xx against the endpoint's breaker."""
+        if resp.status >= 500 and count_5xx:
             self.scheduler.record_failure(cand.endpoint)
         else:
             self.scheduler.record_success(cand.endpoint)
@@ -196,7 +198,7 @@ class Dispatcher:
             try:
                 async with self.client.post(d.endpoint, req.path, dbody, rid) as resp:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
-                    async for frame in self._relay(resp, d, head):
+                    async for frame in self._relay(resp, d, head, count_5xx=False):
                         yield frame
             except EngineUnreachable as exc:
                 self.scheduler.record_failure(d.endpoint)
@@ -249,7 +251,7 @@ class Dispatcher:
                         assert resp is not None
                         head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
                                     p.instance.id, d.instance.id)
-                        async for frame in self._relay(resp, d, head):
+                        async for frame in self._relay(resp, d, head, count_5xx=False):
                             yield frame
                         if not p_task.done():
                             await asyncio.wait({p_task}, timeout=self.cfg.connect_timeout_sec)
