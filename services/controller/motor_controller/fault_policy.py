@@ -1,0 +1,59 @@
+"""Fault-manager contract (next issue), pure: strategy selection and explicit strategy results.
+
+A strategy is a pluggable object behind :class:`Strategy`; it runs while its instance is
+RECOVERING (the pusher then shows the instance PAUSED to coordinators) and ends with an explicit
+:class:`StrategyResult`. The fault manager feeds ``RECOVERY_DONE`` / ``RECOVERY_FAILED`` into the
+instance state machine and, on ``FAILED``, remembers it so the next decision escalates
+(seed: StrategyBase.mark_failed + prev_strategy_failed → engine relaunch). Every relaunch path is
+gated by ``enable_engine_relaunch``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from motor_controller.config import FaultToleranceConfig
+from motor_controller.model import FaultReport, ManagedInstance
+
+
+class Outcome(enum.Enum):
+    DONE = "done"  # instance healthy again
+    FAILED = "failed"  # gave up: escalate on the next decision
+    ABORTED = "aborted"  # interrupted (instance deleted, controller stopping)
+
+
+@dataclass(frozen=True)
+class StrategyResult:
+    outcome: Outcome
+    detail: str = ""
+
+
+class Strategy(Protocol):
+    name: str
+
+    async def run(self, instance: ManagedInstance) -> StrategyResult: ...
+    async def stop(self) -> None: ...
+
+
+ENGINE_RELAUNCH = "engine_relaunch"
+NODE_RESTART = "node_restart"
+DP_SCALE_DOWN = "dp_scale_down"
+
+
+def choose_strategy(
+    report: FaultReport, config: FaultToleranceConfig, *, previous_failed: str | None = None
+) -> str | None:
+    """Name of the strategy for *report*, or None (leave it to heartbeats/self-termination)."""
+    if not config.enable_fault_tolerance:
+        return None
+    if previous_failed is not None and previous_failed != ENGINE_RELAUNCH:
+        return ENGINE_RELAUNCH if config.enable_engine_relaunch else NODE_RESTART
+    if previous_failed == ENGINE_RELAUNCH:
+        return NODE_RESTART
+    if report.level == "engine_dead":
+        if config.enable_dp_scale_down:
+            return DP_SCALE_DOWN
+        return ENGINE_RELAUNCH if config.enable_engine_relaunch else None
+    return None
