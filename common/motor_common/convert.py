@@ -55,9 +55,19 @@ def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
     )
 
 
-def instance_from_pb(msg: pb.Instance, where: str = "instance") -> Instance:
-    """Convert without semantic validation (the registry validates); enums must be set."""
-    status = InstanceStatus.PAUSED if msg.status == pb.INSTANCE_STATUS_PAUSED else InstanceStatus.AVAILABLE
+STATUS_FROM_PB = {v: k for k, v in STATUS_TO_PB.items()}
+
+
+def instance_from_pb(msg: pb.Instance, where: str = "instance", *, keep_status: bool = False) -> Instance:
+    """Convert without semantic validation (the registry validates); enums must be set.
+
+    Servers receiving Set/Add keep only PAUSED (anything else registers available, as the proto
+    documents); clients reading List/Get pass ``keep_status=True`` to see the real status.
+    """
+    if keep_status:
+        status = STATUS_FROM_PB.get(msg.status, InstanceStatus.AVAILABLE)
+    else:
+        status = InstanceStatus.PAUSED if msg.status == pb.INSTANCE_STATUS_PAUSED else InstanceStatus.AVAILABLE
     return Instance(
         id=msg.id,
         role=role_from_pb(msg.role, f"{where}.role"),
