@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,10 +35,11 @@ ExitCallback = Callable[[int, int, int], None]  # endpoint_id, pid, returncode
 class EngineProcess:
     endpoint_id: int
     argv: tuple[str, ...]
-    proc: asyncio.subprocess.Process
+    proc: subprocess.Popen[bytes]
     started_at: float
     log_file: IO[bytes] | None = None
-    stopping: bool = field(default=False)
+    stopping: bool = False
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def pid(self) -> int:
@@ -45,7 +47,7 @@ class EngineProcess:
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None
+        return self.proc.poll() is None
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -57,6 +59,50 @@ def _signal_group(pgid: int, sig: int) -> bool:
     except PermissionError:  # pragma: no cover - pid reused by someone else
         return False
     return True
+
+
+def _popen(plan: LaunchPlan, out: IO[bytes] | None) -> subprocess.Popen[bytes]:
+    # The standard library's spawn (no Python code runs between fork and exec). uvloop's
+    # subprocess spawn re-initialises the interpreter in the child, which intermittently crashed
+    # (SIGSEGV) next to grpc's threads.
+    return subprocess.Popen(
+        plan.argv,
+        env=dict(plan.env),
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT if out is not None else None,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
+    """Wait for *proc* to exit without a thread (pidfd when available), then reap it."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fd = -1
+    if fd >= 0:
+        done: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, ready)
+        try:
+            if proc.poll() is None:
+                await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    else:  # pragma: no cover - kernels without pidfd
+        while True:
+            if proc.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+    return int(proc.wait())
 
 
 class EngineSupervisor:
@@ -85,7 +131,9 @@ class EngineSupervisor:
         started: list[EngineProcess] = []
         try:
             for plan in plans:
-                started.append(await self._spawn(plan, log_dir))
+                p = self._spawn(plan, log_dir)
+                started.append(p)
+                self._tasks.spawn(self._watch(p), name=f"watch-engine-{p.endpoint_id}")
             await asyncio.sleep(IMMEDIATE_EXIT_SEC)
             for p in started:
                 if not p.alive:
@@ -101,20 +149,12 @@ class EngineSupervisor:
             raise
         for p in started:
             self._procs[p.endpoint_id] = p
-            self._tasks.spawn(self._watch(p), name=f"watch-engine-{p.endpoint_id}")
         return [p.pid for p in started]
 
-    async def _spawn(self, plan: LaunchPlan, log_dir: str | None) -> EngineProcess:
+    def _spawn(self, plan: LaunchPlan, log_dir: str | None) -> EngineProcess:
         out = _open_log(log_dir, plan.endpoint.id) if log_dir else None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *plan.argv,
-                env=dict(plan.env),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT if out is not None else None,
-                start_new_session=True,
-            )
+            proc = _popen(plan, out)
         except OSError as exc:
             if out is not None:
                 out.close()
@@ -130,7 +170,10 @@ class EngineSupervisor:
 
     async def _watch(self, p: EngineProcess) -> None:
         request_id_var.set("")  # a background task, not part of the request that spawned it
-        rc = await p.proc.wait()
+        try:
+            rc = await _wait_exit(p.proc)
+        finally:
+            p.exited.set()
         if p.stopping or p.pid in self._reported:
             return
         self._reported.add(p.pid)
@@ -152,14 +195,16 @@ class EngineSupervisor:
         deadline = time.monotonic() + timeout
         if _signal_group(pgid, signal.SIGTERM):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(p.proc.wait(), timeout)
+                await asyncio.wait_for(p.exited.wait(), timeout)
             # the leader is gone; give the rest of its group the remaining time
             while _group_alive(pgid):
                 if time.monotonic() >= deadline:
                     break
                 await asyncio.sleep(0.05)
             _signal_group(pgid, signal.SIGKILL)
-        await p.proc.wait()  # reap
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(p.exited.wait(), 5.0)  # the watcher reaps it
+        p.proc.wait()  # SIGKILL was sent to its group: returns at once
         if p.log_file is not None:
             p.log_file.close()
         log.info("engine stopped", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": p.proc.returncode})
