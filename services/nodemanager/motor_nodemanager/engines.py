@@ -20,6 +20,7 @@ from typing import IO
 
 from motor_common.errors import Internal
 from motor_common.logs import request_id_var
+from motor_common.procs import die_with_parent
 from motor_common.tasks import TaskOwner
 from motor_nodemanager.launch import LaunchPlan
 
@@ -65,8 +66,10 @@ def _popen(plan: LaunchPlan, out: IO[bytes] | None) -> subprocess.Popen[bytes]:
     # The standard library's spawn (no Python code runs between fork and exec). uvloop's
     # subprocess spawn re-initialises the interpreter in the child, which intermittently crashed
     # (SIGSEGV) next to grpc's threads.
+    # die_with_parent: a nodemanager killed with SIGKILL still takes its engines down (SIGTERM),
+    # so no orphan engine keeps a port when the node is restarted.
     return subprocess.Popen(
-        plan.argv,
+        die_with_parent(plan.argv),
         env=dict(plan.env),
         stdin=subprocess.DEVNULL,
         stdout=out,
