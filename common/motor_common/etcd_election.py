@@ -1,9 +1,15 @@
 """Leader election through an etcd lease + lock key (aetcd client).
 
 The candidate that creates ``key`` (compare ``create_revision == 0``) under its own lease is
-master; it refreshes the lease every ``ttl / 3``. A standby checks every ``check_interval``.
+master; it refreshes the lease every ``ttl / 3``. A standby reads the key every
+``check_interval`` and only when it is absent grants a lease and tries the transaction.
 Every etcd call has a timeout. State changes go through the pure ``motor_common.leadership``
 functions and are published to ``on_change``.
+
+Safety margin: etcd expires the lease no earlier than ``ttl`` after the last refresh was *sent*;
+the master considers itself valid only until ``sent + 2/3 ttl`` (:meth:`EtcdElection.current`),
+so a master frozen past its lease (SIGSTOP, starved loop) reads as isolated the instant it resumes,
+before the standby that took over could overlap with it.
 """
 
 from __future__ import annotations
@@ -55,20 +61,33 @@ class EtcdElection:
         self._lease: Any = None
         self._task: asyncio.Task[None] | None = None
         self._last_renew = 0.0
+        # Monotonic time until which our lease surely still exists in etcd (see module docstring).
+        self._valid_until = 0.0
         self._endpoint_index = 0
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="etcd-election")
 
+    def current(self, now: float | None = None) -> Leadership:
+        """The view now: a master whose renewal is overdue reads as isolated."""
+        return lship.at(self.view, time.monotonic() if now is None else now, self._valid_until)
+
     async def stop(self, *, resign: bool = True) -> None:
+        """Stop campaigning; a master (isolated or not) revokes its lease so a standby wins at once."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         if resign and self.view.role is LeaderRole.MASTER and self._lease is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._client.revoke_lease(self._lease.id), self.call_timeout)
+            try:
+                client = await self._connect()
+                await asyncio.wait_for(client.revoke_lease(self._lease.id), self.call_timeout)
+                log.info("resigned: lease revoked")
+            except Exception as exc:  # the lease then expires after its TTL
+                log.warning("could not revoke the lease on stop: %s", exc)
+            self._lease = None
+            self.view = lship.lost(self.view)
         await self._close_client()
 
     async def _publish(self, view: Leadership) -> None:
@@ -127,6 +146,12 @@ class EtcdElection:
 
     async def _campaign(self) -> None:
         client = await self._connect()
+        current = await self._call(client.get(self.key))
+        if current is not None:
+            # Held (cheap path: one read per check, no lease churn while a master exists).
+            await self._publish(lship.observed_holder(self.view, self._holder_name(current.value)))
+            return
+        sent = time.monotonic()
         lease = await self._call(client.lease(int(max(2, round(self.ttl)))))
         tx = client.transactions
         ok, responses = await self._call(
@@ -139,20 +164,28 @@ class EtcdElection:
         if ok:
             self._lease = lease
             self._last_renew = time.monotonic()
+            self._valid_until = sent + self.ttl * 2 / 3
             await self._publish(lship.acquired(self.view, self.candidate))
             return
         with contextlib.suppress(Exception):
             await self._call(client.revoke_lease(lease.id))
         holder = ""
         with contextlib.suppress(Exception):
-            holder = responses[0][0][0].decode()
+            holder = self._holder_name(responses[0][0][0])
+        await self._publish(lship.observed_holder(self.view, holder))
+
+    def _holder_name(self, value: bytes) -> str:
+        holder = value.decode(errors="replace")
         if holder == self.candidate:
             # A previous incarnation of ours still holds the key: wait for its lease to expire.
             holder = f"{holder} (stale lease)"
-        await self._publish(lship.observed_holder(self.view, holder))
+        return holder
 
     async def _renew(self) -> None:
+        # Overdue (we were frozen or starved): isolated before anything else is awaited.
+        await self._publish(self.current())
         client = await self._connect()
+        sent = time.monotonic()
         reply = await self._call(client.refresh_lease(self._lease.id))
         if reply is None or getattr(reply, "TTL", 0) <= 0:
             log.warning("master lease is gone: stepping down")
@@ -166,4 +199,5 @@ class EtcdElection:
             await self._publish(lship.lost(self.view, holder))
             return
         self._last_renew = time.monotonic()
+        self._valid_until = sent + self.ttl * 2 / 3
         await self._publish(lship.renew_ok(self.view))

@@ -11,6 +11,11 @@ the resulting :class:`Leadership` view.
 A master turns *isolated* at the first failed renewal (unready at once), and stays master in its
 own view until it learns the lease is gone: if the store itself is down nobody else can win, so
 an isolated master may keep serving when no coordinator reaches the store (the gateway decides).
+
+A master that could not even *attempt* its renewal in time (process frozen by SIGSTOP, event loop
+starved) is just as isolated: :func:`at` turns a master whose renewal is overdue into an isolated
+one, so a process resuming after its lease expired never reports itself ready before its first
+renewal told it the lock is gone (at most one ready master, at every instant).
 """
 
 from __future__ import annotations
@@ -79,6 +84,14 @@ def lost(view: Leadership, holder: str = "") -> Leadership:
 def observed_holder(view: Leadership, holder: str) -> Leadership:
     """A standby saw the current holder (store reachable)."""
     return replace(view, holder=holder, store_available=True)
+
+
+def at(view: Leadership, now: float, valid_until: float) -> Leadership:
+    """The view at monotonic time *now*: a master past *valid_until* (last renewal sent + 2/3 TTL)
+    is isolated even if no renewal has failed yet."""
+    if view.role is LeaderRole.MASTER and not view.isolated and now > valid_until:
+        return replace(view, isolated=True)
+    return view
 
 
 def clamp(ttl: float, check_interval: float, *, max_ttl: float = 8.0, max_check: float = 2.0) -> tuple[float, float, list[str]]:

@@ -17,10 +17,12 @@ from motor_coordinator.config import CoordinatorConfig
 from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH_SERVICE
 from motor_coordinator.dispatch_service import DispatchServicer
 from motor_coordinator.dispatcher import Dispatcher
+from motor_coordinator.election import EtcdLeadership
 from motor_coordinator.engine_client import EngineClient
 from motor_coordinator.leadership import Leadership, Standalone
 from motor_coordinator.monitor import Monitor
 from motor_coordinator.policies import make_policy
+from motor_coordinator.promotion import ControllerAlarms, PromotionAnnouncer
 from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
@@ -39,7 +41,11 @@ class Coordinator:
         management_key: str | None = None,
     ) -> None:
         self.cfg = cfg
-        self.leadership: Leadership = leadership or Standalone()
+        if leadership is None:
+            leadership = EtcdLeadership(cfg) if cfg.ha.enabled else Standalone()
+        self.leadership: Leadership = leadership
+        self.announcer: PromotionAnnouncer | None = None
+        self.address = ""
         d = cfg.dispatch
         self.scheduler = Scheduler(
             make_policy(cfg.scheduler),
@@ -141,8 +147,10 @@ class Coordinator:
     async def start(self) -> int:
         await self.client.start()
         port = await self.server.start()
+        self.address = self.cfg.ha.advertise_address or f"{self.cfg.server.host}:{port}"
         self._dirty = asyncio.Event()
         await self._apply_readiness()
+        await self._start_election()
         self.tasks.spawn(self._readiness_loop(), name="readiness")
         d = self.cfg.dispatch
         if d.health_probe_interval_sec > 0:
@@ -154,7 +162,26 @@ class Coordinator:
             await self.ops.start()
         return port
 
+    async def _start_election(self) -> None:
+        """HA: campaign (the registry and the engine probes already run: a standby stays warm)."""
+        lead = self.leadership
+        if not isinstance(lead, EtcdLeadership):
+            return
+        if self.cfg.controller_address:
+            sink = ControllerAlarms(self.cfg.controller_address, management_key=self.server.management_key,
+                                    timeout=2.0, tls_ca_file=None)
+            announcer = self.announcer = PromotionAnnouncer(sink, self.address)
+            lead.on_promoted(lambda view: announcer.promoted(view.term))
+            lead.on_demoted(lambda _: announcer.cancel())
+        await lead.start(self.cfg.ha.candidate_id or self.address)
+
     async def stop(self, grace: float | None = None) -> None:
+        if isinstance(self.leadership, EtcdLeadership):
+            # Resign first: the standby takes over while our in-flight requests finish.
+            await self.leadership.stop()
+            await self._apply_readiness()
+        if self.announcer is not None:
+            await self.announcer.close()
         await self.server.stop(grace)
         await self.tasks.close()
         if self.ops is not None:

@@ -1,7 +1,8 @@
 """Coordinator configuration: frozen dataclasses loaded by ``motor_common.config.load_config``.
 
-Unknown keys are rejected by the loader (exit 2 naming the key). The HA keys are reserved with the
-SPEC's names and defaults; standalone coordinators ignore them.
+Unknown keys are rejected by the loader (exit 2 naming the key). HA (active/standby through an
+etcd lease, docs/ha.md) is on when ``ha.etcd_endpoints`` is set; standalone coordinators ignore
+the HA keys.
 """
 
 from __future__ import annotations
@@ -64,14 +65,54 @@ class DispatchConfig:
 
 
 @dataclass(frozen=True)
+class HaConfig:
+    # etcd client endpoints (host:port); empty = standalone (no election).
+    etcd_endpoints: tuple[str, ...] = ()
+    # The lock key every coordinator of one deployment campaigns for.
+    election_key: str = "/motor/coordinator/leader"
+    # This coordinator's gRPC address as peers reach it (gateway, controller); default
+    # server.host:<bound port>. Announced in the promotion alarm.
+    advertise_address: str | None = None
+    # Value written under the lock key; default the advertise address.
+    candidate_id: str | None = None
+    # Kubernetes mode: exit non-zero (75) when the lock is lost, so the pod leaves the Service.
+    exit_on_lost: bool = False
+    # Timeout of one etcd call (capped at master_lock_ttl / 3).
+    etcd_call_timeout_sec: float = 1.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.etcd_endpoints)
+
+    def __post_init__(self) -> None:
+        if not self.election_key.strip():
+            raise ValueError("ha.election_key must not be empty")
+        for ep in self.etcd_endpoints:
+            if ":" not in ep:
+                raise ValueError(f"ha.etcd_endpoints: {ep!r} is not host:port")
+        if self.etcd_call_timeout_sec <= 0:
+            raise ValueError("ha.etcd_call_timeout_sec must be > 0")
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     log_level: str = "INFO"
     log_format: Literal["json", "text"] = "json"
-    # Reserved for active/standby HA (etcd lease); SPEC §3.4 / §6 names and defaults.
-    master_lock_ttl: float = 8.0
-    master_standby_check_interval: float = 2.0
+    # Active/standby HA (SPEC §3.4 / §6 names). Clamped at run time to ≤ 8 s and ≤ 2 s (logged).
+    # 3 s / 0.5 s: a dead master's lease expires ≤ 3 s after its last renewal (renewals every 1 s,
+    # so two lost renewals are survived), the standby notices within 0.5 s: failover ≤ 3.5 s + the
+    # gateway's probe interval, inside the 5 s target. etcd's minimum lease TTL is 2 s.
+    master_lock_ttl: float = 3.0
+    master_standby_check_interval: float = 0.5
+    ha: HaConfig = field(default_factory=HaConfig)
+    # Controller gRPC address for the promotion alarm (ReportAlarm); unset = no announcement.
+    controller_address: str | None = None
     # Reserved for precision alarms (SPEC §3.5).
     precision_clear_threshold: int = 10
+
+    def __post_init__(self) -> None:
+        if self.master_lock_ttl <= 0 or self.master_standby_check_interval <= 0:
+            raise ValueError("master_lock_ttl and master_standby_check_interval must be > 0")

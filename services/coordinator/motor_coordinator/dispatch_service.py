@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from motor_common.domain import Role
-from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from motor_common.errors import DeadlineExceeded, InvalidArgument
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.logs import new_request_id, request_id_var
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
+from motor_coordinator.readiness import DEGRADED_HEADER, admission
 from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
 
 if TYPE_CHECKING:
@@ -39,9 +40,9 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
                 "api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API"
             )
         lead = self.app.leadership
-        if lead.isolated or not lead.is_master:
-            reason = "isolated" if lead.isolated else "Coordinator is not master"
-            raise Unavailable(reason, reason="ISOLATED" if lead.isolated else "NOT_MASTER")
+        refusal = admission(lead.role, isolated=lead.isolated, degraded_hint=_degraded_hint(context))
+        if refusal is not None:
+            raise refusal
         parsed = parse_body(api, request.body)
         rid = request.request_id or request_id_var.get() or new_request_id()
         timeout = self.app.cfg.dispatch.request_timeout_sec
@@ -87,4 +88,9 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             role=_ROLES[lead.role],
             isolated=lead.isolated,
             generation=self.app.state.generation,
+            store_available=lead.store_available,
         )
+
+
+def _degraded_hint(context: Any) -> bool:
+    return any(k == DEGRADED_HEADER and v == "1" for k, v in context.invocation_metadata() or ())

@@ -1,20 +1,17 @@
 """Who may serve: the readiness asks a :class:`Leadership`; standalone is always master.
 
-The etcd-lease implementation (SPEC §3.4) will implement the same Protocol and call
-``on_change`` whenever it wins, loses or isolates itself.
+``motor_coordinator.election.EtcdLeadership`` implements the same Protocol over the etcd lease
+(SPEC §3.4) and calls the subscribers whenever it wins, loses or isolates itself.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from typing import Protocol
 
+from motor_common.leadership import LeaderRole
 
-class LeaderRole(enum.Enum):
-    STANDALONE = "standalone"
-    MASTER = "master"
-    STANDBY = "standby"
+__all__ = ["LeaderRole", "Leadership", "Standalone"]
 
 
 class Leadership(Protocol):
@@ -27,6 +24,9 @@ class Leadership(Protocol):
     @property
     def isolated(self) -> bool: ...
 
+    @property
+    def store_available(self) -> bool: ...
+
     def subscribe(self, on_change: Callable[[], None]) -> None: ...
 
 
@@ -36,6 +36,7 @@ class Standalone:
     role = LeaderRole.STANDALONE
     is_master = True
     isolated = False
+    store_available = True
 
     def subscribe(self, on_change: Callable[[], None]) -> None:
         return None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,10 @@ import orjson
 
 from motor_common.config import load_config, to_dict
 from motor_common.logs import setup_logging
-from motor_common.runner import run, stop_event_on_signals
+from motor_common.runner import EXIT_RESCHEDULE, run, stop_event_on_signals
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
+from motor_coordinator.election import EtcdLeadership
 
 log = logging.getLogger("motor_coordinator")
 
@@ -54,14 +57,32 @@ async def amain(args: argparse.Namespace) -> int:
     app = Coordinator(cfg)
     port = await app.start()
     log.info("coordinator started", extra={"grpc_port": port, "config": to_dict(cfg)})
+    code = 0
     try:
         if args.ports_file:
             write_ports_file(args.ports_file, {"grpc": port, "metrics": app.ops.port if app.ops else None})
-        await stop.wait()
+        lead = app.leadership
+        if isinstance(lead, EtcdLeadership) and cfg.ha.exit_on_lost:
+            # Kubernetes mode: a master that lost the lock exits non-zero so its pod leaves the Service.
+            await _first(stop.wait(), lead.lost.wait())
+            if lead.lost.is_set() and not stop.is_set():
+                log.error("lost the master lock: exiting (ha.exit_on_lost)", extra={"exit_code": EXIT_RESCHEDULE})
+                code = EXIT_RESCHEDULE
+        else:
+            await stop.wait()
         log.info("stopping")
     finally:
         await app.stop()
-    return 0
+    return code
+
+
+async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
