@@ -23,6 +23,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+# gRPC metadata a gateway adds to Dispatch when it routes to an isolated master because no
+# coordinator reaches the store (degraded mode); without it an isolated master refuses.
+DEGRADED_HEADER = "x-motor-degraded"
+
 
 class LeaderRole(enum.Enum):
     STANDALONE = "standalone"

@@ -27,7 +27,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.grpc_client import call_metadata, translate
 from motor_common.grpc_server import error_reason
 from motor_common.logs import new_request_id, request_id_var
-from motor_gateway import metrics
+from motor_gateway import failover, metrics
 from motor_gateway.openai import HttpError, error_for_status, error_from_motor, validate_body
 from motor_gateway.pool import UNREACHABLE, CoordinatorPool
 
@@ -138,14 +138,14 @@ class Gateway:
             validate_body(raw, api)
         except MotorError as exc:
             return error_response(error_from_motor(exc), rid)
-        call = self.pool.stub().Dispatch(
-            cpb.DispatchRequest(request_id=rid, api=_API[api], body=raw),
-            timeout=self.request_timeout,
-            metadata=call_metadata(request_id=rid),
-        )
         stream: web.StreamResponse | None = None
+        call = None
         try:
-            first = await call.read()
+            # To the routed coordinator; resent to the new master while nothing reached the client.
+            call, first = await failover.dispatch(
+                self.pool, cpb.DispatchRequest(request_id=rid, api=_API[api], body=raw),
+                timeout=self.request_timeout, metadata=call_metadata(request_id=rid),
+            )
             if first is grpc.aio.EOF or first.WhichOneof("frame") != "head":
                 return error_response(
                     HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway"), rid)
@@ -179,8 +179,10 @@ class Gateway:
         except ConnectionResetError:
             # The client went away mid-stream; the finally clause cancels the call.
             return stream if stream is not None else web.Response(status=499)
+        except MotorError as exc:  # no coordinator could take the request
+            return error_response(error_from_motor(exc), rid)
         finally:
-            if not call.done():
+            if call is not None and not call.done():
                 call.cancel()
 
     async def _models(self, request: web.Request) -> web.Response:

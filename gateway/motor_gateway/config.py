@@ -24,8 +24,14 @@ class GatewayConfig:
     api_key_file: str | None = None
     # CA bundle for TLS to the coordinators; plaintext when unset.
     tls_ca_file: str | None = None
-    # Seconds between readiness probes of the coordinators (only with more than one).
-    probe_interval_sec: float = 2.0
+    # Seconds between readiness probes of the coordinators (only with more than one; all are
+    # probed concurrently, each bounded by probe_timeout_sec). See docs/ha.md.
+    probe_interval_sec: float = 0.25
+    probe_timeout_sec: float = 0.5
+    # How long a request waits for a master coordinator during a failover, and how many times a
+    # request that failed before its first byte is sent (first try included).
+    failover_timeout_sec: float = 10.0
+    dispatch_attempts: int = 3
     # Seconds in-flight requests get to finish on SIGTERM/SIGINT.
     shutdown_grace_sec: float = 10.0
     log_format: Literal["json", "text"] = "json"

@@ -78,7 +78,9 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                 stop: asyncio.Event | None = None) -> int:
     api_key = read_api_key(cfg.api_key_file)
     pool = CoordinatorPool(cfg.coordinators, tls_ca_file=cfg.tls_ca_file,
-                           timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec)
+                           timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
+                           probe_timeout=cfg.probe_timeout_sec, failover_timeout=cfg.failover_timeout_sec,
+                           dispatch_attempts=cfg.dispatch_attempts)
     gateway = Gateway(pool, request_timeout=cfg.request_timeout_sec,
                       control_timeout=cfg.control_timeout_sec, api_key=api_key)
     runner = web.AppRunner(gateway.make_app(), access_log=None, handler_cancellation=True,

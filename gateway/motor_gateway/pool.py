@@ -1,15 +1,18 @@
-"""Coordinators the gateway talks to: one long-lived channel each, the first ready one serves.
+"""Coordinators the gateway talks to: one long-lived channel each; the routing rule picks one.
 
-With one address the pool is just that channel. With several (active/standby coordinators) a
-background probe asks each for its readiness every ``probe_interval`` seconds, in order, and the
-first ready one becomes the preferred target; a failed dispatch does not change the choice by
-itself (the next probe does), so the pool never flaps on one bad request.
+With one address the pool is just that channel (no probing). With several (active/standby
+coordinators) a background probe asks every coordinator for its readiness *concurrently* every
+``probe_interval`` seconds (each with ``probe_timeout``, so a frozen coordinator reads as
+unreachable quickly) and ``motor_gateway.routing.choose`` turns the views into the route. A failed
+dispatch triggers an immediate probe (:meth:`CoordinatorPool.kick`) but never changes the route
+by itself, so one bad request cannot make the pool flap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -17,11 +20,19 @@ import grpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel
+from motor_common.leadership import LeaderRole
 from motor_common.tasks import TaskOwner
+from motor_gateway.routing import UNREACHABLE, CoordinatorView, Route, choose
+
+__all__ = ["UNREACHABLE", "CoordinatorPool", "Readiness"]
 
 log = logging.getLogger(__name__)
 
-UNREACHABLE = "coordinator unreachable"
+_ROLES = {
+    cpb.COORDINATOR_ROLE_STANDALONE: LeaderRole.STANDALONE,
+    cpb.COORDINATOR_ROLE_MASTER: LeaderRole.MASTER,
+    cpb.COORDINATOR_ROLE_STANDBY: LeaderRole.STANDBY,
+}
 
 
 @dataclass(frozen=True)
@@ -37,17 +48,24 @@ class _Member:
         self.channel = open_channel(address, tls_ca_file=tls_ca_file)
         self.stub = cgrpc.DispatchServiceStub(self.channel)  # type: ignore[no-untyped-call]
 
-    async def readiness(self, timeout: float) -> Readiness:
+    async def view(self, timeout: float) -> CoordinatorView:
         try:
             resp = await self.stub.GetReadiness(
                 cpb.GetReadinessRequest(), timeout=timeout, metadata=call_metadata()
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                return Readiness(False, UNREACHABLE, self.address)
-            return Readiness(False, f"{UNREACHABLE}: {exc.code().name}: {exc.details()}", self.address)
-        reason = "ok" if resp.ready else (resp.reason or "not ready")
-        return Readiness(resp.ready, reason, self.address)
+                return CoordinatorView(self.address, reachable=False)
+            return CoordinatorView(self.address, reachable=False,
+                                   reason=f"{UNREACHABLE}: {exc.code().name}: {exc.details()}")
+        return CoordinatorView(
+            self.address, reachable=True, ready=resp.ready,
+            reason="ok" if resp.ready else (resp.reason or "not ready"),
+            role=_ROLES.get(resp.role), isolated=resp.isolated,
+            # Coordinators older than the field report it unset (false): treat unknown as available.
+            store_available=resp.store_available or resp.role in (
+                cpb.COORDINATOR_ROLE_UNSPECIFIED, cpb.COORDINATOR_ROLE_STANDALONE),
+        )
 
 
 class CoordinatorPool:
@@ -57,52 +75,120 @@ class CoordinatorPool:
         *,
         tls_ca_file: str | None = None,
         timeout: float = 3.0,
-        probe_interval: float = 2.0,
+        probe_interval: float = 0.25,
+        probe_timeout: float = 0.5,
+        failover_timeout: float = 10.0,
+        dispatch_attempts: int = 3,
     ) -> None:
         if not addresses:
             raise ValueError("CoordinatorPool needs at least one address")
-        self._members = [_Member(a, tls_ca_file) for a in addresses]
-        self._preferred = 0
+        self._members = {a: _Member(a, tls_ca_file) for a in addresses}
+        self._order = list(self._members)
         self._timeout = timeout
         self._probe_interval = probe_interval
+        self._probe_timeout = min(probe_timeout, timeout)
+        # How long a request waits for a master to appear (failover in progress), and how many
+        # times one request may be sent (the first try included) when it failed before its head.
+        self.failover_timeout = failover_timeout
+        self.dispatch_attempts = max(1, dispatch_attempts)
+        single = self._order[0] if len(self._order) == 1 else None
+        self._route = Route(single, ready=True) if single else Route(None, reason="not probed yet")
+        self._views: list[CoordinatorView] = []
+        self._changed = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._probing = False
         self._tasks = TaskOwner("coordinator-pool")
+
+    # -- the route -------------------------------------------------------------------------------
 
     @property
     def addresses(self) -> list[str]:
-        return [m.address for m in self._members]
+        return list(self._order)
+
+    @property
+    def single(self) -> bool:
+        return len(self._order) == 1
+
+    @property
+    def route(self) -> Route:
+        return self._route
 
     @property
     def current(self) -> str:
-        return self._members[self._preferred].address
+        return self._route.address or self._order[0]
 
-    def stub(self) -> cgrpc.DispatchServiceStub:
-        """The DispatchService stub of the preferred coordinator."""
-        return self._members[self._preferred].stub
+    def stub(self, address: str | None = None) -> cgrpc.DispatchServiceStub:
+        """The DispatchService stub of *address*, else of the routed (or first) coordinator."""
+        return self._members[address or self.current].stub
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next route change (take it before awaiting)."""
+        return self._changed
+
+    def kick(self) -> None:
+        """Probe now (a dispatch failed): the route is re-decided without waiting a full interval."""
+        self._kick.set()
+
+    async def wait_route(self, deadline: float, *, avoid: str | None = None) -> Route:
+        """The route once it names a coordinator (other than *avoid*, if given), or the last
+        route (address None) when the monotonic *deadline* passes."""
+        while True:
+            route = self._route
+            if route.address is not None and route.address != avoid:
+                return route
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.single:
+                return route
+            changed = self._changed
+            self.kick()
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return self._route
+
+    def _set(self, views: list[CoordinatorView]) -> None:
+        self._views = views
+        new = choose(views, self._route.address)
+        old, self._route = self._route, new
+        if (new.address, new.degraded) != (old.address, old.degraded):
+            log.warning("coordinator route changed", extra={
+                "old": old.address, "new": new.address, "degraded": new.degraded, "reason": new.reason})
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+
+    # -- probing ---------------------------------------------------------------------------------
+
+    async def refresh(self) -> Route:
+        views = await asyncio.gather(*(self._members[a].view(self._probe_timeout) for a in self._order))
+        if not self.single:
+            self._set(list(views))
+        return self._route
 
     def start(self) -> None:
-        if len(self._members) > 1:
+        if not self.single:
+            self._probing = True
             self._tasks.spawn(self._probe_loop(), name="coordinator-probe")
-
-    async def readiness(self) -> Readiness:
-        """Readiness of the first ready coordinator, else the preferred one's reason."""
-        first: Readiness | None = None
-        for index, member in enumerate(self._members):
-            state = await member.readiness(self._timeout)
-            if state.ready:
-                self._preferred = index
-                return state
-            first = first or state
-        assert first is not None
-        return first
 
     async def _probe_loop(self) -> None:
         while True:
-            before = self.current
-            await self.readiness()
-            if self.current != before:
-                log.warning("switched coordinator", extra={"old": before, "new": self.current})
-            await asyncio.sleep(self._probe_interval)
+            self._kick.clear()
+            await self.refresh()
+            try:
+                await asyncio.wait_for(self._kick.wait(), self._probe_interval)
+            except TimeoutError:
+                pass
+
+    async def readiness(self) -> Readiness:
+        """For ``/health``: ready when there is a route to a ready (or degraded) coordinator."""
+        if self.single:
+            address = self._order[0]
+            v = await self._members[address].view(self._timeout)
+            return Readiness(v.ready, v.reason, address)
+        if not self._probing or not self._views:
+            await self.refresh()
+        route = self._route
+        return Readiness(route.ready, route.reason or "ok", route.address or "")
 
     async def close(self) -> None:
         await self._tasks.close()
-        await asyncio.gather(*(m.channel.close() for m in self._members), return_exceptions=True)
+        await asyncio.gather(*(m.channel.close() for m in self._members.values()), return_exceptions=True)

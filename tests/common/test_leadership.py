@@ -27,6 +27,15 @@ def test_a_standby_never_serves_and_says_why() -> None:
     assert lship.lost(lship.acquired(standby, "a"), "b").role is LeaderRole.STANDBY
 
 
+def test_a_master_whose_renewal_is_overdue_reads_as_isolated_until_it_renews() -> None:
+    master = lship.acquired(lship.initial_candidate(), "a")
+    assert lship.at(master, now=10.0, valid_until=12.0) == master
+    frozen = lship.at(master, now=13.0, valid_until=12.0)
+    assert frozen.isolated and frozen.role is LeaderRole.MASTER and not frozen.serving
+    standby = lship.initial_candidate()
+    assert lship.at(standby, now=13.0, valid_until=0.0) == standby
+
+
 def test_limits_are_clamped_to_the_seed_figures() -> None:
     ttl, check, notes = lship.clamp(30, 10)
     assert (ttl, check) == (8.0, 2.0) and len(notes) == 2
@@ -43,8 +52,8 @@ async def test_one_master_at_a_time_and_the_standby_wins_when_the_master_resigns
         await b.start()
         await wait_for(lambda: b.view.holder == "a", timeout=10, what="b sees a")
         assert b.view.role is LeaderRole.STANDBY
-        await a.stop()
-        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=10, what="b master")
+        await a.stop()  # resigns: revokes the lease, b wins within its check interval
+        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=1.5, what="b master")
         await b.stop()
 
 

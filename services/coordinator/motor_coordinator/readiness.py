@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from motor_common.errors import Unavailable
-from motor_common.leadership import LeaderRole
+from motor_common.leadership import DEGRADED_HEADER, LeaderRole
 
 NO_ROUTE = "no schedulable prefill+decode pair or union instance"
 NOT_MASTER = "Coordinator is not master"
 ISOLATED = "isolated"
-DEGRADED_HEADER = "x-motor-degraded"
+__all__ = ["DEGRADED_HEADER", "ISOLATED", "NOT_MASTER", "NO_ROUTE", "Readiness", "admission", "evaluate"]
 
 
 @dataclass(frozen=True)

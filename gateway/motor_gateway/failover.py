@@ -1,0 +1,111 @@
+"""Sending one Dispatch through the pool with failover: the call and its first frame, or an error.
+
+Before the head frame nothing has reached the HTTP client, so a request may be sent again:
+
+* no route (failover in progress): wait up to ``pool.failover_timeout`` for a master;
+* the call failed before its head with a retryable status (``routing.retryable``: coordinator
+  unreachable, NOT_MASTER, ISOLATED): probe at once and send it to the (new) master;
+* the route moved to another coordinator while we waited for the head (the old master froze or
+  was cut off; its call may never answer): cancel it and send the request to the new master.
+
+At most ``pool.dispatch_attempts`` sends per request, all inside the request's own deadline. After
+the head, nothing is retried (bytes may have reached the client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+
+from motor_common.errors import Unavailable
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.grpc_server import error_reason
+from motor_common.leadership import DEGRADED_HEADER
+from motor_gateway.pool import CoordinatorPool
+from motor_gateway.routing import retryable
+
+log = logging.getLogger(__name__)
+
+DEGRADED_METADATA = (DEGRADED_HEADER, "1")
+
+Call = Any  # grpc.aio.UnaryStreamCall[DispatchRequest, DispatchResponse]
+
+
+class _Moved(Exception):
+    """The route left the coordinator this call went to before the head arrived."""
+
+
+async def _first_frame(pool: CoordinatorPool, call: Call, address: str) -> Any:
+    """``call.read()`` unless the route moves to another coordinator first."""
+    read = asyncio.ensure_future(call.read())
+    try:
+        while True:
+            changed = pool.changed()
+            moved = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait({read, moved}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+            if read.done():
+                return read.result()
+            if pool.route.address is not None and pool.route.address != address:
+                raise _Moved(pool.route.address)
+    finally:
+        if not read.done():
+            read.cancel()
+
+
+async def dispatch(
+    pool: CoordinatorPool,
+    request: cpb.DispatchRequest,
+    *,
+    timeout: float,
+    metadata: tuple[tuple[str, str], ...],
+) -> tuple[Call, Any]:
+    """Returns ``(call, first_frame)``; raises ``grpc.aio.AioRpcError`` (the last failure) or
+    ``Unavailable`` ``NO_MASTER_COORDINATOR`` when no coordinator could take the request."""
+    deadline = time.monotonic() + timeout
+    failover_deadline = min(deadline, time.monotonic() + pool.failover_timeout)
+    last_exc: grpc.aio.AioRpcError | None = None
+    for attempt in range(1, pool.dispatch_attempts + 1):
+        route = await pool.wait_route(failover_deadline)
+        if route.address is None:
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        md = (*metadata, DEGRADED_METADATA) if route.degraded else metadata
+        call = pool.stub(route.address).Dispatch(request, timeout=remaining, metadata=md)
+        try:
+            return call, await _first_frame(pool, call, route.address)
+        except _Moved as moved:
+            call.cancel()
+            log.warning("coordinator route moved before the head: resending",
+                        extra={"old": route.address, "new": str(moved), "attempt": attempt})
+        except grpc.aio.AioRpcError as exc:
+            if pool.single or not retryable(exc.code().name, error_reason(exc)):
+                raise
+            last_exc = exc
+            log.warning("dispatch failed before the head: trying the master again",
+                        extra={"coordinator": route.address, "code": exc.code().name,
+                               "reason": error_reason(exc), "attempt": attempt})
+            if pool.route.address == route.address:
+                # Re-decide first: a fresh probe, or the route change it causes.
+                await _probed(pool, failover_deadline)
+    if last_exc is not None:
+        raise last_exc
+    raise Unavailable(pool.route.reason or "no master coordinator", reason="NO_MASTER_COORDINATOR")
+
+
+async def _probed(pool: CoordinatorPool, deadline: float) -> None:
+    """Wait for the next route change or one probe interval, whichever is first."""
+    changed = pool.changed()
+    pool.kick()
+    try:
+        await asyncio.wait_for(changed.wait(), max(0.0, min(0.5, deadline - time.monotonic())))
+    except TimeoutError:
+        pass
