@@ -13,6 +13,9 @@ import sys
 # name → (module, one-line help). One line per command.
 COMMANDS: dict[str, tuple[str, str]] = {
     "register": ("motor_cli.register", "register native engines with a standalone coordinator"),
+    "up": ("motor_cli.up", "run a whole fleet on this machine (simulated engines by default)"),
+    "down": ("motor_cli.down", "stop the fleet started by `motor up`"),
+    "status": ("motor_cli.status", "nodes and instances of a managed fleet, from the controller"),
 }
 
 

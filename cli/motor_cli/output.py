@@ -38,17 +38,23 @@ def instance_dict(inst: Instance) -> dict[str, Any]:
     }
 
 
+def grid(header: Sequence[str], body: Sequence[Sequence[str]], empty: str = "(none)") -> str:
+    """Left-aligned columns; the last column is not padded."""
+    rows = [tuple(header), *(tuple(r) for r in body)]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header) - 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+    if not body:
+        lines.append(empty)
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def table(instances: Sequence[Instance]) -> str:
     header = ("ID", "ROLE", "MODEL", "ENGINE", "STATUS", "JOB", "ENDPOINTS")
-    rows = [header] + [
+    body = [
         (str(i.id), i.role.value, i.model_name, i.engine_type.value, i.status.value, i.job_name, endpoint_text(i))
         for i in instances
     ]
-    widths = [max(len(r[c]) for r in rows) for c in range(len(header) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
-    if not instances:
-        lines.append("(no instances)")
-    return "\n".join(line.rstrip() for line in lines)
+    return grid(header, body, "(no instances)")
 
 
 def dumps(obj: Any) -> str:

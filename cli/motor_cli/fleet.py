@@ -1,0 +1,189 @@
+"""Plan of a local fleet for ``motor up``: pure data, no processes, no I/O.
+
+A :class:`FleetPlan` names every program of the fleet (coordinator(s), controller, gateway, one
+nodemanager per node) with its argv and its configuration as plain data; ``motor up`` writes the
+configurations to files and runs the programs. Keeping the plan pure makes it testable and lets
+an operator see exactly what would run (``motor up --dry-run``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from motor_common.errors import ConfigError
+
+FLEET_SECTIONS = ("controller", "coordinator", "gateway", "nodemanager")
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    prefill: int = 1
+    decode: int = 1
+    union: int = 0
+    engine: Literal["vllm", "sglang"] = "vllm"
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    coordinator_ports: tuple[int, ...] = (9100,)
+    controller_port: int = 9200
+    node_ports: tuple[int, ...] = ()
+    state_dir: Path = Path(".motor/up")
+    key_file: Path = Path(".motor/up/management.key")
+    heartbeat_interval_sec: float = 1.0
+    heartbeat_timeout_sec: float = 3.0
+    zero_latency: bool = False
+    etcd_endpoint: str | None = None
+    # Per-program overrides from --config (deep-merged into the generated configuration).
+    overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if min(self.prefill, self.decode, self.union) < 0:
+            raise ConfigError("node counts must be >= 0")
+        if self.union == 0 and (self.prefill == 0 or self.decode == 0):
+            raise ConfigError("a PD fleet needs at least one prefill and one decode node (or use --union)")
+        if len(self.node_ports) != self.node_count:
+            raise ConfigError(f"need {self.node_count} nodemanager ports, got {len(self.node_ports)}")
+        unknown = set(self.overrides) - set(FLEET_SECTIONS)
+        if unknown:
+            raise ConfigError(
+                f"unknown fleet config section(s) {', '.join(sorted(unknown))}; known: {', '.join(FLEET_SECTIONS)}"
+            )
+
+    @property
+    def node_count(self) -> int:
+        return self.prefill + self.decode + self.union
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    name: str
+    kind: Literal["coordinator", "controller", "gateway", "nodemanager"]
+    argv: tuple[str, ...]
+    config: Mapping[str, Any]
+    config_path: Path
+    ports_file: Path
+    # Port the program serves (gRPC, or HTTP for the gateway).
+    port: int
+    role: str = ""
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    options: FleetOptions
+    programs: tuple[ProgramSpec, ...]
+
+    def of_kind(self, kind: str) -> list[ProgramSpec]:
+        return [p for p in self.programs if p.kind == kind]
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{_hostport(self.options.host, self.options.gateway_port)}"
+
+    @property
+    def controller_address(self) -> str:
+        return _hostport(self.options.host, self.options.controller_port)
+
+    @property
+    def coordinator_addresses(self) -> list[str]:
+        return [_hostport(self.options.host, p) for p in self.options.coordinator_ports]
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def node_names(opts: FleetOptions) -> list[tuple[str, str]]:
+    """(node name, role) for every node, e.g. ("prefill-0", "prefill")."""
+    names: list[tuple[str, str]] = []
+    for role, count in (("prefill", opts.prefill), ("decode", opts.decode), ("union", opts.union)):
+        names += [(f"{role}-{i}", role) for i in range(count)]
+    return names
+
+
+def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
+    """Every program of the fleet with its argv and configuration."""
+    sd = opts.state_dir
+    key = str(opts.key_file)
+    logs = sd / "logs"
+    programs: list[ProgramSpec] = []
+
+    def program(name: str, kind: Any, exe: str, config: dict[str, Any], port: int, role: str = "") -> None:
+        merged = deep_merge(config, opts.overrides.get(kind, {}))
+        cfg_path = sd / f"{name}.yaml"
+        ports = sd / f"{name}.ports.json"
+        argv = (str(bin_dir / exe), "--config", str(cfg_path), "--ports-file", str(ports))
+        programs.append(ProgramSpec(name, kind, argv, merged, cfg_path, ports, port, role))
+
+    coord_addrs = [_hostport(opts.host, p) for p in opts.coordinator_ports]
+    for i, port in enumerate(opts.coordinator_ports):
+        name = "coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
+        cfg: dict[str, Any] = {
+            "server": {"host": opts.host, "port": port, "management_key_file": key},
+            "log_format": "text",
+        }
+        if opts.etcd_endpoint:
+            cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint]}
+        program(name, "coordinator", "motor-coordinator", cfg, port)
+
+    program(
+        "controller",
+        "controller",
+        "motor-controller",
+        {
+            "server": {"host": opts.host, "port": opts.controller_port, "management_key_file": key},
+            "coordinators": coord_addrs,
+            "heartbeat_interval_sec": opts.heartbeat_interval_sec,
+            "heartbeat_timeout_sec": opts.heartbeat_timeout_sec,
+            "store": {"backend": "embedded", "path": str(sd / "controller.db")},
+            "logging": {"format": "text"},
+        },
+        opts.controller_port,
+    )
+
+    sim_args = ["--sim-zero-latency"] if opts.zero_latency else []
+    for (name, role), port in zip(node_names(opts), opts.node_ports, strict=True):
+        program(
+            name,
+            "nodemanager",
+            "motor-nodemanager",
+            {
+                "job_name": name,
+                "node_id": name,
+                "role": role,
+                "engine_type": opts.engine,
+                "model_name": opts.model,
+                "ip": opts.host,
+                "controller_address": _hostport(opts.host, opts.controller_port),
+                "server": {"host": opts.host, "port": port, "management_key_file": key},
+                "heartbeat_interval_seconds": opts.heartbeat_interval_sec,
+                "daemon_loop_interval": 1.0,
+                "health": {"poll_interval_sec": 0.5, "timeout_sec": 2.0, "startup_grace_sec": 60.0},
+                "engine": {"launcher": "simulator", "extra_args": sim_args, "log_dir": str(logs)},
+                "registration": {"backoff_base_sec": 0.5},
+                "log": {"format": "text"},
+            },
+            port,
+            role,
+        )
+
+    program(
+        "gateway",
+        "gateway",
+        "motor-gateway",
+        {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs, "log_format": "text"},
+        opts.gateway_port,
+    )
+    return FleetPlan(opts, tuple(programs))

@@ -1,0 +1,181 @@
+"""``motor status``: nodes and instances of a managed fleet, from the controller.
+
+    motor status                      # the fleet started by `motor up` (reads .motor/up/fleet.json)
+    motor status --controller 10.0.0.5:9200 --management-key-file key
+    motor status --json
+
+Shows every node (role, state, instance, endpoint health, heartbeat age) and every instance
+(role, state, endpoints, reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from motor_cli import output
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
+from motor_common.grpc_client import call_metadata, open_channel
+from motor_common.grpc_server import read_secret
+
+EXIT_FAILED = 1
+
+
+def _enum(enum_type: Any, value: int, prefix: str) -> str:
+    return str(enum_type.Name(value)).removeprefix(prefix).lower()
+
+
+@dataclass
+class FleetView:
+    """What the controller reports; ``error`` set when it could not be asked."""
+
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    instances: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def active(self) -> int:
+        return sum(1 for i in self.instances if i["state"] == "active")
+
+    def expected(self, node_count: int) -> int:
+        """Instances a fleet of single-node instances should have."""
+        return node_count
+
+
+async def fetch_view(address: str, key: str | None, timeout: float = 2.0) -> FleetView:
+    md = call_metadata(key)
+    try:
+        async with open_channel(address) as channel:
+            stub = pbg.ControllerAdminServiceStub(channel)  # type: ignore[no-untyped-call]
+            nodes = await stub.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=timeout)
+            insts = await stub.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        return FleetView(error=f"controller {address}: {exc.code().name}: {exc.details()}")
+    now = time.time()
+    view = FleetView()
+    for n in nodes.nodes:
+        hb = n.last_heartbeat_at.ToSeconds() + n.last_heartbeat_at.nanos / 1e9 if n.HasField("last_heartbeat_at") else None
+        view.nodes.append(
+            {
+                "node_id": n.spec.node_id,
+                "role": _enum(tpb.Role, n.spec.role, "ROLE_"),
+                "job": n.spec.job_name,
+                "state": _enum(pb.NodeState, n.state, "NODE_STATE_"),
+                "instance_id": n.instance_id,
+                "endpoints": [
+                    {"id": e.endpoint_id, "status": _enum(tpb.EndpointStatus, e.status, "ENDPOINT_STATUS_"), "pid": e.pid}
+                    for e in n.endpoints
+                ],
+                "address": f"{n.spec.ip}:{n.spec.admin_port}",
+                "heartbeat_age_sec": round(now - hb, 1) if hb else None,
+            }
+        )
+    for m in insts.instances:
+        inst = m.instance
+        view.instances.append(
+            {
+                "id": inst.id,
+                "role": _enum(tpb.Role, inst.role, "ROLE_"),
+                "job": inst.job_name,
+                "model": inst.model_name,
+                "state": _enum(pb.InstanceState, m.state, "INSTANCE_STATE_"),
+                "endpoints": [f"{e.ip}:{e.business_port}" for e in inst.endpoints],
+                "nodes": list(m.node_ids),
+                "reason": m.reason,
+            }
+        )
+    return view
+
+
+def format_line(view: FleetView) -> str:
+    """One compact status line, e.g. ``nodes 2/2 running · instances 2/2 active (prefill 1, decode 1)``."""
+    if not view.ok:
+        return f"controller unreachable ({view.error})"
+    running = sum(1 for n in view.nodes if n["state"] == "running")
+    by_role: dict[str, int] = {}
+    for inst in view.instances:
+        if inst["state"] == "active":
+            by_role[inst["role"]] = by_role.get(inst["role"], 0) + 1
+    roles = ", ".join(f"{r} {c}" for r, c in sorted(by_role.items()))
+    others = [f"{i['role']}#{i['job']} {i['state']}" for i in view.instances if i["state"] != "active"]
+    line = f"nodes {running}/{len(view.nodes)} running · instances {view.active}/{len(view.instances)} active"
+    if roles:
+        line += f" ({roles})"
+    if others:
+        line += " · " + ", ".join(others)
+    return line
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default=".motor/up", help="fleet started by `motor up` (default .motor/up)")
+    parser.add_argument("--controller", help="controller address (default: from the state dir)")
+    parser.add_argument("--management-key-file", help="management key (default: from the state dir)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[str, str | None]:
+    fleet_file = Path(args.state_dir) / "fleet.json"
+    fleet: dict[str, Any] = {}
+    if fleet_file.exists():
+        fleet = json.loads(fleet_file.read_text())
+    address = args.controller or os.environ.get("MOTOR_CONTROLLER") or fleet.get("controller")
+    if not address:
+        raise SystemExit(f"error: no controller address: pass --controller, or run `motor up` ({fleet_file} not found)")
+    key_file = args.management_key_file or os.environ.get("MOTOR_MANAGEMENT_KEY_FILE") or fleet.get("management_key_file")
+    return str(address), read_secret(key_file) if key_file else None
+
+
+def run(args: argparse.Namespace) -> int:
+    address, key = _resolve(args)
+    view = asyncio.run(fetch_view(address, key))
+    if not view.ok:
+        print(f"error: {view.error}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"nodes": view.nodes, "instances": view.instances}, indent=2))
+        return 0
+    print(format_line(view))
+    print()
+    print(
+        output.grid(
+            ["NODE", "ROLE", "STATE", "INSTANCE", "ENDPOINTS", "HEARTBEAT", "ADDRESS"],
+            [
+                [
+                    n["node_id"],
+                    n["role"],
+                    n["state"],
+                    str(n["instance_id"] or "-"),
+                    " ".join(f"{e['id']}:{e['status']}" for e in n["endpoints"]) or "-",
+                    f"{n['heartbeat_age_sec']}s ago" if n["heartbeat_age_sec"] is not None else "never",
+                    n["address"],
+                ]
+                for n in view.nodes
+            ],
+        )
+    )
+    print()
+    print(
+        output.grid(
+            ["INSTANCE", "ROLE", "STATE", "JOB", "MODEL", "ENDPOINTS", "REASON"],
+            [
+                [str(i["id"]), i["role"], i["state"], i["job"], i["model"], " ".join(i["endpoints"]), i["reason"] or ""]
+                for i in view.instances
+            ],
+        )
+    )
+    return 0

@@ -1,0 +1,383 @@
+"""``motor up``: run a whole Motor fleet on this machine.
+
+    motor up                          # 1 prefill + 1 decode node, simulated vLLM engines
+    motor up --prefill 2 --decode 1 --engine sglang
+    motor up --config fleet.yaml      # per-program overrides, e.g. real engines on a GPU machine
+
+Starts the coordinator, the controller, one nodemanager per node (each launches its engines) and
+the gateway, shows progress while the engines come up, prints the gateway URL and a curl to paste,
+then prints a status line whenever something changes. Like a kubelet, it restarts a program that
+exits (a nodemanager that terminates itself for rescheduling comes back and re-registers).
+Ctrl-C (or ``motor down``) stops everything; every child dies with this process, so nothing is
+left behind even after a SIGKILL.
+
+The fleet config file (YAML/JSON) may hold the sections ``controller``, ``coordinator``,
+``gateway`` and ``nodemanager``; each is deep-merged into that program's generated configuration
+(the program itself rejects unknown keys).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet
+from motor_cli.status import FleetView, fetch_view, format_line
+from motor_common.config import read_config_file
+from motor_common.errors import ConfigError, MotorError
+from motor_common.procs import die_with_parent
+from motor_common.runner import EXIT_RESCHEDULE
+
+EXIT_FAILED = 1
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefill", type=int, default=1, help="prefill nodes (default 1)")
+    parser.add_argument("--decode", type=int, default=1, help="decode nodes (default 1)")
+    parser.add_argument("--union", type=int, default=0, help="union (non-PD) nodes (default 0)")
+    parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="engine protocol (default vllm)")
+    parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
+    parser.add_argument("--host", default="127.0.0.1", help="address every program listens on")
+    parser.add_argument("--port", type=int, default=None, help="gateway HTTP port (default 8000, or a free one if busy)")
+    parser.add_argument("--state-dir", default=".motor/up", help="configs, logs, store and key (default .motor/up)")
+    parser.add_argument("--config", help="fleet config file with per-program sections")
+    parser.add_argument("--zero-latency", action="store_true", help="simulated engines answer instantly")
+    parser.add_argument("--ha", action="store_true", help="two coordinators, active/standby through a local etcd")
+    parser.add_argument("--restart-delay", type=float, default=2.0, help="seconds before a program that exited is restarted")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the fleet to be ready")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan (programs and configs) and exit")
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _pick(host: str, wanted: int | None, default: int, what: str) -> int:
+    if wanted is not None:
+        if wanted and not _port_free(host, wanted):
+            raise ConfigError(f"{what} port {wanted} on {host} is in use: pick another with --port")
+        return wanted or _free_port(host)
+    return default if _port_free(host, default) else _free_port(host)
+
+
+def build_options(args: argparse.Namespace) -> FleetOptions:
+    state = Path(args.state_dir)
+    overrides: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    host = args.host
+    gateway = _pick(host, args.port, 8000, "gateway")
+    coordinators = (_pick(host, None, 9100, "coordinator"),) + ((_free_port(host),) if args.ha else ())
+    controller = _pick(host, None, 9200, "controller")
+    nodes = args.prefill + args.decode + args.union
+    return FleetOptions(
+        prefill=args.prefill,
+        decode=args.decode,
+        union=args.union,
+        engine=args.engine,
+        model=args.model,
+        host=host,
+        gateway_port=gateway,
+        coordinator_ports=coordinators,
+        controller_port=controller,
+        node_ports=tuple(_free_port(host) for _ in range(nodes)),
+        state_dir=state,
+        key_file=state / "management.key",
+        zero_latency=args.zero_latency,
+        overrides=overrides,
+    )
+
+
+@dataclass
+class Child:
+    spec: ProgramSpec
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    restart_at: float | None = None
+    last_exit: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+@dataclass
+class Supervisor:
+    """Starts programs, restarts those that exit, stops them all in reverse order."""
+
+    restart_delay: float
+    children: list[Child] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    stopping: bool = False
+
+    def start(self, child: Child) -> None:
+        child.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            child.spec.ports_file.unlink()
+        out = open(child.log_path, "ab")
+        try:
+            child.proc = subprocess.Popen(
+                die_with_parent(child.spec.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            out.close()
+        child.starts += 1
+        child.restart_at = None
+        if child not in self.children:
+            self.children.append(child)
+
+    def poll(self) -> None:
+        """Notice exits and restart programs whose delay has passed (level-triggered)."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is not None and child.restart_at is None:
+                code = child.proc.poll()
+                if code is not None:
+                    child.last_exit = code
+                    child.proc = None
+                    why = "to be rescheduled" if code == EXIT_RESCHEDULE else f"with code {code}"
+                    if self.stopping:
+                        continue
+                    child.restart_at = now + self.restart_delay
+                    self.events.append(
+                        f"{child.spec.name} exited {why}; restarting in {self.restart_delay:g} s "
+                        f"(log: {child.log_path})"
+                    )
+            elif child.proc is None and child.restart_at is not None and now >= child.restart_at and not self.stopping:
+                self.start(child)
+                self.events.append(f"{child.spec.name} restarted (pid {child.pid})")
+
+    async def stop_all(self, grace: float = 10.0) -> None:
+        self.stopping = True
+        for child in reversed(self.children):
+            if child.proc is not None and child.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            if child.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(child.proc.wait, max(0.0, deadline - time.monotonic()))
+        for child in self.children:
+            if child.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.proc.wait(5)
+                child.proc = None
+
+
+def _write_configs(plan: FleetPlan) -> None:
+    opts = plan.options
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    if not opts.key_file.exists():
+        opts.key_file.write_text(secrets.token_hex(24) + "\n")
+        opts.key_file.chmod(0o600)
+    for spec in plan.programs:
+        spec.config_path.write_text(yaml.safe_dump(dict(spec.config), sort_keys=False))
+
+
+def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
+    opts = plan.options
+    data = {
+        "pid": os.getpid(),
+        "ready": ready,
+        "gateway_url": plan.gateway_url,
+        "controller": plan.controller_address,
+        "coordinators": plan.coordinator_addresses,
+        "management_key_file": str(opts.key_file.resolve()),
+        "model": opts.model,
+        "programs": {c.spec.name: {"pid": c.pid, "port": c.spec.port, "kind": c.spec.kind, "role": c.spec.role,
+                                    "starts": c.starts, "log": str(c.log_path)} for c in sup.children},
+    }
+    tmp = opts.state_dir / "fleet.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(opts.state_dir / "fleet.json")
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+async def _gateway_ready(session: aiohttp.ClientSession, url: str) -> tuple[bool, str]:
+    try:
+        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            body = await resp.json(content_type=None)
+            return resp.status == 200, str(body.get("error", {}).get("message", "") if isinstance(body, dict) else "")
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+        return False, type(exc).__name__
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _banner(plan: FleetPlan) -> str:
+    o = plan.options
+    nodes = ", ".join(f"{n} {r}" for r, n in (("prefill", o.prefill), ("decode", o.decode), ("union", o.union)) if n)
+    url = plan.gateway_url
+    body = json.dumps({"model": o.model, "prompt": "Hello, Motor", "max_tokens": 16})
+    coord = plan.coordinator_addresses[0]
+    return "\n".join(
+        [
+            "",
+            f"Motor is up: {nodes} ({o.engine} protocol, {'simulated' if True else ''} engines)",
+            f"  gateway      {url}/v1",
+            f"  coordinator  {', '.join(plan.coordinator_addresses)}",
+            f"  controller   {plan.controller_address}",
+            f"  state        {o.state_dir}  (configs, logs/, management.key, controller.db)",
+            "",
+            "Try:",
+            f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
+            f"  curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-d '{json.dumps({'model': o.model, 'messages': [{'role': 'user', 'content': 'Hi'}], 'stream': True})}'",
+            f"  .venv/bin/motor status --state-dir {o.state_dir}",
+            f"  .venv/bin/grpcurl -plaintext {coord} list",
+            "",
+            "Ctrl-C stops everything.",
+            "",
+        ]
+    )
+
+
+async def _run(plan: FleetPlan, restart_delay: float, timeout: float) -> int:
+    opts = plan.options
+    _write_configs(plan)
+    sup = Supervisor(restart_delay)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    logs = opts.state_dir / "logs"
+    order = [*plan.of_kind("coordinator"), *plan.of_kind("controller"), *plan.of_kind("nodemanager"), *plan.of_kind("gateway")]
+    _say(f"Starting Motor in {opts.state_dir} (logs in {logs}/)")
+    key = opts.key_file.read_text().strip()
+    try:
+        for spec in order:
+            child = Child(spec, logs / f"{spec.name}.log")
+            sup.start(child)
+            _say(f"  started {spec.name:<14} pid {child.pid:<7} port {spec.port}")
+        _write_fleet_file(plan, sup, ready=False)
+        async with aiohttp.ClientSession() as http:
+            ready = await _wait_ready(plan, sup, http, key, stop, timeout)
+            if not ready:
+                return EXIT_FAILED
+            _write_fleet_file(plan, sup, ready=True)
+            _say(_banner(plan))
+            await _watch(plan, sup, http, key, stop)
+        return 0
+    finally:
+        _say("\nStopping Motor…")
+        await sup.stop_all()
+        with contextlib.suppress(FileNotFoundError):
+            (opts.state_dir / "fleet.json").unlink()
+        _say("Stopped; no process left running.")
+
+
+async def _wait_ready(
+    plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, key: str, stop: asyncio.Event, timeout: float
+) -> bool:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while not stop.is_set():
+        sup.poll()
+        for event in sup.events:
+            _say(f"  ! {event}")
+            child = next((c for c in sup.children if event.startswith(c.spec.name + " exited")), None)
+            if child is not None:
+                tail = _tail(child.log_path)
+                if tail:
+                    _say("    " + tail.replace("\n", "\n    "))
+        sup.events.clear()
+        view = await fetch_view(plan.controller_address, key)
+        ok, why = await _gateway_ready(http, plan.gateway_url)
+        line = f"  waiting: {format_line(view)}; gateway {'ready' if ok else (why or 'starting')}"
+        if line != last:
+            _say(line)
+            last = line
+        if ok and view.ok and view.active == view.expected(plan.options.node_count):
+            return True
+        if time.monotonic() > deadline:
+            _say(f"error: the fleet was not ready after {timeout:g} s; see the logs in {plan.options.state_dir}/logs")
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    return False
+
+
+async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, key: str, stop: asyncio.Event) -> None:
+    last = ""
+    last_print = time.monotonic()
+    while not stop.is_set():
+        sup.poll()
+        for event in sup.events:
+            _say(f"[{time.strftime('%H:%M:%S')}] {event}")
+        if sup.events:
+            _write_fleet_file(plan, sup, ready=True)
+        sup.events.clear()
+        view: FleetView = await fetch_view(plan.controller_address, key)
+        ok, why = await _gateway_ready(http, plan.gateway_url)
+        line = f"{format_line(view)}; gateway {'ready' if ok else 'NOT ready: ' + (why or '?')}"
+        if line != last or time.monotonic() - last_print > 60:
+            _say(f"[{time.strftime('%H:%M:%S')}] {line}")
+            last, last_print = line, time.monotonic()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        opts = build_options(args)
+        if args.ha:
+            return _run_ha(args, opts)
+        plan = plan_fleet(opts, Path(sys.executable).parent)
+        if args.dry_run:
+            for spec in plan.programs:
+                print(f"# {spec.name}: {' '.join(spec.argv)}")
+                print(yaml.safe_dump(dict(spec.config), sort_keys=False))
+            return 0
+        return asyncio.run(_run(plan, args.restart_delay, args.timeout))
+    except (ConfigError, MotorError) as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run_ha(args: argparse.Namespace, opts: FleetOptions) -> int:
+    print("error: --ha is not available yet (needs the coordinator's etcd election)", file=sys.stderr)
+    return 2

@@ -1,0 +1,50 @@
+"""The pure fleet plan behind `motor up`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from motor_cli.fleet import FleetOptions, node_names, plan_fleet
+from motor_common.errors import ConfigError
+
+
+def opts(**kw: object) -> FleetOptions:
+    base: dict[str, object] = {"node_ports": (7001, 7002), "state_dir": Path("/s"), "key_file": Path("/s/k")}
+    base.update(kw)
+    return FleetOptions(**base)  # type: ignore[arg-type]
+
+
+def test_default_fleet_is_one_prefill_and_one_decode_wired_to_one_controller_and_coordinator() -> None:
+    plan = plan_fleet(opts(), Path("/bin"))
+    kinds = [p.kind for p in plan.programs]
+    assert kinds == ["coordinator", "controller", "nodemanager", "nodemanager", "gateway"]
+    ctl = plan.of_kind("controller")[0].config
+    assert ctl["coordinators"] == ["127.0.0.1:9100"] and ctl["store"]["path"] == "/s/controller.db"
+    p, d = plan.of_kind("nodemanager")
+    assert (p.config["role"], d.config["role"]) == ("prefill", "decode")
+    assert p.config["controller_address"] == "127.0.0.1:9200" and p.config["server"]["port"] == 7001
+    assert p.config["engine"]["launcher"] == "simulator"
+    assert all(spec.config["server"]["management_key_file"] == "/s/k" for spec in plan.programs if "server" in spec.config)
+    assert plan.of_kind("gateway")[0].argv[0] == "/bin/motor-gateway"
+
+
+def test_overrides_are_deep_merged_into_the_program_config() -> None:
+    plan = plan_fleet(opts(overrides={"nodemanager": {"engine": {"launcher": "vllm", "model_path": "/m"}}}), Path("/b"))
+    engine = plan.of_kind("nodemanager")[0].config["engine"]
+    assert engine["launcher"] == "vllm" and engine["model_path"] == "/m" and "log_dir" in engine
+
+
+def test_bad_fleets_are_refused_with_a_clear_message() -> None:
+    with pytest.raises(ConfigError, match="unknown fleet config section"):
+        opts(overrides={"gatway": {}})
+    with pytest.raises(ConfigError, match="at least one prefill and one decode"):
+        opts(decode=0, node_ports=(1,))
+    with pytest.raises(ConfigError, match="need 3 nodemanager ports"):
+        opts(prefill=2)
+
+
+def test_node_names_are_stable_per_role() -> None:
+    assert node_names(opts(prefill=2, decode=1, union=1, node_ports=(1, 2, 3, 4))) == [
+        ("prefill-0", "prefill"), ("prefill-1", "prefill"), ("decode-0", "decode"), ("union-0", "union")]
