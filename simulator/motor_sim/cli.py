@@ -79,6 +79,9 @@ def _json_arg(text: str) -> dict[str, Any]:
     return val
 
 
+VLLM_VERSION = "0.32.0"  # the release the vLLM flavour is checked against (tests/realengine)
+
+
 def vllm_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
     p.add_argument("model_tag", nargs="?", default=None)
@@ -194,6 +197,7 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         kv_fetch_timeout_s=ns.sim_kv_fetch_timeout_s, cost=_cost(ns),
         initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s,
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
+        version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,
     )
 
 

@@ -62,6 +62,7 @@ class SimConfig:
     zmq_pub_port: int | None = None
     zmq_interval_s: float = 1.0
     version: str = "0.11.0"
+    request_id_headers: bool = False  # vLLM --enable-request-id-headers
 
     @property
     def primary_name(self) -> str:

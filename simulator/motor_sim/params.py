@@ -18,11 +18,17 @@ Kind = Literal["completion", "chat"]
 
 
 class InvalidRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    """``value`` is the offending value (vLLM appends ``(parameter=.., value=..)``);
+    ``validation`` marks a schema/type error (vLLM: pydantic's ``Bad Request`` shape)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, *,
+                 value: Any = None, validation: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
+        self.value = value
+        self.validation = validation
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +66,12 @@ def _int(body: Mapping[str, Any], name: str, default: int | None, lo: int | None
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, int):
-        raise InvalidRequest(f"{name} must be an integer", name)
+        raise InvalidRequest(f"{name} must be an integer", name, value=v, validation=True)
     if lo is not None and v < lo:
-        raise InvalidRequest(f"{name} must be at least {lo}, got {v}.", name)
+        # vLLM's SamplingParams: ``n`` carries no parameter, the others do
+        if name == "n":
+            raise InvalidRequest(f"{name} must be at least {lo}, got {v}.")
+        raise InvalidRequest(f"{name} must be at least {lo}, got {v}.", name, value=v)
     return v
 
 
@@ -71,9 +80,13 @@ def _float(body: Mapping[str, Any], name: str, default: float, lo: float, hi: fl
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise InvalidRequest(f"{name} must be a number", name)
+        raise InvalidRequest(f"{name} must be a number", name, value=v, validation=True)
+    if name == "temperature" and float(v) < 0:
+        raise InvalidRequest(f"temperature must be non-negative, got {float(v)}.", name, value=float(v))
+    if name == "top_p" and not 0 < float(v) <= 1:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {float(v)}.", name, value=float(v))
     if not lo <= float(v) <= hi:
-        raise InvalidRequest(f"{name} must be in [{lo}, {hi}], got {v}.", name)
+        raise InvalidRequest(f"{name} must be in [{lo}, {hi}], got {v}.", name, value=v)
     return float(v)
 
 
@@ -106,8 +119,12 @@ def parse(body: Any, kind: Kind) -> Job:
         raise InvalidRequest("request body must be a JSON object")
     if kind == "chat":
         messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest("messages must be a non-empty list", "messages")
+        if not isinstance(messages, list):
+            raise InvalidRequest("messages: Field required" if messages is None
+                                 else "messages must be a list", "messages", validation=True)
+        if not messages:
+            raise InvalidRequest("Cannot apply chat template to an empty conversation. "
+                                 "Provide at least one message.")
         if not all(isinstance(m, Mapping) for m in messages):
             raise InvalidRequest("every message must be an object", "messages")
         try:

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import time
+import uuid
 from typing import Any
 
 import orjson
@@ -55,6 +56,8 @@ class SimServer:
     # ---- app -------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._fault_middleware], client_max_size=64 * 2**20)
+        if self.cfg.flavour is FlavourName.VLLM and self.cfg.request_id_headers:
+            app.on_response_prepare.append(self._request_id_header)
         r = app.router
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
@@ -78,8 +81,20 @@ class SimServer:
     async def _fault_middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         if not self._not_hanging.is_set() and not request.path.startswith("/sim/"):
             await self._not_hanging.wait()
-        resp: web.StreamResponse = await handler(request)
+        try:
+            resp: web.StreamResponse = await handler(request)
+        except web.HTTPException as exc:
+            if self.cfg.flavour is not FlavourName.VLLM or exc.status not in (404, 405):
+                raise
+            # FastAPI's default bodies, as vLLM answers unknown routes and wrong methods
+            return web.Response(body=orjson.dumps({"detail": exc.reason}), status=exc.status,
+                                content_type=_JSON, headers=exc.headers if exc.status == 405 else None)
         return resp
+
+    async def _request_id_header(self, request: web.Request, resp: web.StreamResponse) -> None:
+        """vLLM --enable-request-id-headers: every response echoes X-Request-Id (or a new one)."""
+        if "X-Request-Id" not in resp.headers:
+            resp.headers["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
 
     def _error(self, err: ApiError, headers: dict[str, str] | None = None) -> web.Response:
         return web.Response(body=orjson.dumps(self.flavour.error_body(err)), status=err.status,
@@ -104,15 +119,12 @@ class SimServer:
             try:
                 job = params.parse(body, kind)
             except params.InvalidRequest as exc:
-                raise ApiError(exc.status, exc.message, param=exc.param) from exc
+                raise ApiError(exc.status, exc.message, param=exc.param, value=exc.value,
+                               validation=exc.validation) from exc
             rid = fl.request_id(header_rid, job)
-            if fl.echo_request_id:
-                headers["X-Request-Id"] = header_rid or rid.rsplit("-", 1)[0]
             fl.check_model(svc, job.model)
             plan = await fl.plan(svc, job, rid)
         except ApiError as err:
-            if fl.echo_request_id and "X-Request-Id" not in headers and header_rid:
-                headers["X-Request-Id"] = header_rid
             return self._error(err, headers)
         if plan.fallback_reason is not None:
             headers["x-motor-sim-kv-fallback"] = "1"
@@ -129,11 +141,12 @@ class SimServer:
             if not job.stream:
                 async for _ in gen:
                     pass
-                body_out = responses.full_response(run, ids, fl)
+                body_out = fl.shape(svc, run, responses.full_response(run, ids, fl), "full")
                 return web.Response(body=orjson.dumps(body_out), content_type=_JSON,
                                     headers=headers)
             resp = web.StreamResponse(headers=headers)
             resp.content_type = "text/event-stream"
+            resp.charset = "utf-8"
             resp.headers["Cache-Control"] = "no-cache"
             await resp.prepare(request)
             if kind == "chat":
@@ -142,10 +155,11 @@ class SimServer:
                             "created": run.created, "model": ids.model,
                             "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                          "logprobs": None, "finish_reason": None}]}
-                    await resp.write(_sse(role))
+                    await resp.write(_sse(fl.shape(svc, run, role, "role")))
             steps = first
             while True:
-                out = b"".join(_sse(c) for c in responses.chunk(run, ids, fl, steps, False))
+                out = b"".join(_sse(fl.shape(svc, run, c, "chunk"))
+                               for c in responses.chunk(run, ids, fl, steps, False))
                 if out:
                     await resp.write(out)
                 nxt = await anext(gen, None)
@@ -154,7 +168,7 @@ class SimServer:
                 steps = nxt
             tail = _DONE
             if job.include_usage:
-                tail = _sse(responses.usage_chunk(run, ids)) + _DONE
+                tail = _sse(fl.shape(svc, run, responses.usage_chunk(run, ids), "usage")) + _DONE
             await resp.write(tail)
             await resp.write_eof()
             return resp

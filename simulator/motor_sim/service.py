@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from motor_sim.config import SimConfig
+from motor_sim.config import Flavour, SimConfig
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import Fault, FaultMode
 from motor_sim.generator import Decoder, Step, sequence_digest
@@ -29,13 +29,16 @@ log = logging.getLogger("motor_sim")
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None
+        self, status: int, message: str, err_type: str = "BadRequestError", param: str | None = None,
+        *, value: Any = None, validation: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.err_type = err_type
         self.param = param
+        self.value = value  # the offending value, when the engine reports it
+        self.validation = validation  # a schema/type error rather than a semantic one
 
 
 @dataclass
@@ -104,6 +107,8 @@ class SimService:
         return self.fault.salt if self.fault.mode is FaultMode.WRONG_ANSWERS else ""
 
     def resolve_max_tokens(self, job: Job) -> int:
+        if self.cfg.flavour is Flavour.VLLM:
+            return self._vllm_max_tokens(job)
         room = self.cfg.max_model_len - len(job.prompt_ids)
         if room <= 0 or (job.max_tokens is not None and job.max_tokens > room):
             asked = job.max_tokens if job.max_tokens is not None else 0
@@ -118,6 +123,37 @@ class SimService:
         if job.max_tokens is not None:
             return job.max_tokens
         return min(room, self.cfg.default_max_tokens)
+
+    def _vllm_max_tokens(self, job: Job) -> int:
+        """vLLM 0.32 (checked against the real engine): a prompt longer than the context is
+        refused, max_tokens above max_model_len is refused, otherwise max_tokens is clamped to the
+        room left; without max_tokens, completions take 16 and chat the room (capped here by
+        ``--sim-default-max-tokens`` to keep simulated runs short)."""
+        limit, n_prompt = self.cfg.max_model_len, len(job.prompt_ids)
+        if n_prompt > limit:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {n_prompt} input tokens, which exceeds this limit even without any "
+                "output tokens. Please reduce the length of the input prompt.",
+                param="input_tokens", value=n_prompt,
+            )
+        asked = job.max_tokens
+        if asked is not None and asked > limit:
+            raise ApiError(400, f"max_tokens={asked} cannot be greater than max_model_len={limit}. "
+                           "Please request fewer output tokens.", param="max_tokens", value=asked)
+        room = limit - n_prompt
+        if room <= 0:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {n_prompt} input tokens, which leaves no room for output tokens. "
+                "Please reduce the length of the input prompt.",
+                param="input_tokens", value=n_prompt,
+            )
+        if asked is None:
+            asked = 16 if job.kind == "completion" else self.cfg.default_max_tokens
+        return min(asked, room)
 
     def check_fits(self, job: Job, max_tokens: int) -> int:
         total = len(job.prompt_ids) + job.n * max_tokens

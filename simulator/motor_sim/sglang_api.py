@@ -82,6 +82,9 @@ class SGLangFlavour:
     def top_extras(self, run: Run) -> dict[str, Any]:
         return {}
 
+    def shape(self, svc: SimService, run: Run, body: dict[str, Any], where: str) -> dict[str, Any]:
+        return body
+
     def model_card(self, svc: SimService, name: str) -> Mapping[str, Any]:
         return {"id": name, "object": "model", "created": int(svc.started), "owned_by": "sglang",
                 "root": svc.cfg.model, "max_model_len": svc.cfg.max_model_len}

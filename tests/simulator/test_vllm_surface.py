@@ -115,23 +115,55 @@ async def test_errors_use_vllm_error_response_shape(vllm: SimProc) -> None:
         async with s.post(vllm.v1 + "/completions", json={"model": "nope", "prompt": "x"}) as r:
             assert r.status == 404
             assert await r.json() == {"error": {
-                "message": "The model `nope` does not exist.", "type": "NotFoundError",
-                "param": "model", "code": 404}}
+                "message": "The model `nope` does not exist. Valid aliases: sim-model, alias.",
+                "type": "NotFoundError", "param": "model", "code": 404}}
         async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 10_000}) as r:
             body = await r.json()
-            assert r.status == 400 and body["error"]["type"] == "BadRequestError"
-            assert "maximum context length is 512" in body["error"]["message"]
+            assert r.status == 400 and body["error"] == {
+                "message": "max_tokens=10000 cannot be greater than max_model_len=512. Please request "
+                           "fewer output tokens. (parameter=max_tokens, value=10000)",
+                "type": "BadRequestError", "param": "max_tokens", "code": 400}
+        # vLLM 0.32 clamps max_tokens to the room left in the context instead of refusing
+        async with s.post(vllm.v1 + "/completions",
+                          json={"prompt": "a b c d", "max_tokens": 511}) as r:
+            body = await r.json()
+            assert r.status == 200 and body["usage"]["completion_tokens"] == 508
+        async with s.post(vllm.v1 + "/completions", json={"prompt": "x " * 600, "max_tokens": 1}) as r:
+            body = await r.json()
+            assert r.status == 400 and body["error"]["param"] == "input_tokens"
+        async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": "a"}) as r:
+            body = await r.json()
+            assert r.status == 400 and body["error"]["type"] == "Bad Request"
+            assert body["error"]["param"] == "body.max_tokens"
+            assert body["error"]["message"].startswith("1 validation error:")
+        async with s.get(vllm.url + "/nope") as r:
+            assert r.status == 404 and await r.json() == {"detail": "Not Found"}
     with pytest.raises(openai.BadRequestError):
         await client(vllm).completions.create(model="sim-model", prompt="x", max_tokens=0)
 
 
-async def test_request_id_header_is_echoed_or_generated(vllm: SimProc) -> None:
+async def test_request_id_header_names_the_response_but_is_not_echoed_by_default(
+    vllm: SimProc,
+) -> None:
     async with aiohttp.ClientSession() as s:
         async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 1},
                           headers={"X-Request-Id": "abc-123"}) as r:
-            assert r.headers["X-Request-Id"] == "abc-123"
+            assert "X-Request-Id" not in r.headers
             assert (await r.json())["id"] == "cmpl-abc-123"
         async with s.post(vllm.v1 + "/completions", json={"prompt": "x", "max_tokens": 1}) as r:
+            assert len((await r.json())["id"]) == len("cmpl-") + 16
+
+
+async def test_request_id_headers_flag_echoes_on_every_response(sims: SimFactory) -> None:
+    sim = sims.vllm("--served-model-name", "m", "--enable-request-id-headers")
+    async with aiohttp.ClientSession() as s:
+        async with s.post(sim.v1 + "/completions", json={"prompt": "x", "max_tokens": 1},
+                          headers={"X-Request-Id": "abc-123"}) as r:
+            assert r.headers["X-Request-Id"] == "abc-123"
+        async with s.post(sim.v1 + "/completions", json={"model": "nope", "prompt": "x"},
+                          headers={"X-Request-Id": "err-1"}) as r:
+            assert r.status == 404 and r.headers["X-Request-Id"] == "err-1"
+        async with s.get(sim.url + "/health") as r:
             assert len(r.headers["X-Request-Id"]) == 32
 
 
