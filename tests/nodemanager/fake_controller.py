@@ -20,6 +20,8 @@ class FakeController(cgrpc.ControllerServiceServicer):
         self.faults: list[cpb.ReportFaultRequest] = []
         self.fail_registrations = 0
         self.reregister_once = False
+        self.fail_faults = 0  # refuse this many ReportFault calls (UNAVAILABLE)
+        self.relaunch_expected = False
 
     async def RegisterNode(self, request: cpb.RegisterNodeRequest, context: Any) -> cpb.RegisterNodeResponse:
         if self.fail_registrations > 0:
@@ -40,8 +42,11 @@ class FakeController(cgrpc.ControllerServiceServicer):
             yield cpb.HeartbeatResponse(acked_sequence=frame.sequence, command=cmd)
 
     async def ReportFault(self, request: cpb.ReportFaultRequest, context: Any) -> cpb.ReportFaultResponse:
+        if self.fail_faults > 0:
+            self.fail_faults -= 1
+            raise Unavailable("fake controller refuses fault reports")
         self.faults.append(request)
-        return cpb.ReportFaultResponse(accepted=True, relaunch_expected=False)
+        return cpb.ReportFaultResponse(accepted=True, relaunch_expected=self.relaunch_expected)
 
     def last_frame(self) -> cpb.HeartbeatRequest | None:
         return self.frames[-1] if self.frames else None

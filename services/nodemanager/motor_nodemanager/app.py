@@ -31,6 +31,7 @@ from motor_common.tasks import TaskOwner
 from motor_nodemanager import config as nmconfig
 from motor_nodemanager.config import NodeManagerConfig
 from motor_nodemanager.controller_client import ControllerPeer, GrpcController
+from motor_nodemanager.deaths import DeathReporter
 from motor_nodemanager.heartbeat import HeartbeatSender
 from motor_nodemanager.node import Node
 from motor_nodemanager.ports import free_port, plan_endpoints
@@ -317,6 +318,12 @@ class NodeManagerApp(Application):
                 self._management_key(),
                 tls_ca_file=cfg.controller_tls_ca_file,
             )
+            peer = self.peer
+            self._node.deaths = DeathReporter(
+                lambda r: peer.report_fault(r, self.config.fault_tolerance_config.report_timeout_sec),
+                self._node.on_fault_accepted,
+                lambda: self.config.fault_tolerance_config.report_retry_interval_sec,
+            )
             self.modules += [RegistrationModule(self), HeartbeatModule(self, self.peer)]
         else:
             log.info("KV-store-only node (separated mode): no registration, no heartbeat")
@@ -395,6 +402,8 @@ class NodeManagerApp(Application):
         finally:
             if self._tasks is not None:
                 await self._tasks.close()
+            if self._node is not None and self._node.deaths is not None:
+                await self._node.deaths.close()
             if self.peer is not None:
                 await self.peer.close()
 

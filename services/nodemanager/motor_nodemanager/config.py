@@ -84,6 +84,20 @@ class FaultToleranceConfig:
     engine_restart_freeze_sec: float = 720.0
     zmq_pub_port: int | None = None
     enable_dp_scale_down: bool = False
+    # Retry spacing of a death/fault report the controller did not accept.
+    report_retry_interval_sec: float = 1.0
+    # Timeout of one ReportFault call.
+    report_timeout_sec: float = 2.0
+    # Wait before re-subscribing a fault-reporter ZMQ socket after an error (seed: 5 s).
+    zmq_retry_interval_sec: float = 5.0
+    # Engine-publisher silence after which the fault reporter re-subscribes (0 = never).
+    zmq_silence_timeout_sec: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.report_retry_interval_sec <= 0 or self.report_timeout_sec <= 0 or self.zmq_retry_interval_sec <= 0:
+            raise ValueError("fault_tolerance_config retry intervals and timeouts must be > 0")
+        if self.engine_restart_freeze_sec <= 0:
+            raise ValueError("fault_tolerance_config.engine_restart_freeze_sec must be > 0")
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,38 @@ class Ack:
     message: str = ""
 
 
+class FaultLevel(enum.Enum):
+    ENGINE_UNHEALTHY = cpb.FAULT_LEVEL_ENGINE_UNHEALTHY
+    ENGINE_DEAD = cpb.FAULT_LEVEL_ENGINE_DEAD
+
+
+class FaultSource(enum.Enum):
+    PROCESS_EXIT = cpb.FAULT_SOURCE_PROCESS_EXIT
+    HEALTH_PROBE = cpb.FAULT_SOURCE_HEALTH_PROBE
+    ENGINE_PUBLISHER = cpb.FAULT_SOURCE_ENGINE_PUBLISHER
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    node_id: str
+    instance_id: int
+    endpoint_id: int
+    level: FaultLevel
+    source: FaultSource
+    pid: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class FaultAck:
+    accepted: bool
+    relaunch_expected: bool
+
+
 class ControllerPeer(Protocol):
     async def register(self, spec: NodeSpec, timeout: float) -> Registration: ...
+
+    async def report_fault(self, report: FaultReport, timeout: float) -> FaultAck: ...
 
     def heartbeat(self, frames: AsyncIterator[HeartbeatFrame]) -> AsyncIterator[Ack]: ...
 
@@ -169,6 +199,22 @@ class GrpcController:
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"controller {self.address}") from exc
         return Registration(resp.node_id or spec.node_id, resp.heartbeat_interval_seconds, resp.controller_epoch)
+
+    async def report_fault(self, report: FaultReport, timeout: float) -> FaultAck:
+        req = cpb.ReportFaultRequest(
+            node_id=report.node_id,
+            instance_id=report.instance_id,
+            endpoint_id=report.endpoint_id,
+            level=report.level.value,
+            source=report.source.value,
+            pid=report.pid,
+            detail=report.detail,
+        )
+        try:
+            resp = await self._stub.ReportFault(req, metadata=call_metadata(self._key), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"controller {self.address}") from exc
+        return FaultAck(bool(resp.accepted), bool(resp.relaunch_expected))
 
     async def heartbeat(self, frames: AsyncIterator[HeartbeatFrame]) -> AsyncIterator[Ack]:
         async def requests() -> AsyncIterator[cpb.HeartbeatRequest]:

@@ -14,19 +14,26 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from motor_common.domain import Endpoint, EndpointStatus
 from motor_common.errors import Aborted, FailedPrecondition, Internal, MotorError
+from motor_common.tasks import TaskOwner
 from motor_nodemanager import endpoint_state as es
 from motor_nodemanager.arbiter import Arbiter, Verdict
 from motor_nodemanager.config import NodeManagerConfig
 from motor_nodemanager.controller_client import (
     Capabilities,
     EndpointHealth,
+    FaultAck,
+    FaultLevel,
+    FaultReport,
+    FaultSource,
     HeartbeatFrame,
     NodeSpec,
     NodeState,
 )
+from motor_nodemanager.deaths import DeathReporter
 from motor_nodemanager.engines import EngineSupervisor
 from motor_nodemanager.health import HealthPoller, PollSettings
 from motor_nodemanager.launch import LaunchSettings, plan_launch, settings_from
@@ -45,6 +52,14 @@ class NodeStatus:
     freeze_deadline: float | None  # wall-clock seconds
     relaunch_count: int
     registered: bool
+
+
+class PausableReporter(Protocol):
+    """The engine-publisher fault reporter, as the relaunch sees it."""
+
+    def pause(self) -> None: ...
+
+    def resume(self, *, reset: bool) -> None: ...
 
 
 def _simulator_bin() -> str:
@@ -79,6 +94,11 @@ class Node:
         self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe)
         self._start_lock = asyncio.Lock()
         self.on_change: Callable[[], None] = lambda: None
+        # Death reports (set by the application once it has a controller peer).
+        self.deaths: DeathReporter | None = None
+        self.fault_reporter: PausableReporter | None = None
+        self._held: set[int] = set()  # endpoints whose death report is in flight (published after it)
+        self._bg = TaskOwner("node")
 
     @property
     def cfg(self) -> NodeManagerConfig:
@@ -118,11 +138,24 @@ class Node:
 
     def _apply(self, endpoint_id: int, obs: es.Observation, generation: int, detail: str) -> None:
         old = self.states.get(endpoint_id)
-        if old is None:
+        if old is None or endpoint_id in self._held:
             return
         new = es.observe(
             old, obs, generation=generation, now=self._clock(), grace_sec=self.cfg.health.startup_grace_sec, detail=detail
         )
+        report = self._death_of(old, new, obs, detail)
+        if report is not None and self.deaths is not None and not self.deaths.ledger.is_duplicate(report):
+            if new.status is not old.status:
+                # Report first, publish after: the controller starts the recovery (RECOVERING →
+                # coordinators PAUSE the instance) before heartbeats show the endpoint ABNORMAL.
+                self._held.add(endpoint_id)
+                self._bg.spawn(self._report_then_commit(report, old, obs, generation, detail),
+                               name=f"death-{endpoint_id}")  # fmt: skip
+                return
+            self._bg.spawn(self.deaths.report(report), name=f"death-{endpoint_id}")
+        self._commit(endpoint_id, old, new, detail)
+
+    def _commit(self, endpoint_id: int, old: es.EndpointState, new: es.EndpointState, detail: str) -> None:
         if new.status is not old.status:
             log.info(
                 "endpoint %d %s -> %s",
@@ -132,8 +165,57 @@ class Node:
                 extra={"endpoint_id": endpoint_id, "detail": detail},
             )
         self.states[endpoint_id] = new
+        if new.status is EndpointStatus.NORMAL and self.deaths is not None:
+            self.deaths.withdraw(endpoint_id)
         if new.status is not old.status:
             self.on_change()
+
+    async def _report_then_commit(
+        self, report: FaultReport, before: es.EndpointState, obs: es.Observation, generation: int, detail: str
+    ) -> None:
+        assert self.deaths is not None
+        try:
+            await self.deaths.report(report)  # one attempt (bounded by the RPC timeout); retries go on behind
+        except asyncio.CancelledError:
+            self._held.discard(report.endpoint_id)
+            raise
+        self._held.discard(report.endpoint_id)
+        cur = self.states.get(report.endpoint_id)
+        if cur is not None and cur.launched_at == before.launched_at and cur.pid == before.pid:
+            self._apply(report.endpoint_id, obs, generation, detail)
+
+    def _death_of(
+        self, old: es.EndpointState, new: es.EndpointState, obs: es.Observation, detail: str
+    ) -> FaultReport | None:
+        """The death report an observation calls for, if any (dedup is the ledger's job)."""
+        if self.command is None or not self.node_id or self.relaunching or self.stopping:
+            return None
+        if obs is es.Observation.EXITED and old.pid:
+            source = FaultSource.PROCESS_EXIT
+        elif new.status is EndpointStatus.ABNORMAL and old.status is not EndpointStatus.ABNORMAL and new.was_normal:
+            source = FaultSource.HEALTH_PROBE
+        else:
+            return None
+        return FaultReport(
+            node_id=self.node_id,
+            instance_id=self.command.instance_id,
+            endpoint_id=old.endpoint_id,
+            level=FaultLevel.ENGINE_DEAD,
+            source=source,
+            pid=old.pid,
+            detail=detail,
+        )
+
+    def on_fault_accepted(self, report: FaultReport, ack: FaultAck) -> None:
+        """A death report succeeded: freeze self-termination if the controller will relaunch in place."""
+        ft = self.cfg.fault_tolerance_config
+        if report.level is not FaultLevel.ENGINE_DEAD or not ack.relaunch_expected or not ft.enable_engine_relaunch:
+            return
+        if self.command is None or report.instance_id != self.command.instance_id:
+            return
+        self.arbiter.freeze(self._clock() + ft.engine_restart_freeze_sec)
+        log.warning("engine relaunch expected: self-termination frozen for %ss", ft.engine_restart_freeze_sec)
+        self.on_change()
 
     def _on_probe(self, endpoint_id: int, obs: es.Observation, generation: int, detail: str) -> None:
         self._apply(endpoint_id, obs, generation, detail)
@@ -200,10 +282,15 @@ class Node:
             for p, pid in zip(plans, pids, strict=True)
         }
         self.arbiter.reset()
+        self._held.clear()
+        if self.deaths is not None:
+            self.deaths.reset()
         await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
         return pids
 
     async def stop_engines(self) -> None:
+        await self._bg.close()
+        self._bg = TaskOwner("node")
         await self.poller.stop()
         await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
         for eid, st in self.states.items():
@@ -244,6 +331,8 @@ class Node:
         self.on_change()
         ft = self.cfg.fault_tolerance_config
         self.arbiter.freeze(self._clock() + ft.engine_restart_freeze_sec)
+        if self.fault_reporter is not None:
+            self.fault_reporter.pause()  # the publisher is down while the engine is: no false deaths
         try:
             async with self._start_lock:
                 await self.poller.stop()
@@ -254,9 +343,18 @@ class Node:
                 pids = await self._launch(cmd)
         except MotorError as exc:
             self.arbiter.unfreeze()
+            # Nothing runs any more: every endpoint is ABNORMAL so the arbiter can restart the node.
+            for eid, st in self.states.items():
+                self.states[eid] = es.observe(
+                    st, es.Observation.EXITED, generation=st.generation, now=self._clock(), grace_sec=0.0,
+                    detail=f"relaunch failed: {exc.message}",
+                )  # fmt: skip
+            log.error("engine relaunch failed: self-termination unfrozen: %s", exc.message)
             raise Internal(f"Failed to relaunch engine: {exc.message}", reason="RELAUNCH_FAILED") from exc
         finally:
             self.relaunching = False
+            if self.fault_reporter is not None:
+                self.fault_reporter.resume(reset=True)
             self.on_change()
         log.info("engines relaunched", extra={"relaunch_count": self.relaunch_count, "pids": pids})
         return pids
