@@ -54,6 +54,26 @@ class StoreConfig:
 
 
 @dataclass(frozen=True)
+class NodeRestartConfig:
+    """How a node is restarted for node-level recovery (partial node loss, escalation).
+
+    local: call the nodemanager's StopNode (it exits 75 and its supervisor — `motor up`, systemd —
+    starts it again); kubernetes: delete the pod named after the node id in ``namespace`` so its
+    controller recreates it."""
+
+    backend: Literal["local", "kubernetes"] = "local"
+    namespace: str = "default"
+    # How long a node restart waits for the restarted nodes to be gone before it reports FAILED.
+    wait_timeout_sec: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.wait_timeout_sec <= 0:
+            raise ValueError("node_restart.wait_timeout_sec must be > 0")
+        if self.backend == "kubernetes" and not self.namespace:
+            raise ValueError("node_restart.namespace is required for the kubernetes backend")
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     level: str = "INFO"
     format: Literal["json", "text"] = "json"
@@ -82,6 +102,7 @@ class ControllerConfig:
     dp_master_port: int = 29550
     store: StoreConfig = field(default_factory=StoreConfig)
     fault_tolerance_config: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    node_restart: NodeRestartConfig = field(default_factory=NodeRestartConfig)
 
     def __post_init__(self) -> None:
         for name in (

@@ -14,8 +14,9 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
+from typing import Any
 
 import orjson
 
@@ -27,20 +28,34 @@ from motor_controller.alarms import Alarm, AlarmAction, AlarmKind, AlarmStore
 from motor_controller.assembly import StartCommand
 from motor_controller.codec import KEYS
 from motor_controller.config import ControllerConfig
-from motor_controller.instance_fsm import Signal, transition
+from motor_controller.fault_manager import FaultManager
+from motor_controller.fault_policy import (
+    ENGINE_RELAUNCH,
+    NODE_RESTART,
+    Outcome,
+    Progress,
+    Strategy,
+    StrategyResult,
+)
+from motor_controller.instance_fsm import Signal, observe, transition
 from motor_controller.model import (
     FaultReport,
+    InstanceState,
     ManagedInstance,
     NodeObservation,
     NodeRecord,
     NodeSpec,
+    NodeState,
 )
+from motor_controller.node_restarter import NodeRestarter, StopNodeRestarter
 from motor_controller.peers import CoordinatorClient, NodeManagers
 from motor_controller.push_plan import desired_view, fingerprint
 from motor_controller.pusher import CoordinatorPusher
 from motor_controller.reconcile import World, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
 from motor_controller.store import Store
+from motor_controller.strategies.engine_relaunch import EngineRelaunch, Target
+from motor_controller.strategies.node_restart import NodeRestart
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +72,12 @@ class Controller:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        restarter: NodeRestarter | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.node_managers = node_managers
+        self.restarter: NodeRestarter = restarter if restarter is not None else StopNodeRestarter(node_managers)
         self._clock = clock
         self._wall = wall
         self.started_at = clock()
@@ -89,6 +106,13 @@ class Controller:
             )
             for c in coordinators
         ]
+        self.fault_manager = FaultManager(
+            lambda: self.config.fault_tolerance_config,
+            self,
+            self._build_strategy,
+            healthy_wait_sec=2 * config.heartbeat_timeout_sec,
+            clock=clock,
+        )
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -124,6 +148,7 @@ class Controller:
             self._tasks.spawn(pusher.run(), name=f"pusher:{pusher.client.address}")
 
     async def close(self) -> None:
+        await self.fault_manager.close()
         await self._tasks.close()
         for pusher in self.pushers:
             await pusher.client.close()
@@ -187,23 +212,106 @@ class Controller:
 
     # ---- faults and alarms ------------------------------------------------------------------
 
-    def report_fault(self, report: FaultReport) -> tuple[bool, bool]:
+    async def report_fault(self, report: FaultReport) -> tuple[bool, bool]:
+        """Record a fault and let the fault manager decide; answered after RECOVERING is persisted."""
         self.faults.append(report)
-        ft = self.config.fault_tolerance_config
-        mi = self.instances.get(report.instance_id)
-        relaunch = (
-            ft.enable_fault_tolerance
-            and ft.enable_engine_relaunch
-            and report.level == "engine_dead"
-            and mi is not None
-            and mi.live
-        )
+        relaunch = await self.fault_manager.on_fault(report)
         log.warning(
             "engine fault reported",
             extra={"node_id": report.node_id, "instance_id": report.instance_id, "endpoint_id": report.endpoint_id,
                    "level": report.level, "source": report.source, "relaunch_expected": relaunch},
         )
         return True, relaunch
+
+    # ---- fault manager host -------------------------------------------------------------------
+
+    def instance(self, instance_id: int) -> ManagedInstance | None:
+        return self.instances.get(instance_id)
+
+    def instance_healthy(self, instance_id: int) -> bool:
+        mi = self.instances.get(instance_id)
+        if mi is None:
+            return False
+        sig, _ = observe(mi, self.nodes, self.observations, self._clock(), self.config.heartbeat_timeout_sec,
+                         self.started_at)  # fmt: skip
+        return sig in (Signal.HEALTHY, Signal.PAUSED)
+
+    def node_gone(self, node_id: str) -> bool:
+        """Stopping, no longer heartbeating, or forgotten (a restarted node)."""
+        ob = self.observations.get(node_id)
+        if node_id not in self.nodes:
+            return True
+        if ob is not None and ob.state is NodeState.STOPPING:
+            return True
+        return not self.is_alive(node_id)
+
+    def _build_strategy(
+        self,
+        name: str,
+        mi: ManagedInstance,
+        progress: Progress,
+        nodes: Sequence[str],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> Strategy | None:
+        ft = self.config.fault_tolerance_config
+        specs = [self.nodes[n].spec for n in nodes if n in self.nodes]
+
+        def deleted(iid: int) -> bool:
+            cur = self.instances.get(iid)
+            return cur is None or not cur.live
+
+        if name == ENGINE_RELAUNCH:
+            targets = [Target(s.node_id, s.admin_address) for s in specs]
+            if len(targets) != len(mi.node_ids):
+                return None  # some node is not even registered: nothing to relaunch with
+            return EngineRelaunch(self.node_managers, ft, targets, progress, deleted=deleted, spawn=spawn,
+                                  clock=self._clock)  # fmt: skip
+        if name == NODE_RESTART:
+            if not specs:
+                return None
+            return NodeRestart(
+                self.restarter, specs, progress, reason=f"node restart for instance {mi.id}",
+                gone=self.node_gone, wait_timeout=self.config.node_restart.wait_timeout_sec, clock=self._clock,
+            )  # fmt: skip
+        log.warning("fault strategy %s is not available", name, extra={"instance_id": mi.id})
+        return None
+
+    async def begin_recovery(self, instance_id: int, strategy: str) -> bool:
+        async with self._lock:
+            mi = self.instances.get(instance_id)
+            if mi is None:
+                return False
+            nxt = transition(mi.state, Signal.RECOVERY_BEGIN)
+            if nxt is None:
+                return False
+            mi = replace(mi, state=nxt, reason=f"recovering: {strategy}", state_changed_at=self._wall())
+            await self.store.put(f"{KEYS.INSTANCE}{mi.id}", codec.encode_instance(mi))
+            self.instances[mi.id] = mi
+        log.info("instance state", extra={"instance_id": instance_id, "to": mi.state.value, "reason": mi.reason})
+        self._after_change()
+        return True
+
+    async def end_recovery(self, instance_id: int, result: StrategyResult) -> None:
+        async with self._lock:
+            mi = self.instances.get(instance_id)
+            if mi is None or mi.state is not InstanceState.RECOVERING:
+                return
+            sig = Signal.RECOVERY_DONE if result.outcome is Outcome.DONE else Signal.RECOVERY_FAILED
+            nxt = transition(mi.state, sig)
+            assert nxt is not None
+            mi = replace(mi, state=nxt, reason=f"recovery {result.outcome.value}: {result.detail}",
+                         state_changed_at=self._wall())  # fmt: skip
+            observed, why = observe(mi, self.nodes, self.observations, self._clock(),
+                                    self.config.heartbeat_timeout_sec, self.started_at)  # fmt: skip
+            again = transition(mi.state, observed)
+            if again is not None:  # straight back to ACTIVE: coordinators see RESUME, not DEL + ADD
+                mi = replace(mi, state=again, reason=why, state_changed_at=self._wall())
+            self.signals[mi.id] = observed
+            await self.store.put(f"{KEYS.INSTANCE}{mi.id}", codec.encode_instance(mi))
+            self.instances[mi.id] = mi
+        log.info("instance state", extra={"instance_id": instance_id, "to": mi.state.value, "reason": mi.reason})
+        self._after_change()
+        self.poke()
 
     async def report_alarm(self, alarm: Alarm) -> bool:
         changed = self.alarms.report(alarm)
@@ -319,6 +427,10 @@ class Controller:
                 self.instances.update(p.upserts)
                 self.incarnations.update(p.incarnations)
             self.signals = p.signals
+            if self.config.fault_tolerance_config.enable_fault_tolerance:
+                for iid, survivors in p.partial_losses.items():
+                    if iid not in self.fault_manager.running:
+                        self._tasks.spawn(self.fault_manager.on_partial_loss(iid, survivors), name=f"partial-loss-{iid}")
             now = self._clock()
             for cmd in p.starts:
                 self.start_gates[cmd.node_id] = (cmd.instance_id, now + self.config.start_retry_interval_sec)

@@ -28,6 +28,7 @@ from motor_controller.model import (
     NodeRecord,
     NodeSpec,
     NodeState,
+    NodeStatus,
 )
 
 NODE_STATE_FROM_PB = {
@@ -113,6 +114,27 @@ def node_spec_to_pb(spec: NodeSpec) -> pb.NodeSpec:
             dp_scale_down=spec.capabilities.dp_scale_down,
         ),
         local_world_size=spec.local_world_size,
+    )
+
+
+def node_status_from_pb(msg: npb.GetStatusResponse) -> NodeStatus:
+    return NodeStatus(
+        node_id=msg.node_id,
+        state=NODE_STATE_FROM_PB.get(msg.state),
+        instance_id=msg.instance_id,
+        endpoints=tuple(
+            EndpointHealth(
+                endpoint_id=e.endpoint_id,
+                status=EP_STATUS_FROM_PB.get(e.status, EndpointStatus.INITIAL),
+                generation=e.generation,
+                pid=e.pid,
+                was_normal=e.was_normal,
+                detail=e.detail,
+            )
+            for e in msg.endpoints
+        ),
+        frozen=msg.frozen,
+        relaunch_count=msg.relaunch_count,
     )
 
 

@@ -37,6 +37,23 @@ class Strategy(Protocol):
     async def stop(self) -> None: ...
 
 
+class FtState(enum.Enum):
+    IDLE = "idle"
+    RUNNING = "running"
+    FAILED = "failed"
+
+
+@dataclass
+class Progress:
+    """What a strategy reports while it runs (read by GetFaultToleranceStatus); one per instance."""
+
+    strategy: str = ""
+    phase: str = ""
+    state: FtState = FtState.IDLE
+    relaunch_attempts: int = 0
+    last_error: str = ""
+
+
 ENGINE_RELAUNCH = "engine_relaunch"
 NODE_RESTART = "node_restart"
 DP_SCALE_DOWN = "dp_scale_down"

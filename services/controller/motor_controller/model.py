@@ -131,3 +131,15 @@ class FaultReport:
     pid: int
     detail: str
     received_at: float
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A nodemanager's answer to GetStatus (polled by fault strategies)."""
+
+    node_id: str
+    state: NodeState | None
+    instance_id: int
+    endpoints: tuple[EndpointHealth, ...]
+    frozen: bool = False
+    relaunch_count: int = 0

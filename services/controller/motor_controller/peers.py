@@ -19,13 +19,19 @@ from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
 from motor_controller.assembly import StartCommand
-from motor_controller.convert import start_request
+from motor_controller.convert import node_status_from_pb, start_request
+from motor_controller.model import NodeStatus
 from motor_controller.push_plan import Op, OpKind
 
 
 class NodeManagers(Protocol):
     async def start_engines(self, cmd: StartCommand) -> None: ...
     async def stop_node(self, address: str, reason: str) -> None: ...
+    async def get_status(self, address: str) -> NodeStatus: ...
+    async def restart_engine(self, address: str, instance_id: int, *, abort: bool, timeout: float) -> int:
+        """RestartEngine(RESTART|ABORT); returns the node's relaunch count."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -67,6 +73,27 @@ class GrpcNodeManagers:
             )
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
+
+    async def get_status(self, address: str) -> NodeStatus:
+        try:
+            resp = await self._stub(address).GetStatus(
+                npb.GetStatusRequest(), metadata=call_metadata(self._key), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+        return node_status_from_pb(resp)
+
+    async def restart_engine(self, address: str, instance_id: int, *, abort: bool, timeout: float) -> int:
+        action = npb.RESTART_ACTION_ABORT if abort else npb.RESTART_ACTION_RESTART
+        try:
+            resp = await self._stub(address).RestartEngine(
+                npb.RestartEngineRequest(action=action, instance_id=instance_id),
+                metadata=call_metadata(self._key),
+                timeout=timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+        return int(resp.relaunch_count)
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}

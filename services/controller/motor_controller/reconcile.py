@@ -51,12 +51,31 @@ class Plan:
     incarnations: dict[str, int] = field(default_factory=dict)
     starts: list[StartCommand] = field(default_factory=list)
     signals: dict[int, Signal] = field(default_factory=dict)
+    # instance id -> surviving node ids of an instance that lost some (not all) of its nodes
+    partial_losses: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
 
 def node_alive(rec: NodeRecord, ob: NodeObservation | None, now: float, timeout: float) -> bool:
     if ob is not None and now - ob.seen_at < timeout:
         return True
     return ob is None and rec.registered_mono is not None and now - rec.registered_mono < timeout
+
+
+def partial_loss(mi: ManagedInstance, world: World) -> tuple[str, ...]:
+    """Surviving nodes of a multi-node instance that lost some but not all of its nodes (else ())."""
+    if len(mi.node_ids) < 2 or mi.state not in (InstanceState.STARTING, InstanceState.ACTIVE, InstanceState.INACTIVE):
+        return ()
+    if world.now - world.started_at < world.heartbeat_timeout:
+        return ()  # nodes loaded from the store have not had a chance to heartbeat yet
+    lost, survivors = [], []
+    for node_id in mi.node_ids:
+        rec = world.nodes.get(node_id)
+        ob = world.observations.get(node_id)
+        if rec is None or not node_alive(rec, ob, world.now, world.heartbeat_timeout):
+            lost.append(node_id)
+        elif ob is None or ob.state is not NodeState.STOPPING:
+            survivors.append(node_id)
+    return tuple(survivors) if lost and survivors else ()
 
 
 def _set_state(mi: ManagedInstance, state: InstanceState, reason: str, wall: float) -> ManagedInstance:
@@ -137,6 +156,9 @@ def plan(world: World) -> Plan:
         if nxt is not None:
             mi = _set_state(mi, nxt, why, world.wall)
             put(mi)
+        survivors = partial_loss(mi, world)
+        if survivors:
+            out.partial_losses[mi.id] = survivors
         if mi.state in (InstanceState.RECOVERING, InstanceState.DELETED, InstanceState.ACTIVE):
             continue
         assert mi.instance is not None

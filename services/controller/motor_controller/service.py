@@ -17,6 +17,7 @@ from motor_controller.convert import (
     node_to_pb,
     observation_from_pb,
 )
+from motor_controller.fault_policy import FtState
 from motor_controller.model import FaultReport
 
 CONTROLLER_SERVICE = "motor.controller.v1.ControllerService"
@@ -26,6 +27,11 @@ T = TypeVar("T")
 MAX_PAGE = 1000
 
 _LEVELS = {pb.FAULT_LEVEL_ENGINE_UNHEALTHY: "engine_unhealthy", pb.FAULT_LEVEL_ENGINE_DEAD: "engine_dead"}
+_FT_STATE = {
+    FtState.IDLE: pb.FAULT_TOLERANCE_STATE_IDLE,
+    FtState.RUNNING: pb.FAULT_TOLERANCE_STATE_RELAUNCHING,
+    FtState.FAILED: pb.FAULT_TOLERANCE_STATE_FAILED,
+}
 _SOURCES = {
     pb.FAULT_SOURCE_PROCESS_EXIT: "process_exit",
     pb.FAULT_SOURCE_HEALTH_PROBE: "health_probe",
@@ -88,7 +94,7 @@ class ControllerServicer(pbgrpc.ControllerServiceServicer):
             detail=request.detail,
             received_at=self.ctl._wall(),
         )
-        accepted, relaunch = self.ctl.report_fault(report)
+        accepted, relaunch = await self.ctl.report_fault(report)
         return pb.ReportFaultResponse(accepted=accepted, relaunch_expected=relaunch)
 
     async def ReportAlarm(self, request: pb.ReportAlarmRequest, context: Any) -> pb.ReportAlarmResponse:
@@ -138,7 +144,16 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
             self.ctl.get_instance(request.instance_id)
         if not self.ctl.config.fault_tolerance_config.enable_fault_tolerance:
             return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_DISABLED)
-        return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_IDLE)
+        progress = self.ctl.fault_manager.progress.get(request.instance_id)
+        if progress is None:
+            return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_IDLE)
+        return pb.GetFaultToleranceStatusResponse(
+            state=_FT_STATE[progress.state],
+            strategy=progress.strategy,
+            phase=progress.phase,
+            relaunch_attempts=progress.relaunch_attempts,
+            last_error=progress.last_error,
+        )
 
     async def ListAlarms(self, request: pb.ListAlarmsRequest, context: Any) -> pb.ListAlarmsResponse:
         return pb.ListAlarmsResponse(alarms=[alarm_to_pb(a) for a in self.ctl.alarms.entries(request.active_only)])

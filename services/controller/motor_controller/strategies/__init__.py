@@ -1,0 +1,1 @@
+"""Fault-tolerance strategies, one per module, each behind ``fault_policy.Strategy``."""
