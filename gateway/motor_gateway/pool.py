@@ -1,9 +1,10 @@
 """Coordinators the gateway talks to: one long-lived channel each; the routing rule picks one.
 
 With one address the pool is just that channel (no probing). With several (active/standby
-coordinators) a background probe asks every coordinator for its readiness *concurrently* every
-``probe_interval`` seconds (each with ``probe_timeout``, so a frozen coordinator reads as
-unreachable quickly) and ``motor_gateway.routing.choose`` turns the views into the route. A failed
+coordinators) one probe loop per coordinator asks it for its readiness every ``probe_interval``
+seconds (each call bounded by ``probe_timeout``, so a frozen coordinator reads as unreachable
+quickly, and never delays the others' results); every result re-runs
+``motor_gateway.routing.choose`` over the latest views. A failed
 dispatch triggers an immediate probe (:meth:`CoordinatorPool.kick`) but never changes the route
 by itself, so one bad request cannot make the pool flap.
 """
@@ -93,9 +94,9 @@ class CoordinatorPool:
         self.dispatch_attempts = max(1, dispatch_attempts)
         single = self._order[0] if len(self._order) == 1 else None
         self._route = Route(single, ready=True) if single else Route(None, reason="not probed yet")
-        self._views: list[CoordinatorView] = []
+        self._views: dict[str, CoordinatorView] = {}
         self._changed = asyncio.Event()
-        self._kick = asyncio.Event()
+        self._kicks = {a: asyncio.Event() for a in self._order}
         self._probing = False
         self._tasks = TaskOwner("coordinator-pool")
 
@@ -127,7 +128,8 @@ class CoordinatorPool:
 
     def kick(self) -> None:
         """Probe now (a dispatch failed): the route is re-decided without waiting a full interval."""
-        self._kick.set()
+        for event in self._kicks.values():
+            event.set()
 
     async def wait_route(self, deadline: float, *, avoid: str | None = None) -> Route:
         """The route once it names a coordinator (other than *avoid*, if given), or the last
@@ -147,8 +149,10 @@ class CoordinatorPool:
                 return self._route
 
     def _set(self, views: list[CoordinatorView]) -> None:
-        self._views = views
-        new = choose(views, self._route.address)
+        self._views.update((v.address, v) for v in views)
+        if len(self._views) < len(self._order):
+            return  # not every coordinator probed yet: no decision on partial knowledge
+        new = choose([self._views[a] for a in self._order], self._route.address)
         old, self._route = self._route, new
         if (new.address, new.degraded) != (old.address, old.degraded):
             log.warning("coordinator route changed", extra={
@@ -167,14 +171,16 @@ class CoordinatorPool:
     def start(self) -> None:
         if not self.single:
             self._probing = True
-            self._tasks.spawn(self._probe_loop(), name="coordinator-probe")
+            for address in self._order:
+                self._tasks.spawn(self._probe_loop(address), name=f"coordinator-probe-{address}")
 
-    async def _probe_loop(self) -> None:
+    async def _probe_loop(self, address: str) -> None:
+        member, kick = self._members[address], self._kicks[address]
         while True:
-            self._kick.clear()
-            await self.refresh()
+            kick.clear()
+            self._set([await member.view(self._probe_timeout)])
             try:
-                await asyncio.wait_for(self._kick.wait(), self._probe_interval)
+                await asyncio.wait_for(kick.wait(), self._probe_interval)
             except TimeoutError:
                 pass
 
