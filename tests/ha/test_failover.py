@@ -14,6 +14,7 @@ Run: ``.venv/bin/pytest tests/ha -m etcd -s`` (prints the measurements).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import time
@@ -168,7 +169,7 @@ def longest_gap(results: list[Result], after: float) -> float:
     """Longest time without a successful completion, from *after* on."""
     ends = sorted(r.end for r in results if r.ok and r.end >= after)
     points = [after, *ends]
-    return max(b - a for a, b in zip(points, points[1:], strict=False)) if len(points) > 1 else float("inf")
+    return max(b - a for a, b in itertools.pairwise(points)) if len(points) > 1 else float("inf")
 
 
 def assert_one_master_at_most(cluster: Cluster) -> None:
