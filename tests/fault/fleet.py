@@ -23,7 +23,14 @@ from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.runner import EXIT_RESCHEDULE
-from tests.procs import NodeManagerProc, Proc, start_controller, start_coordinator, start_gateway, start_nodemanager
+from tests.procs import (
+    NodeManagerProc,
+    Proc,
+    start_controller,
+    start_coordinator,
+    start_gateway,
+    start_nodemanager,
+)
 
 KEY = "fault-fleet-key"
 
@@ -210,7 +217,7 @@ class Load:
                 try:
                     r = await client.completions.create(model="sim-model", prompt=f"hello {i} {n}", max_tokens=4)
                     self.results.append((time.monotonic(), bool(r.choices)))
-                except Exception as exc:  # noqa: BLE001 - any failure is a failed request
+                except Exception as exc:
                     self.results.append((time.monotonic(), False))
                     self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
                     await asyncio.sleep(0.05)

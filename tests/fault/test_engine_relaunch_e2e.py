@@ -172,10 +172,10 @@ async def test_failed_relaunch_falls_back_to_node_restart_and_the_instance_comes
         assert mi is not None
         t_kill = time.monotonic()
         os.killpg(old_pid, signal.SIGKILL)
-        await wait_for(lambda: "Failed to relaunch engine" in node.proc.log_text(), timeout=15, what="relaunch failure")
-        # phase 2 ran; let the restarted node launch normally again
-        node.proc.config_path.write_text(yaml.safe_dump(node.config))
+        await wait_for(lambda: "engine relaunch failed" in node.proc.log_text(), timeout=15, what="relaunch failure")
+        # phase 2 ran (the supervisor restarts the node with its original config: engines start again)
         await wait_for(lambda: node.restarts >= 1, timeout=20, what="the node to restart (exit 75 + supervisor)")
+        assert "engine relaunch aborted by the controller" in node.proc.log_text()  # not dispatched → abort
         assert node.exit_codes[0] == 75 and node.proc.proc.pid != nm_pid
         ft = await f.ft_status(mi.instance.id)
         assert ft.strategy == "engine_relaunch" and ft.state == cpb.FAULT_TOLERANCE_STATE_FAILED and ft.last_error
