@@ -1,0 +1,265 @@
+"""Death signals, freeze and RestartEngine: pure/in-process parts, then the real process against a fake
+controller with real motor-sim engines."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from motor_common.errors import Aborted, FailedPrecondition, Unavailable
+from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
+from motor_common.grpc_server import GrpcServer
+from motor_common.runner import EXIT_RESCHEDULE
+from motor_nodemanager.config import FaultToleranceConfig, NodeManagerConfig
+from motor_nodemanager.controller_client import FaultAck, FaultLevel, FaultReport, FaultSource
+from motor_nodemanager.deaths import DeathLedger, DeathReporter
+from motor_nodemanager.node import Node
+from tests.helpers import wait_for
+from tests.nodemanager.conftest import Admin, code_of, nm_config
+from tests.nodemanager.fake_controller import FakeController
+from tests.nodemanager.test_nodemanager_process import all_normal, exited, registered, start_request
+from tests.procs import NodeManagerProc, start_nodemanager
+
+Ctl = tuple[GrpcServer, FakeController]
+
+
+def exit_report(pid: int, endpoint: int = 0) -> FaultReport:
+    return FaultReport("n", 1, endpoint, FaultLevel.ENGINE_DEAD, FaultSource.PROCESS_EXIT, pid)
+
+
+def probe_report(endpoint: int = 0) -> FaultReport:
+    return FaultReport("n", 1, endpoint, FaultLevel.ENGINE_DEAD, FaultSource.HEALTH_PROBE)
+
+
+# --- pure / in-process ----------------------------------------------------------------------------
+def test_ledger_deduplicates_exits_by_pid_and_probe_deaths_per_endpoint_until_recovery() -> None:
+    ledger = DeathLedger()
+    assert ledger.claim(exit_report(100)) and not ledger.claim(exit_report(100))
+    assert ledger.claim(exit_report(101))
+    assert ledger.claim(probe_report(0)) and not ledger.claim(probe_report(0))
+    assert ledger.claim(probe_report(1))
+    ledger.recovered(0)
+    assert ledger.claim(probe_report(0)) and not ledger.claim(probe_report(1))
+    assert not ledger.claim(exit_report(100))  # a pid never comes back
+
+
+async def test_a_failed_report_is_retried_until_accepted_and_only_then_counts() -> None:
+    calls: list[FaultReport] = []
+    accepted: list[FaultAck] = []
+    failures = [Unavailable("down"), Unavailable("down")]
+
+    async def send(r: FaultReport) -> FaultAck:
+        calls.append(r)
+        if failures:
+            raise failures.pop(0)
+        return FaultAck(True, True)
+
+    rep = DeathReporter(send, lambda r, a: accepted.append(a), lambda: 0.01)
+    assert not await rep.report(exit_report(7))
+    assert not await rep.report(exit_report(7))  # the same pid again: suppressed, no second report
+    await wait_for(lambda: accepted, timeout=2, what="accepted after retries")
+    assert len(calls) == 3 and rep.pending == 0
+    await rep.close()
+
+
+async def test_withdrawing_a_recovered_endpoint_stops_its_retries() -> None:
+    async def send(r: FaultReport) -> FaultAck:
+        raise Unavailable("down")
+
+    rep = DeathReporter(send, lambda r, a: None, lambda: 0.01)
+    await rep.report(probe_report(3))
+    assert rep.pending == 1
+    rep.withdraw(3)
+    assert rep.pending == 0
+    await rep.close()
+
+
+def node(**ft: object) -> tuple[Node, list[float]]:
+    now = [100.0]
+    cfg = NodeManagerConfig(role="prefill", fault_tolerance_config=FaultToleranceConfig(**ft))  # type: ignore[arg-type]
+    return Node(lambda: cfg, (), clock=lambda: now[0]), now
+
+
+def test_freeze_needs_an_accepted_death_report_with_relaunch_expected_and_the_switch_on() -> None:
+    from motor_common.domain import EngineType, Role
+    from motor_nodemanager.start_command import StartCommand
+
+    cmd = StartCommand(1, "motor", Role.PREFILL, EngineType.VLLM, "m", (), 0, 1, "", 0, 1, 1, ())
+    n, now = node(engine_restart_freeze_sec=10.0)
+    n.command = cmd
+    n.on_fault_accepted(exit_report(5), FaultAck(True, False))
+    assert not n.arbiter.is_frozen(now[0])
+    n.on_fault_accepted(exit_report(5), FaultAck(True, True))
+    assert n.arbiter.is_frozen(now[0])
+    now[0] += 10.0  # an expired freeze lifts by itself
+    assert not n.arbiter.is_frozen(now[0])
+    off, now2 = node(enable_engine_relaunch=False)
+    off.command = cmd
+    off.on_fault_accepted(exit_report(5), FaultAck(True, True))
+    assert not off.arbiter.is_frozen(now2[0])
+
+
+async def test_restart_engine_refuses_when_not_started_restoring_or_already_relaunching() -> None:
+    from motor_common.domain import EngineType, Role
+    from motor_nodemanager.start_command import StartCommand
+
+    n, _ = node()
+    with pytest.raises(FailedPrecondition):
+        await n.restart_engine(abort=False, instance_id=0)
+    n.restored = True
+    with pytest.raises(Aborted, match="snapshot"):
+        await n.restart_engine(abort=False, instance_id=0)
+    n.restored = False
+    n.command = StartCommand(1, "motor", Role.PREFILL, EngineType.VLLM, "m", (), 0, 1, "", 0, 1, 1, ())
+    n.relaunching = True
+    with pytest.raises(Aborted, match="already in progress"):
+        await n.restart_engine(abort=False, instance_id=1)
+    n.arbiter.freeze(1e9)
+    await n.restart_engine(abort=True, instance_id=1)  # abort unfreezes
+    assert n.arbiter.frozen_until is None
+
+
+# --- the real process -----------------------------------------------------------------------------
+async def started(
+    tmp_path: Path, controller: Ctl, key_file: str, **over: object
+) -> tuple[NodeManagerProc, Admin, list[int]]:
+    server, impl = controller
+    over.setdefault("fault_tolerance_config", {"report_retry_interval_sec": 0.1, "report_timeout_sec": 1.0})
+    cfg = nm_config(server.port, key_file, tmp_path, endpoints_per_node=1, **over)
+    nm = await start_nodemanager(tmp_path, cfg)
+    admin = Admin(nm.address)
+    spec = await registered(impl)
+    resp = await admin.call("StartEngines", start_request(spec))
+    await wait_for(lambda: all_normal(admin), timeout=20, what="NORMAL")
+    return nm, admin, list(resp.pids)
+
+
+async def frozen(admin: Admin) -> bool:
+    return bool((await admin.call("GetStatus", pb.GetStatusRequest())).frozen)
+
+
+async def unfrozen(admin: Admin) -> bool:
+    return not await frozen(admin)
+
+
+@pytest.mark.slow
+async def test_engine_exit_is_reported_once_retried_until_accepted_then_frozen_and_abort_unfreezes(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    impl.relaunch_expected = True
+    impl.fail_faults = 2  # the first two reports fail: retried, and nothing freezes before success
+    nm, admin, pids = await started(tmp_path, controller, key_file)
+    try:
+        os.killpg(pids[0], signal.SIGKILL)
+        await wait_for(lambda: impl.faults, timeout=10, what="accepted fault report")
+        await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
+        f = impl.faults[0]
+        assert (f.level, f.source, f.pid, f.instance_id) == (
+            cpb.FAULT_LEVEL_ENGINE_DEAD, cpb.FAULT_SOURCE_PROCESS_EXIT, pids[0], 42)
+        n0 = len(impl.frames)  # several more heartbeats (and health probes) before counting reports
+        await wait_for(lambda: len(impl.frames) > n0 + 5, timeout=5, what="more heartbeats")
+        assert len(impl.faults) == 1  # one pid, one report (the health probe does not report it again)
+        await admin.call("RestartEngine", pb.RestartEngineRequest(action=pb.RESTART_ACTION_ABORT))
+        assert not await frozen(admin)
+        assert await exited(nm, 10) == EXIT_RESCHEDULE  # unfrozen: the arbiter terminates the node
+    finally:
+        await admin.close()
+        nm.terminate()
+
+
+@pytest.mark.slow
+async def test_freeze_expires_by_itself_and_self_termination_resumes(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    impl.relaunch_expected = True
+    nm, admin, pids = await started(
+        tmp_path, controller, key_file,
+        fault_tolerance_config={"engine_restart_freeze_sec": 1.5, "report_retry_interval_sec": 0.1},
+    )  # fmt: skip
+    try:
+        os.killpg(pids[0], signal.SIGKILL)
+        await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
+        assert await exited(nm, 10) == EXIT_RESCHEDULE
+        assert "self-termination freeze expired" in nm.log_text()
+    finally:
+        await admin.close()
+        nm.terminate()
+
+
+@pytest.mark.slow
+async def test_no_freeze_when_the_controller_does_not_expect_a_relaunch(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    nm, admin, pids = await started(tmp_path, controller, key_file)
+    try:
+        os.killpg(pids[0], signal.SIGKILL)
+        await wait_for(lambda: impl.faults, timeout=5, what="fault report")
+        assert not await frozen(admin)
+        assert await exited(nm, 10) == EXIT_RESCHEDULE
+    finally:
+        await admin.close()
+        nm.terminate()
+
+
+@pytest.mark.slow
+async def test_hung_engine_is_reported_once_by_the_health_probe(tmp_path: Path, controller: Ctl, key_file: str) -> None:
+    import aiohttp
+
+    _, impl = controller
+    impl.relaunch_expected = True
+    nm, admin, pids = await started(tmp_path, controller, key_file)
+    try:
+        st = await admin.call("GetStatus", pb.GetStatusRequest())
+        assert st.endpoints[0].pid == pids[0]
+        spec = impl.registrations[-1]
+        port = spec.endpoints[0].business_port
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{port}/sim/fault", json={"mode": "hang"}) as r:
+                assert r.status == 200
+        await wait_for(lambda: impl.faults, timeout=10, what="health-probe death report")
+        assert impl.faults[0].source == cpb.FAULT_SOURCE_HEALTH_PROBE and impl.faults[0].pid == pids[0]
+        await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
+        # the relaunch the controller would send: new engine, reporter state reset
+        resp = await admin.call("RestartEngine", pb.RestartEngineRequest(action=pb.RESTART_ACTION_RESTART))
+        assert resp.relaunch_count == 1 and resp.pids[0] != pids[0]
+        await wait_for(lambda: all_normal(admin), timeout=20, what="NORMAL after relaunch")
+        await wait_for(lambda: unfrozen(admin), timeout=5, what="unfreeze once NORMAL")
+        assert len(impl.faults) == 1
+    finally:
+        await admin.close()
+        nm.terminate()
+
+
+@pytest.mark.slow
+async def test_relaunch_failure_is_internal_unfreezes_and_the_node_terminates(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    impl.relaunch_expected = True
+    nm, admin, pids = await started(tmp_path, controller, key_file)
+    try:
+        cfg = yaml.safe_load(nm.config_path.read_text())
+        cfg["engine"]["env"]["MOTOR_SIM_FAULT"] = "refuse_start"
+        nm.config_path.write_text(yaml.safe_dump(cfg))
+        await wait_for(lambda: "configuration reloaded" in nm.log_text(), timeout=5, what="hot reload")
+        os.killpg(pids[0], signal.SIGKILL)
+        await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin.call("RestartEngine", pb.RestartEngineRequest(action=pb.RESTART_ACTION_RESTART))
+        assert code_of(err.value) == grpc.StatusCode.INTERNAL and "Failed to relaunch engine" in (err.value.details() or "")
+        assert not await frozen(admin)
+        assert await exited(nm, 10) == EXIT_RESCHEDULE
+    finally:
+        await admin.close()
+        nm.terminate()
+
+
