@@ -23,15 +23,16 @@ from typing import Protocol
 import orjson
 
 from motor_common.config import to_dict
-from motor_common.errors import ConfigError
+from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
 from motor_common.runner import EXIT_RESCHEDULE
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import config as nmconfig
 from motor_nodemanager.config import NodeManagerConfig
-from motor_nodemanager.controller_client import ControllerPeer, GrpcController
+from motor_nodemanager.controller_client import ControllerPeer, FaultLevel, GrpcController
 from motor_nodemanager.deaths import DeathReporter
+from motor_nodemanager.fault_reporter import FaultReporter
 from motor_nodemanager.heartbeat import HeartbeatSender
 from motor_nodemanager.node import Node
 from motor_nodemanager.ports import free_port, plan_endpoints
@@ -165,6 +166,8 @@ class EnginesModule(_Base):
 
     def on_config_change(self, new: NodeManagerConfig) -> None:
         self.node.arbiter.threshold = new.health.abnormal_threshold
+        if self.node.fault_reporter is not None and self.node.command is not None and not self.node.relaunching:
+            self.node.fault_reporter.resume(reset=False)  # fault-tolerance switch / port: rebuild sockets
 
 
 class ApiServerModule(_Base):
@@ -324,11 +327,36 @@ class NodeManagerApp(Application):
                 self._node.on_fault_accepted,
                 lambda: self.config.fault_tolerance_config.report_retry_interval_sec,
             )
+            self._node.fault_reporter = FaultReporter(
+                lambda: self.config.ip,
+                self._zmq_port,
+                self._send_publisher_fault,
+                lambda: self.config.fault_tolerance_config.zmq_retry_interval_sec,
+            )
             self.modules += [RegistrationModule(self), HeartbeatModule(self, self.peer)]
         else:
             log.info("KV-store-only node (separated mode): no registration, no heartbeat")
         if self.config_path and not cfg.snapshot_config.enable_snapshot:
             self.modules.append(ConfigWatcherModule(self, self.config_path))
+
+    def _zmq_port(self) -> int | None:
+        ft = self.config.fault_tolerance_config
+        return ft.zmq_pub_port if ft.enable_fault_tolerance else None
+
+    async def _send_publisher_fault(self, endpoint_id: int, level: FaultLevel, detail: str) -> bool:
+        report = self.node.publisher_report(endpoint_id, level, detail)
+        if report is None or self.peer is None:
+            return False
+        try:
+            ack = await self.peer.report_fault(report, self.config.fault_tolerance_config.report_timeout_sec)
+        except MotorError as exc:
+            log.warning("engine-publisher fault report failed: %s", exc.message, extra={"endpoint_id": endpoint_id})
+            return False
+        if ack.accepted:
+            log.warning("engine-publisher fault reported",
+                        extra={"endpoint_id": endpoint_id, "level": level.name, "detail": detail})  # fmt: skip
+            self.node.on_fault_accepted(report, ack)
+        return ack.accepted
 
     def _management_key(self) -> str | None:
         return read_secret(self.config.server.management_key_file)
@@ -404,6 +432,8 @@ class NodeManagerApp(Application):
                 await self._tasks.close()
             if self._node is not None and self._node.deaths is not None:
                 await self._node.deaths.close()
+            if self._node is not None and isinstance(self._node.fault_reporter, FaultReporter):
+                await self._node.fault_reporter.close()
             if self.peer is not None:
                 await self.peer.close()
 

@@ -90,8 +90,6 @@ class FaultToleranceConfig:
     report_timeout_sec: float = 2.0
     # Wait before re-subscribing a fault-reporter ZMQ socket after an error (seed: 5 s).
     zmq_retry_interval_sec: float = 5.0
-    # Engine-publisher silence after which the fault reporter re-subscribes (0 = never).
-    zmq_silence_timeout_sec: float = 0.0
 
     def __post_init__(self) -> None:
         if self.report_retry_interval_sec <= 0 or self.report_timeout_sec <= 0 or self.zmq_retry_interval_sec <= 0:

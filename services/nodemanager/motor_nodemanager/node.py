@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,6 +56,8 @@ class NodeStatus:
 
 class PausableReporter(Protocol):
     """The engine-publisher fault reporter, as the relaunch sees it."""
+
+    def watch(self, endpoint_ids: Sequence[int]) -> None: ...
 
     def pause(self) -> None: ...
 
@@ -206,6 +208,14 @@ class Node:
             detail=detail,
         )
 
+    def publisher_report(self, endpoint_id: int, level: FaultLevel, detail: str) -> FaultReport | None:
+        """A fault the engine's own publisher announced, as a report (None when nothing runs)."""
+        st = self.states.get(endpoint_id)
+        if self.command is None or not self.node_id or st is None or self.relaunching or self.stopping:
+            return None
+        return FaultReport(self.node_id, self.command.instance_id, endpoint_id, level, FaultSource.ENGINE_PUBLISHER,
+                           st.pid, detail)  # fmt: skip
+
     def on_fault_accepted(self, report: FaultReport, ack: FaultAck) -> None:
         """A death report succeeded: freeze self-termination if the controller will relaunch in place."""
         ft = self.cfg.fault_tolerance_config
@@ -286,9 +296,13 @@ class Node:
         if self.deaths is not None:
             self.deaths.reset()
         await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
+        if self.fault_reporter is not None:
+            self.fault_reporter.watch(sorted(e.id for e in cmd.endpoints))
         return pids
 
     async def stop_engines(self) -> None:
+        if self.fault_reporter is not None:
+            self.fault_reporter.pause()
         await self._bg.close()
         self._bg = TaskOwner("node")
         await self.poller.stop()
