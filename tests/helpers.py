@@ -3,33 +3,46 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
 
+@overload
 async def wait_for(
-    check: Callable[[], Awaitable[T] | T],
+    check: Callable[[], Awaitable[T]], *, timeout: float = ..., interval: float = ..., what: str = ...
+) -> T: ...
+
+
+@overload
+async def wait_for(
+    check: Callable[[], T], *, timeout: float = ..., interval: float = ..., what: str = ...
+) -> T: ...
+
+
+async def wait_for(
+    check: Callable[[], Any],
     *,
     timeout: float = 10.0,
     interval: float = 0.05,
     what: str = "condition",
-) -> T:
-    """Poll *check* until it returns a truthy value (exceptions count as falsy) or time out."""
+) -> Any:
+    """Poll *check* (sync or async) until it returns a truthy value (exceptions count as falsy)."""
     deadline = time.monotonic() + timeout
     last_exc: BaseException | None = None
     while True:
         try:
             result = check()
-            if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
-                result = await result  # type: ignore[misc]
+            if inspect.isawaitable(result):
+                result = await result
             if result:
-                return result  # type: ignore[return-value]
+                return result
         except Exception as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
