@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role, normalize_ip
 from motor_common.errors import NotFound, Unavailable
@@ -21,8 +22,16 @@ from motor_coordinator.registry import RegistryState
 EndpointKey = tuple[str, int]
 
 
+@lru_cache(maxsize=1 << 16)
+def _key(ip: str, port: int) -> EndpointKey:
+    return (normalize_ip(ip), port)
+
+
 def endpoint_key(ep: Endpoint) -> EndpointKey:
-    return (normalize_ip(ep.ip), ep.business_port)
+    return _key(ep.ip, ep.business_port)
+
+
+_Entry = tuple[Instance, Endpoint, EndpointKey]
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,10 @@ class Scheduler:
         self._inflight: dict[EndpointKey, int] = {}
         self._loads: dict[EndpointKey, EngineLoad] = {}
         self._listeners: list[Callable[[], None]] = []
+        # Per-snapshot indexes (built in accept, read on every request): available endpoints per
+        # (model, role) in (instance id, endpoint id) order, and registered instances per model.
+        self._index: dict[tuple[str, Role], list[_Entry]] = {}
+        self._by_model: dict[str, list[Instance]] = {}
 
     # -- snapshot --------------------------------------------------------------------------
 
@@ -70,6 +83,18 @@ class Scheduler:
             k: self._breakers.get(k) or Breaker(self._failures, self._cooldown) for k in keys
         }
         self._loads = {k: v for k, v in self._loads.items() if k in keys}
+        index: dict[tuple[str, Role], list[_Entry]] = {}
+        by_model: dict[str, list[Instance]] = {}
+        for iid in sorted(state.instances):
+            inst = state.instances[iid]
+            by_model.setdefault(inst.model_name, []).append(inst)
+            if inst.status is not InstanceStatus.AVAILABLE:
+                continue
+            entries = index.setdefault((inst.model_name, inst.role), [])
+            for ep in sorted(inst.endpoints, key=lambda e: e.id):
+                entries.append((inst, ep, endpoint_key(ep)))
+        self._index = index
+        self._by_model = by_model
         self._state = state
         self._changed()
 
@@ -143,19 +168,20 @@ class Scheduler:
     def _candidates(
         self, model: str, role: Role, engine: EngineType | None = None, exclude: Iterable[EndpointKey] = ()
     ) -> list[Candidate]:
-        skip = set(exclude)
+        skip = set(exclude) if exclude else ()
+        breakers = self._breakers
+        inflight = self._inflight
+        loads = self._loads
         out: list[Candidate] = []
-        for iid in sorted(self._state.instances):
-            inst = self._state.instances[iid]
-            if inst.model_name != model or inst.role is not role or inst.status is not InstanceStatus.AVAILABLE:
-                continue
+        for inst, ep, k in self._index.get((model, role), ()):
             if engine is not None and inst.engine_type is not engine:
                 continue
-            for ep in sorted(inst.endpoints, key=lambda e: e.id):
-                k = endpoint_key(ep)
-                if k in skip or self.is_broken(ep):
-                    continue
-                out.append(Candidate(inst, ep, self._inflight.get(k, 0), self._loads.get(k)))
+            if k in skip:
+                continue
+            b = breakers.get(k)
+            if b is not None and b.is_open:
+                continue
+            out.append(Candidate(inst, ep, inflight.get(k, 0), loads.get(k)))
         return out
 
     def pick(
@@ -171,7 +197,7 @@ class Scheduler:
     def route(self, req: RequestInfo) -> Route:
         """Choose P+D (same engine type) when possible, else a union endpoint."""
         model = req.model
-        registered = [i for i in self._state.instances.values() if i.model_name == model]
+        registered = self._by_model.get(model)
         if not registered:
             raise NotFound(
                 f"model {model!r} is not served by any registered instance",
@@ -183,8 +209,9 @@ class Scheduler:
         prefills = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type in engines]
         if prefills:
             p = self.policy.select(Role.PREFILL, prefills, req)
-            d = self.pick(Role.DECODE, req, engine=p.instance.engine_type)
-            assert d is not None
+            engine = p.instance.engine_type
+            same = decodes if len(engines) == 1 else [c for c in decodes if c.instance.engine_type is engine]
+            d = self.policy.select(Role.DECODE, same, req)
             return Route(p.instance.engine_type, prefill=p, decode=d)
         unions = self._candidates(model, Role.UNION)
         if unions:
@@ -208,8 +235,7 @@ class Scheduler:
 
     def has_schedulable_route(self) -> bool:
         """Some model has a schedulable P+D pair of one engine type, or a union endpoint."""
-        models = {i.model_name for i in self._state.instances.values()}
-        for model in models:
+        for model in self._by_model:
             if self._candidates(model, Role.UNION):
                 return True
             d_engines = {c.instance.engine_type for c in self._candidates(model, Role.DECODE)}
@@ -218,7 +244,4 @@ class Scheduler:
         return False
 
     def models(self) -> dict[str, Sequence[Instance]]:
-        out: dict[str, list[Instance]] = {}
-        for inst in self._state.instances.values():
-            out.setdefault(inst.model_name, []).append(inst)
-        return dict(out)
+        return {m: list(insts) for m, insts in self._by_model.items()}

@@ -1,0 +1,83 @@
+"""Profile motor-gateway and motor-coordinator under load with py-spy (not a test).
+
+    .venv/bin/pip install py-spy      # a profiling tool, deliberately not a project dependency
+    .venv/bin/python bench/profile_motor.py [--flavour vllm] [--stream] [--concurrency 16] [--seconds 6]
+
+Starts zero-latency P and D simulators and Motor, drives load, records both processes with
+``py-spy record --format raw`` and prints the top functions by own samples and by inclusive samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ZERO, start_engines, start_motor  # noqa: E402
+from bench.loadgen import run_load  # noqa: E402
+from bench.run import make_body_factory  # noqa: E402
+
+
+def summarise(raw: Path, top: int) -> str:
+    own: collections.Counter[str] = collections.Counter()
+    incl: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        count = int(n)
+        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") for f in stack.split(";") if f]
+        total += count
+        if frames:
+            own[frames[-1]] += count
+        for f in set(frames):
+            incl[f] += count
+    lines = [f"  total samples {total}", "  -- own --"]
+    lines += [f"  {c / total:6.1%}  {f}" for f, c in own.most_common(top)]
+    lines += ["  -- inclusive --"]
+    lines += [f"  {c / total:6.1%}  {f}" for f, c in incl.most_common(top)]
+    return "\n".join(lines)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="motor-prof-") as tmp:
+        d = Path(tmp)
+        async with start_engines(args.flavour, d, ZERO) as engines, \
+                start_motor(engines, d, gateway_args=args.gateway_args) as target:
+            coord_pid, gw_pid = target.pids
+            procs = [subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+                                       "--duration", str(int(args.seconds)), "--rate", "500", "--format", "raw",
+                                       "--nonblocking", "--output", str(d / f"{name}.txt")],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                     for name, pid in (("coordinator", coord_pid), ("gateway", gw_pid))]
+            res = await run_load("motor", target.url + "/v1/completions", make_body_factory(args.stream),
+                                 concurrency=args.concurrency, requests=0, duration=args.seconds + 1)
+            print(res.summary())
+            for p in procs:
+                p.wait()
+            for name in ("gateway", "coordinator"):
+                print(f"== {name}")
+                print(summarise(d / f"{name}.txt", args.top))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flavour", default="vllm")
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--gateway-args", nargs="*", default=[])
+    args = ap.parse_args()
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()
