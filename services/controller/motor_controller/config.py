@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from motor_common import ports
 from motor_common.grpc_server import ServerConfig
 
 
@@ -81,7 +82,7 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    server: ServerConfig = field(default_factory=ServerConfig)
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=ports.CONTROLLER_GRPC))
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     # Coordinator gRPC addresses (host:port), each gets its own pusher.
     coordinators: list[str] = field(default_factory=list)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from motor_common import ports
 from motor_common.grpc_server import ServerConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
@@ -96,7 +97,7 @@ class HaConfig:
 
 @dataclass(frozen=True)
 class CoordinatorConfig:
-    server: ServerConfig = field(default_factory=ServerConfig)
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=ports.COORDINATOR_GRPC))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     log_level: str = "INFO"

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from motor_common import ports
 from motor_common.config import load_config
 from motor_common.domain import EngineType, Role
 from motor_common.errors import ConfigError
@@ -141,9 +142,9 @@ class NodeManagerConfig:
     engine_type: Literal["vllm", "sglang"] = "vllm"
     model_name: str = "model"
     ip: str = ""  # "": POD_IP, else 127.0.0.1
-    controller_address: str = "127.0.0.1:50100"
+    controller_address: str = f"127.0.0.1:{ports.CONTROLLER_GRPC}"
     controller_tls_ca_file: str | None = None
-    server: ServerConfig = field(default_factory=ServerConfig)
+    server: ServerConfig = field(default_factory=lambda: ServerConfig(port=ports.NODEMANAGER_GRPC))
     node_rank: int = 0
     nodes_per_instance: int = 1
     endpoints_per_node: int = 1
