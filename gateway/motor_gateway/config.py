@@ -34,6 +34,9 @@ class GatewayConfig:
     dispatch_attempts: int = 3
     # Seconds in-flight requests get to finish on SIGTERM/SIGINT.
     shutdown_grace_sec: float = 10.0
+    # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced);
+    # each holds its own coordinator channel. 1 = serve in this process.
+    workers: int = 1
     log_format: Literal["json", "text"] = "json"
     log_level: str = "INFO"
 
@@ -45,5 +48,7 @@ class GatewayConfig:
         for addr in self.coordinators:
             if not addr or ":" not in addr:
                 raise ValueError(f"coordinators: {addr!r} is not host:port")
+        if not 1 <= self.workers <= 256:
+            raise ValueError(f"workers must be in [1, 256], got {self.workers}")
         if self.request_timeout_sec <= 0 or self.control_timeout_sec <= 0:
             raise ValueError("request_timeout_sec and control_timeout_sec must be positive")

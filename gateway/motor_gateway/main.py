@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import logging
 import os
+import signal
+import socket
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="coordinator gRPC address host:port (repeatable, first ready one serves)")
     p.add_argument("--ports-file", help="after start, write {\"http\": <port>} to this file")
     p.add_argument("--log-format", choices=("json", "text"), help="overrides log_format")
+    p.add_argument("--workers", type=int, help="HTTP worker processes sharing the port via SO_REUSEPORT "
+                   "(default 1 = this process serves)")
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for workers
     return p.parse_args(argv)
 
 
@@ -71,11 +81,13 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
         overrides["coordinators"] = list(args.coordinator)
     if args.log_format is not None:
         overrides["log_format"] = args.log_format
+    if args.workers is not None:
+        overrides["workers"] = args.workers
     return load_config(GatewayConfig, args.config, env_prefix="MOTOR_GATEWAY", overrides=overrides)
 
 
 async def serve(cfg: GatewayConfig, ports_file: str | None = None,
-                stop: asyncio.Event | None = None) -> int:
+                stop: asyncio.Event | None = None, *, reuse_port: bool = False) -> int:
     api_key = read_api_key(cfg.api_key_file)
     pool = CoordinatorPool(cfg.coordinators, tls_ca_file=cfg.tls_ca_file,
                            timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
@@ -87,7 +99,7 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                            shutdown_timeout=cfg.shutdown_grace_sec)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True)
+        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True, reuse_port=reuse_port or None)
         try:
             await site.start()
         except OSError as exc:
@@ -108,13 +120,114 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     return 0
 
 
+def _die_with_parent() -> None:
+    """Workers get SIGTERM when the supervising process dies (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """Bind (not listen) a SO_REUSEPORT socket: fixes the port for the workers (port 0 = any)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    return sock
+
+
+def supervise(cfg: GatewayConfig, argv: list[str], ports_file: str | None) -> int:
+    """Run ``cfg.workers`` copies of this program on one port (SO_REUSEPORT); forward
+    SIGTERM/SIGINT; exit when they have all exited (non-zero if any worker failed)."""
+    reserved = _reserve_port(cfg.host, cfg.port)
+    port = int(reserved.getsockname()[1])
+    tmp = tempfile.mkdtemp(prefix="motor-gateway-")
+    base = [a for a in argv]
+    workers: list[subprocess.Popen[bytes]] = []
+    files = [os.path.join(tmp, f"w{i}.json") for i in range(cfg.workers)]
+    for i in range(cfg.workers):
+        cmd = [sys.executable, "-m", "motor_gateway.main", *base, "--workers", "1", "--reuse-port",
+               "--port", str(port), "--ports-file", files[i]]
+        workers.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
+    stopping = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    written = False
+    try:
+        while True:
+            codes = [w.poll() for w in workers]
+            if all(c is not None for c in codes):
+                break
+            if any(c is not None for c in codes) and not stopping:
+                log.error("a gateway worker exited; stopping the others", extra={"codes": codes})
+                forward(signal.SIGTERM, None)
+            if not written and ports_file and all(os.path.exists(f) for f in files):
+                write_ports_file(ports_file, {"http": port})
+                written = True
+            time.sleep(0.05)
+    finally:
+        reserved.close()
+        for f in files:
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+        with contextlib.suppress(OSError):
+            os.rmdir(tmp)
+    codes = [w.returncode for w in workers]
+    return next((c for c in codes if c), 0)
+
+
+def _strip(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    """*argv* without *flags* and their values (``--flag V`` or ``--flag=V``)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in flags:
+            skip = True
+            continue
+        if any(a.startswith(f + "=") for f in flags):
+            continue
+        out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(raw)
+    if not args.reuse_port:
+        try:
+            cfg = build_config(args)
+        except ConfigError as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            return 2
+        if cfg.workers > 1:
+            setup_logging("gateway", cfg.log_level, cfg.log_format)
+            try:
+                return supervise(cfg, _strip(raw, ("--workers", "--port", "--ports-file")), args.ports_file)
+            except ConfigError as exc:
+                print(f"error: {exc.message}", file=sys.stderr)
+                return 2
 
     async def _main() -> int:
         cfg = build_config(args)
         setup_logging("gateway", cfg.log_level, cfg.log_format)
-        return await serve(cfg, args.ports_file)
+        return await serve(cfg, args.ports_file, reuse_port=args.reuse_port)
 
     return run(_main)
 
