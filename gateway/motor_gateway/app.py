@@ -43,6 +43,18 @@ REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# Labelled metric children, resolved once per (route[, status]) instead of per request.
+_IN_FLIGHT = {r: metrics.IN_FLIGHT.labels(r) for r in (*_ROUTES, "other")}
+_LATENCY = {r: metrics.LATENCY.labels(r) for r in (*_ROUTES, "other")}
+_REQUESTS: dict[tuple[str, int], Any] = {}
+
+
+def _count(route: str, status: int) -> None:
+    child = _REQUESTS.get((route, status))
+    if child is None:
+        child = _REQUESTS[(route, status)] = metrics.REQUESTS.labels(route, str(status))
+    child.inc()
+
 
 def error_response(err: HttpError, request_id: str | None = None) -> web.Response:
     headers = {"Content-Type": _JSON}
@@ -91,7 +103,8 @@ class Gateway:
         token = request_id_var.set(rid)
         start = time.perf_counter()
         status = 500
-        metrics.IN_FLIGHT.labels(route).inc()
+        in_flight = _IN_FLIGHT[route]
+        in_flight.inc()
         try:
             if request.path.startswith("/v1/") and not self._authorized(request):
                 resp: web.StreamResponse = error_response(
@@ -112,9 +125,9 @@ class Gateway:
             status = 499
             raise
         finally:
-            metrics.IN_FLIGHT.labels(route).dec()
-            metrics.REQUESTS.labels(route, str(status)).inc()
-            metrics.LATENCY.labels(route).observe(time.perf_counter() - start)
+            in_flight.dec()
+            _count(route, status)
+            _LATENCY[route].observe(time.perf_counter() - start)
             request_id_var.reset(token)
 
     def _authorized(self, request: web.Request) -> bool:
