@@ -19,6 +19,7 @@ class MemoryCoordinator:
     address = "mem:1"
 
     def __init__(self) -> None:
+        self.epoch = 0
         self.generation = 0
         self.instances: dict[int, Instance] = {}
         self.calls: list[tuple[str, int]] = []
@@ -57,6 +58,9 @@ class MemoryCoordinator:
 
     async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None:
         return None
+
+    def reconnect(self) -> None:
+        self.epoch += 1
 
     async def close(self) -> None:
         return None
@@ -115,3 +119,51 @@ async def test_periodic_check_repairs_a_coordinator_changed_behind_our_back() ->
     await p.check_now()
     await p.flush()
     assert coord.calls[-1] == ("set", 3) and set(coord.instances) == {1}
+
+
+async def test_promotion_reconnects_and_sets_at_once_even_while_a_failed_set_waits() -> None:
+    coord, clock = MemoryCoordinator(), Clock()
+    desired = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, MemoryStore(), sync_interval=5, set_retry_interval=1, clock=clock)
+    coord.down = True
+    await p.flush()
+    coord.down = False
+    await p.flush()
+    assert coord.calls == [("set", 1)]  # still waiting for the retry interval
+    p.request_full_set(reconnect=True)
+    await p.flush()
+    assert coord.epoch == 1 and coord.calls == [("set", 1), ("set", 1)] and coord.instances == desired
+
+
+class ReconnectDuringCall(MemoryCoordinator):
+    async def apply(self, op: Op) -> int:
+        if not self.calls:
+            self.calls.append((op.kind.value, op.generation))
+            self.reconnect()  # what a promotion does while this call is in flight
+            raise Unavailable("cancelled by reconnect")
+        return await super().apply(op)
+
+
+async def test_a_set_cut_short_by_our_own_reconnect_is_retried_without_waiting() -> None:
+    coord, clock = ReconnectDuringCall(), Clock()
+    desired = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, MemoryStore(), sync_interval=5, set_retry_interval=1, clock=clock)
+    await p.flush()
+    assert p.state.full_set_pending and p.state.set_retry_at == 0.0
+    await p.flush()  # same clock: no retry interval waited
+    assert coord.calls == [("set", 1), ("set", 1)] and coord.instances == desired
+
+
+class DownStore(MemoryStore):
+    async def put(self, key: str, value: bytes) -> None:
+        raise Unavailable("etcd down", reason="STORE_UNAVAILABLE")
+
+
+async def test_a_push_stands_when_the_store_cannot_persist_the_generation() -> None:
+    coord, clock = MemoryCoordinator(), Clock()
+    desired = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, DownStore(), sync_interval=5, set_retry_interval=1, clock=clock)
+    await p.flush()
+    desired[2] = inst(2)
+    await p.flush()
+    assert coord.calls == [("set", 1), ("add", 2)] and p.state.generation == 2

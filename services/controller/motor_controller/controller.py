@@ -30,6 +30,7 @@ from motor_controller.codec import KEYS
 from motor_controller.config import ControllerConfig
 from motor_controller.fault_manager import FaultManager
 from motor_controller.fault_policy import (
+    AWAIT_RECOVERY,
     ENGINE_RELAUNCH,
     NODE_RESTART,
     Outcome,
@@ -54,6 +55,7 @@ from motor_controller.pusher import CoordinatorPusher
 from motor_controller.reconcile import World, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
 from motor_controller.store import Store
+from motor_controller.strategies.await_recovery import AwaitRecovery
 from motor_controller.strategies.engine_relaunch import EngineRelaunch, Target
 from motor_controller.strategies.node_restart import NodeRestart
 
@@ -73,6 +75,7 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         restarter: NodeRestarter | None = None,
+        coordinator_factory: Callable[[str], CoordinatorClient] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -95,29 +98,43 @@ class Controller:
         self._wake = asyncio.Event()
         self._tasks = TaskOwner("controller")
         self._desired_fp = ""
-        self.pushers = [
-            CoordinatorPusher(
-                c,
-                self.desired_view,
-                store,
-                sync_interval=config.sync_interval_sec,
-                set_retry_interval=config.set_retry_interval_sec,
-                clock=clock,
-            )
-            for c in coordinators
-        ]
-        self.fault_manager = FaultManager(
+        self.coordinator_factory = coordinator_factory
+        self.acting = False  # background work running (always, unless a controller election pauses it)
+        self.pushers: list[CoordinatorPusher] = []
+        for c in coordinators:
+            self._add_pusher(c)
+        self.fault_manager = self._new_fault_manager()
+
+    def _new_fault_manager(self) -> FaultManager:
+        return FaultManager(
             lambda: self.config.fault_tolerance_config,
             self,
             self._build_strategy,
-            healthy_wait_sec=2 * config.heartbeat_timeout_sec,
-            clock=clock,
+            healthy_wait_sec=2 * self.config.heartbeat_timeout_sec,
+            clock=self._clock,
         )
+
+    def _add_pusher(self, client: CoordinatorClient) -> CoordinatorPusher:
+        pusher = CoordinatorPusher(
+            client,
+            self.desired_view,
+            self.store,
+            sync_interval=self.config.sync_interval_sec,
+            set_retry_interval=self.config.set_retry_interval_sec,
+            clock=self._clock,
+        )
+        self.pushers.append(pusher)
+        if self.acting:
+            self._tasks.spawn(pusher.run(), name=f"pusher:{client.address}")
+        return pusher
 
     # ---- life cycle -------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Resume nodes, instances, incarnations and alarms from the store."""
+        """Resume nodes, instances, incarnations and alarms from the store (what memory held before
+        is dropped: a controller promoted by the election starts from the store, like a restart)."""
+        self.nodes, self.observations, self.instances, self.incarnations = {}, {}, {}, {}
+        self.signals, self.start_gates, self.alarms = {}, {}, AlarmStore()
         raw = await self.store.get(KEYS.META_EPOCH)
         if raw is None:
             self.epoch = uuid.uuid4().hex
@@ -134,6 +151,11 @@ class Controller:
             self.incarnations[key[len(KEYS.JOB) :]] = int(orjson.loads(value)["incarnation"])
         for _, value in await self.store.list(KEYS.ALARM):
             self.alarms.report(codec.decode_alarm(value))
+        known = {p.client.address for p in self.pushers}
+        for key, _ in await self.store.list(KEYS.COORDINATOR):  # targets added by a promotion
+            address = key[len(KEYS.COORDINATOR) :]
+            if address not in known and self.coordinator_factory is not None:
+                self._add_pusher(self.coordinator_factory(address))
         for pusher in self.pushers:
             await pusher.load()
         self.started_at = self._clock()
@@ -143,11 +165,21 @@ class Controller:
         )
 
     def start(self) -> None:
+        self.acting = True
         self._tasks.spawn(self._reconcile_loop(), name="reconcile")
         for pusher in self.pushers:
             self._tasks.spawn(pusher.run(), name=f"pusher:{pusher.client.address}")
 
+    async def pause(self) -> None:
+        """Stop acting (this controller lost the election): background work stops, clients stay."""
+        self.acting = False
+        await self.fault_manager.close()
+        await self._tasks.close()
+        self._tasks = TaskOwner("controller")
+        self.fault_manager = self._new_fault_manager()
+
     async def close(self) -> None:
+        self.acting = False
         await self.fault_manager.close()
         await self._tasks.close()
         for pusher in self.pushers:
@@ -265,7 +297,9 @@ class Controller:
             if len(targets) != len(mi.node_ids):
                 return None  # some node is not even registered: nothing to relaunch with
             return EngineRelaunch(self.node_managers, ft, targets, progress, deleted=deleted, spawn=spawn,
-                                  clock=self._clock)  # fmt: skip
+                                  clock=self._clock, call_margin=self.config.rpc_timeout_sec)  # fmt: skip
+        if name == AWAIT_RECOVERY:
+            return AwaitRecovery(ft, progress, healthy=self.instance_healthy, deleted=deleted, clock=self._clock)
         if name == NODE_RESTART:
             if not specs:
                 return None
@@ -321,11 +355,20 @@ class Controller:
         elif changed is not None:
             await self.store.delete(key)
         if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
-            for pusher in self.pushers:
-                pusher.request_full_set()
+            self.on_coordinator_promoted(alarm.address)
         log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
                                                             "instance_ids": list(alarm.instance_ids)})
         return True
+
+    def on_coordinator_promoted(self, address: str) -> None:
+        """A coordinator became master: full SET to it at its own address (a new target if it is
+        not configured), retried every ``set_retry_interval_sec`` until it succeeds; every channel
+        is re-opened so no connection stays pinned to the old master."""
+        if address and all(p.client.address != address for p in self.pushers) and self.coordinator_factory:
+            self._add_pusher(self.coordinator_factory(address))
+            log.info("coordinator target added on promotion", extra={"coordinator": address})
+        for pusher in self.pushers:
+            pusher.request_full_set(reconnect=True)
 
     # ---- admin ------------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         store,
         GrpcNodeManagers(key, config.rpc_timeout_sec),
         [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
+        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
     )
     await controller.load()
     server = build_server(config, controller, key)

@@ -6,6 +6,7 @@ has a timeout. The management key from ``server.management_key_file`` is the fle
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -37,10 +38,15 @@ class NodeManagers(Protocol):
 
 class CoordinatorClient(Protocol):
     address: str
+    epoch: int  # how many times the client re-opened its connection
 
     async def apply(self, op: Op) -> int: ...
     async def list_instances(self) -> tuple[int, dict[int, Instance]]: ...
     async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None: ...
+    def reconnect(self) -> None:
+        """Drop the current connection (it may be pinned to a frozen or demoted coordinator)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -102,14 +108,32 @@ class GrpcNodeManagers:
 
 
 class GrpcCoordinator:
-    """InstanceRegistryService of one coordinator, over its own channel."""
+    """InstanceRegistryService of one coordinator, over its own channel.
+
+    :meth:`reconnect` swaps in a fresh channel and closes the old one in the background (its
+    in-flight calls are cancelled): no keep-alive connection stays pinned to a coordinator that
+    froze or lost the lock, even behind a Service address. ``epoch`` counts the swaps so a caller
+    can tell a failure caused by the swap from a real one."""
 
     def __init__(self, address: str, management_key: str | None, timeout: float) -> None:
         self.address = address
         self._key = management_key
         self._timeout = timeout
-        self._channel = open_channel(address)
+        self.epoch = 0
+        self._closing: set[asyncio.Task[None]] = set()
+        self._open()
+
+    def _open(self) -> None:
+        self._channel = open_channel(self.address)
         self._stub = cgrpc.InstanceRegistryServiceStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def reconnect(self) -> None:
+        old = self._channel
+        self._open()
+        self.epoch += 1
+        task = asyncio.get_running_loop().create_task(old.close(), name=f"close-channel:{self.address}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def apply(self, op: Op) -> int:
         insts = [instance_to_pb(i) for i in op.instances]
@@ -176,3 +200,5 @@ class GrpcCoordinator:
 
     async def close(self) -> None:
         await self._channel.close()
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=self._timeout)

@@ -68,8 +68,11 @@ class CoordinatorPusher:
     def poke(self) -> None:
         self._wake.set()
 
-    def request_full_set(self) -> None:
-        """Enqueue one full SET now (e.g. a standby coordinator was promoted)."""
+    def request_full_set(self, *, reconnect: bool = False) -> None:
+        """Enqueue one full SET now (e.g. a standby coordinator was promoted); with *reconnect*,
+        re-open the client's channel first (a call cut short by that is retried at once)."""
+        if reconnect:
+            self.client.reconnect()
         self.state = replace(self.state, full_set_pending=True, set_retry_at=0.0)
         self._wake.set()
 
@@ -81,10 +84,14 @@ class CoordinatorPusher:
         """Send the operations that bring the coordinator to the desired view (one round)."""
         now = self._clock()
         for op in plan_ops(self.state, self._desired(), now):
+            epoch = self.client.epoch
             try:
                 generation = await self.client.apply(op)
             except MotorError as exc:
                 self.state = after_failure(self.state, op, self._clock(), self._set_retry)
+                if self.client.epoch != epoch:  # cut short by our own reconnect: not a failed SET
+                    self.state = replace(self.state, set_retry_at=0.0)
+                    self._wake.set()
                 if op.kind is OpKind.SET:
                     self._next_check = 0.0  # learn the coordinator's generation before retrying
                 log.warning(
@@ -95,7 +102,11 @@ class CoordinatorPusher:
                 return
             self.state = after_success(self.state, op, generation)
             self.pushes[op.kind.value] = self.pushes.get(op.kind.value, 0) + 1
-            await self._store.put(self.key, orjson.dumps({"generation": self.state.generation}))
+            try:
+                await self._store.put(self.key, orjson.dumps({"generation": self.state.generation}))
+            except MotorError as exc:  # store down: the push stands, the generation is in memory
+                log.warning("could not persist the coordinator generation",
+                            extra={"coordinator": self.client.address, "error": exc.message})
             log.info(
                 "pushed to coordinator",
                 extra={"coordinator": self.client.address, "op": op.kind.value, "generation": generation,
