@@ -14,6 +14,7 @@ from motor_common.errors import Unavailable
 from motor_controller.config import FaultToleranceConfig
 from motor_controller.fault_manager import FaultManager
 from motor_controller.fault_policy import (
+    AWAIT_RECOVERY,
     ENGINE_RELAUNCH,
     NODE_RESTART,
     FtState,
@@ -24,6 +25,7 @@ from motor_controller.fault_policy import (
 from motor_controller.model import FaultReport, InstanceState, ManagedInstance, NodeState
 from motor_controller.node_restarter import KubernetesNodeRestarter, StopNodeRestarter
 from motor_controller.reconcile import World, partial_loss
+from motor_controller.strategies.await_recovery import AwaitRecovery
 from tests.controller.factories import obs, record, spec
 from tests.helpers import wait_for
 
@@ -103,14 +105,73 @@ async def test_engine_dead_runs_a_relaunch_while_recovering_and_one_at_a_time() 
     await fm.close()
 
 
-async def test_unhealthy_alone_and_disabled_fault_tolerance_start_nothing() -> None:
+async def test_disabled_fault_tolerance_or_relaunch_start_nothing_for_a_dead_engine() -> None:
     host = Host({1: managed()})
     build = Factory()
-    assert not await FaultManager(lambda: ON, host, build).on_fault(dead(level="engine_unhealthy"))
     assert not await FaultManager(lambda: FaultToleranceConfig(), host, build).on_fault(dead())
     off = FaultToleranceConfig(enable_fault_tolerance=True, enable_engine_relaunch=False)
     assert not await FaultManager(lambda: off, host, build).on_fault(dead())
     assert build.built == [] and host.instances[1].state is InstanceState.ACTIVE
+
+
+async def test_unhealthy_awaits_recovery_and_never_relaunches_when_it_recovers() -> None:
+    host = Host({1: managed()})
+    build = Factory()
+    fm = FaultManager(lambda: ON, host, build)
+    assert await fm.on_fault(dead(level="engine_unhealthy"))  # freeze: the chain may end in a relaunch
+    assert [b[0] for b in build.built] == [AWAIT_RECOVERY]
+    assert host.instances[1].state is InstanceState.RECOVERING
+    assert build.last is not None
+    build.last.gate.set()
+    await wait_for(lambda: host.ended, timeout=2, what="strategy end")
+    assert host.ended[0][1].outcome is Outcome.DONE and [b[0] for b in build.built] == [AWAIT_RECOVERY]
+    assert 1 not in fm.failed
+    await fm.close()
+
+
+async def test_failed_await_recovery_escalates_at_once_to_a_relaunch_in_the_same_recovery() -> None:
+    host = Host({1: managed()})
+    build = Factory(Outcome.FAILED)
+    fm = FaultManager(lambda: ON, host, build)
+    assert await fm.on_fault(dead(level="engine_unhealthy"))
+    first = build.last
+    assert first is not None
+    first.gate.set()
+    await wait_for(lambda: len(build.built) == 2, timeout=2, what="escalation")
+    assert [b[0] for b in build.built] == [AWAIT_RECOVERY, ENGINE_RELAUNCH]
+    assert host.ended == [] and host.instances[1].state is InstanceState.RECOVERING  # one recovery
+    assert fm.running[1].name == ENGINE_RELAUNCH and fm.progress[1].strategy == ENGINE_RELAUNCH
+    assert build.last is not None
+    build.last.gate.set()
+    await wait_for(lambda: host.ended, timeout=2, what="strategy end")
+    assert fm.failed[1] == ENGINE_RELAUNCH
+    await fm.close()
+
+
+async def test_failed_await_recovery_without_engine_relaunch_escalates_to_node_restart() -> None:
+    host = Host({1: managed()})
+    build = Factory(Outcome.FAILED)
+    off = FaultToleranceConfig(enable_fault_tolerance=True, enable_engine_relaunch=False)
+    fm = FaultManager(lambda: off, host, build)
+    assert not await fm.on_fault(dead(level="engine_unhealthy"))  # no relaunch: no freeze
+    assert build.last is not None
+    build.last.gate.set()
+    await wait_for(lambda: len(build.built) == 2, timeout=2, what="escalation")
+    assert [b[0] for b in build.built] == [AWAIT_RECOVERY, NODE_RESTART]
+    build.last.gate.set()
+    await fm.close()
+
+
+async def test_a_dead_report_while_awaiting_recovery_stops_the_wait() -> None:
+    host = Host({1: managed()})
+    fm = FaultManager(lambda: ON, host, lambda *a: AwaitRecovery(ON, a[2], healthy=lambda i: False,
+                                                                  deleted=lambda i: False))  # fmt: skip
+    assert await fm.on_fault(dead(level="engine_unhealthy"))
+    assert await fm.on_fault(dead())  # joins; relaunch expected
+    await wait_for(lambda: fm.results, timeout=2, what="await recovery to stop")
+    assert fm.results[0][1] == AWAIT_RECOVERY and fm.results[0][2].outcome is Outcome.FAILED
+    assert "dead" in fm.results[0][2].detail
+    await fm.close()
 
 
 async def test_a_failed_strategy_is_remembered_and_the_next_decision_escalates() -> None:

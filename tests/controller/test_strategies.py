@@ -21,12 +21,14 @@ from motor_controller.model import (
     NodeStatus,
 )
 from motor_controller.node_restarter import StopNodeRestarter
+from motor_controller.strategies.await_recovery import AwaitRecovery, recovery_verdict
 from motor_controller.strategies.engine_relaunch import (
     Dispatch,
     EngineRelaunch,
     Target,
     abort_targets,
     classify_dispatch_error,
+    dispatch_timeout,
     relaunch_complete,
     unreachable_exceeded,
 )
@@ -91,6 +93,7 @@ class FakeNodeManagers:
     aborts: list[str] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
     block_restart: asyncio.Event | None = None
+    timeouts: list[float] = field(default_factory=list)
 
     async def start_engines(self, cmd: Any) -> None:  # pragma: no cover - unused
         raise NotImplementedError
@@ -112,6 +115,7 @@ class FakeNodeManagers:
                 raise self.abort_errors[address]
             return 0
         self.restarts.append(address)
+        self.timeouts.append(timeout)
         if self.block_restart is not None:
             await self.block_restart.wait()
         errs = self.restart_errors.get(address)
@@ -222,3 +226,51 @@ async def test_node_restart_restarts_the_targets_and_waits_until_they_are_gone()
     assert not task.done()
     gone.update({"a", "b"})
     assert (await task).outcome is Outcome.DONE
+
+
+# --- engine relaunch: config-derived RestartEngine deadline -----------------------------------------
+def test_restart_call_deadline_is_what_is_left_of_the_relaunch_plus_a_margin() -> None:
+    assert dispatch_timeout(deadline=100.0, now=40.0, margin=5.0) == 65.0
+    assert dispatch_timeout(deadline=100.0, now=120.0, margin=5.0) == 5.0
+
+
+async def test_restart_engine_calls_are_bounded_by_the_relaunch_timeout_not_a_fixed_minute() -> None:
+    nms = FakeNodeManagers()
+    s = EngineRelaunch(nms, CFG, TARGETS, Progress(), deleted=lambda _: False, spawn=lambda c: c.close(),
+                       call_margin=0.5)  # fmt: skip
+    assert (await s.run(managed(IID))).outcome is Outcome.DONE
+    assert nms.timeouts and all(0.5 < t <= CFG.engine_relaunch_complete_timeout_sec + 0.5 for t in nms.timeouts)
+
+
+# --- await recovery (ENGINE_UNHEALTHY) --------------------------------------------------------------
+def test_recovery_verdict() -> None:
+    v = recovery_verdict
+    assert v(now=5, deadline=10, healthy_since=None, stable_sec=1, dead=False) is None
+    assert v(now=5, deadline=10, healthy_since=4.5, stable_sec=1, dead=False) is None  # not stable yet
+    done = v(now=5, deadline=10, healthy_since=4, stable_sec=1, dead=False)
+    assert done is not None and done.outcome is Outcome.DONE
+    late = v(now=10, deadline=10, healthy_since=None, stable_sec=1, dead=False)
+    assert late is not None and late.outcome is Outcome.FAILED
+    dead = v(now=5, deadline=10, healthy_since=4, stable_sec=1, dead=True)
+    assert dead is not None and dead.outcome is Outcome.FAILED
+
+
+AWAIT = FaultToleranceConfig(enable_fault_tolerance=True, await_recovery_timeout_sec=0.5, await_recovery_stable_sec=0.1)
+
+
+async def test_await_recovery_is_done_when_healthy_for_the_stable_window() -> None:
+    seen = iter([True, False, True, True, True, True, True, True, True, True] + [True] * 100)
+    s = AwaitRecovery(AWAIT, Progress(), healthy=lambda _: next(seen), deleted=lambda _: False, poll_interval=0.02)
+    result = await s.run(managed(IID))
+    assert result.outcome is Outcome.DONE and s.progress.phase == "done"
+
+
+async def test_await_recovery_fails_at_the_deadline_when_never_healthy() -> None:
+    s = AwaitRecovery(AWAIT, Progress(), healthy=lambda _: False, deleted=lambda _: False, poll_interval=0.02)
+    result = await s.run(managed(IID))
+    assert result.outcome is Outcome.FAILED and s.progress.phase == "expired"
+
+
+async def test_await_recovery_stops_when_the_instance_is_deleted() -> None:
+    s = AwaitRecovery(AWAIT, Progress(), healthy=lambda _: False, deleted=lambda _: True, poll_interval=0.02)
+    assert (await s.run(managed(IID))).outcome is Outcome.ABORTED

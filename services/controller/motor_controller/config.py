@@ -27,6 +27,10 @@ class FaultToleranceConfig:
     engine_relaunch_poll_interval_sec: float = 2.0
     engine_relaunch_dispatch_retries: int = 3
     engine_relaunch_nm_unreachable_threshold: int = 3
+    # ENGINE_UNHEALTHY → await_recovery: how long the engine may take to be healthy again (then the
+    # strategy fails and escalates to an engine relaunch), and how long it must stay healthy to count.
+    await_recovery_timeout_sec: float = 60.0
+    await_recovery_stable_sec: float = 3.0
     enable_dp_scale_down: bool = False
     enable_dp_scale_up: bool = False
     dp_scale_down_config: DpScaleDownConfig = field(default_factory=DpScaleDownConfig)
@@ -40,18 +44,48 @@ class FaultToleranceConfig:
             raise ValueError("engine_relaunch_dispatch_retries must be >= 0")
         if self.engine_relaunch_nm_unreachable_threshold < 1:
             raise ValueError("engine_relaunch_nm_unreachable_threshold must be >= 1")
+        if self.await_recovery_timeout_sec <= 0 or self.await_recovery_stable_sec < 0:
+            raise ValueError("await_recovery_timeout_sec must be > 0 and await_recovery_stable_sec >= 0")
 
 
 @dataclass(frozen=True)
 class StoreConfig:
-    # embedded = one SQLite file at `path`; etcd is reserved for the HA issue.
+    # embedded = one SQLite file at `path`; etcd = keys under `etcd_prefix` on `etcd_endpoints`
+    # (and the controller election is on: see `ha`).
     backend: Literal["embedded", "etcd"] = "embedded"
     path: str = "motor-controller.db"
     etcd_endpoints: list[str] = field(default_factory=list)
+    etcd_prefix: str = "/motor/default/controller/"
+    # Timeout of every etcd call of the store.
+    etcd_timeout_sec: float = 2.0
 
     def __post_init__(self) -> None:
         if self.backend == "etcd" and not self.etcd_endpoints:
             raise ValueError("store.backend etcd needs store.etcd_endpoints")
+        if self.etcd_timeout_sec <= 0:
+            raise ValueError("store.etcd_timeout_sec must be > 0")
+        if not self.etcd_prefix.startswith("/"):
+            raise ValueError("store.etcd_prefix must start with '/'")
+
+
+@dataclass(frozen=True)
+class ControllerHaConfig:
+    """Controller election (on when ``store.backend`` is etcd): only the holder of ``election_key``
+    acts; the others answer NOT_SERVING and refuse mutating RPCs."""
+
+    election_key: str = "/motor/default/controller-leader"
+    lock_ttl_sec: float = 3.0  # clamped to [2, 8] like the coordinator's
+    check_interval_sec: float = 0.5  # standby check, clamped to <= 2
+    # Value written under the key; default the advertise address (else host name + pid).
+    candidate_id: str = ""
+    # This controller's gRPC address as peers reach it; default server.host:<bound port>.
+    advertise_address: str = ""
+    # How often the master probes the store while it reports it unavailable.
+    store_probe_interval_sec: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.lock_ttl_sec <= 0 or self.check_interval_sec <= 0 or self.store_probe_interval_sec <= 0:
+            raise ValueError("ha.lock_ttl_sec, ha.check_interval_sec and ha.store_probe_interval_sec must be > 0")
 
 
 @dataclass(frozen=True)
@@ -102,6 +136,7 @@ class ControllerConfig:
     # DP master RPC port passed to engines of multi-node instances (vLLM default).
     dp_master_port: int = 29550
     store: StoreConfig = field(default_factory=StoreConfig)
+    ha: ControllerHaConfig = field(default_factory=ControllerHaConfig)
     fault_tolerance_config: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     node_restart: NodeRestartConfig = field(default_factory=NodeRestartConfig)
 

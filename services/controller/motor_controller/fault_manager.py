@@ -3,7 +3,10 @@ feeds its explicit result back (STYLE rule 12).
 
 - A fault report → :func:`~motor_controller.fault_policy.choose_strategy` (gated by
   ``fault_tolerance_config``; a previous FAILED strategy of the instance escalates). At most one
-  strategy runs per instance; a report for an instance already recovering joins that recovery.
+  strategy runs per instance; a report for an instance already recovering joins that recovery (an
+  ENGINE_DEAD report tells a no-restart strategy to stop waiting).
+- A no-restart strategy (await_recovery) that fails escalates at once, inside the same recovery
+  (the instance stays RECOVERING): nobody reports a persisting fault again.
 - A partial node loss (the reconcile plan finds it) → a node restart of the surviving nodes.
 - Start: the host moves the instance to RECOVERING (coordinators then see it PAUSED) *before* the
   report is answered. End: DONE waits (bounded) until heartbeats show the instance healthy, so the
@@ -25,7 +28,6 @@ from typing import Any, Protocol
 from motor_common.tasks import TaskOwner
 from motor_controller.config import FaultToleranceConfig
 from motor_controller.fault_policy import (
-    ENGINE_RELAUNCH,
     NODE_RESTART,
     FtState,
     Outcome,
@@ -33,6 +35,8 @@ from motor_controller.fault_policy import (
     Strategy,
     StrategyResult,
     choose_strategy,
+    escalation,
+    relaunch_expected,
 )
 from motor_controller.model import FaultReport, ManagedInstance
 
@@ -87,12 +91,15 @@ class FaultManager:
             return False
         current = self.running.get(mi.id)
         if current is not None:
-            return current.name == ENGINE_RELAUNCH
+            dead = getattr(current, "engine_dead", None)
+            if report.level == "engine_dead" and callable(dead):
+                dead()  # a no-restart strategy stops waiting; its failure escalates at once
+            return relaunch_expected(current.name, ft)
         name = choose_strategy(report, ft, previous_failed=self.failed.get(mi.id))
         if name is None:
             return False
         started = await self._begin(mi, name, mi.node_ids)
-        return started and name == ENGINE_RELAUNCH
+        return started and relaunch_expected(name, ft)
 
     async def on_partial_loss(self, instance_id: int, survivors: Sequence[str]) -> None:
         """Some nodes of the instance are lost: restart the survivors so it is rescheduled whole."""
@@ -119,15 +126,40 @@ class FaultManager:
         self._tasks.spawn(self._drive(mi, strategy, progress), name=f"strategy-{name}-{mi.id}")
         return True
 
+    async def _run_one(self, mi: ManagedInstance, strategy: Strategy) -> StrategyResult:
+        try:
+            return await strategy.run(mi)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("fault strategy crashed", extra={"instance_id": mi.id, "strategy": strategy.name})
+            return StrategyResult(Outcome.FAILED, f"strategy crashed: {exc!r}")
+
+    def _escalate(self, mi: ManagedInstance, failed: Strategy, result: StrategyResult,
+                  progress: Progress) -> tuple[ManagedInstance, Strategy] | None:
+        """A no-restart strategy failed: the next strategy, started at once in the same recovery."""
+        name = escalation(failed.name, self._config())
+        live = self._host.instance(mi.id)
+        if name is None or live is None or not live.live:
+            return None
+        nxt = self._build(name, live, progress, live.node_ids, self._spawn_abort)
+        if nxt is None:
+            return None
+        self.results.append((mi.id, failed.name, result))
+        self.running[mi.id] = nxt
+        progress.strategy, progress.phase, progress.state, progress.last_error = name, "starting", FtState.RUNNING, result.detail
+        log.warning("fault strategy failed, escalating",
+                    extra={"instance_id": mi.id, "failed": failed.name, "strategy": name, "detail": result.detail})  # fmt: skip
+        return live, nxt
+
     async def _drive(self, mi: ManagedInstance, strategy: Strategy, progress: Progress) -> None:
         try:
-            try:
-                result = await strategy.run(mi)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("fault strategy crashed", extra={"instance_id": mi.id, "strategy": strategy.name})
-                result = StrategyResult(Outcome.FAILED, f"strategy crashed: {exc!r}")
+            while True:
+                result = await self._run_one(mi, strategy)
+                nxt = self._escalate(mi, strategy, result, progress) if result.outcome is Outcome.FAILED else None
+                if nxt is None:
+                    break
+                mi, strategy = nxt
             if result.outcome is Outcome.DONE:
                 self.failed.pop(mi.id, None)
                 progress.state = FtState.IDLE

@@ -57,6 +57,11 @@ class Progress:
 ENGINE_RELAUNCH = "engine_relaunch"
 NODE_RESTART = "node_restart"
 DP_SCALE_DOWN = "dp_scale_down"
+AWAIT_RECOVERY = "await_recovery"
+
+# Strategies that expect the engine to recover without a restart: when one fails, the fault is still
+# there and nobody will report it again, so the fault manager takes the next decision at once.
+NO_RESTART_STRATEGIES = frozenset({AWAIT_RECOVERY, DP_SCALE_DOWN})
 
 
 def choose_strategy(
@@ -73,4 +78,22 @@ def choose_strategy(
         if config.enable_dp_scale_down:
             return DP_SCALE_DOWN
         return ENGINE_RELAUNCH if config.enable_engine_relaunch else None
+    if report.level == "engine_unhealthy":
+        return AWAIT_RECOVERY  # never a relaunch directly: only its failure escalates
     return None
+
+
+def escalation(failed: str, config: FaultToleranceConfig) -> str | None:
+    """The strategy to run at once after *failed* (a no-restart strategy) failed, or None."""
+    if failed not in NO_RESTART_STRATEGIES or not config.enable_fault_tolerance:
+        return None
+    return ENGINE_RELAUNCH if config.enable_engine_relaunch else NODE_RESTART
+
+
+def relaunch_expected(strategy: str, config: FaultToleranceConfig) -> bool:
+    """Whether the nodes should freeze self-termination while *strategy* handles their fault.
+
+    True for an engine relaunch, and for a no-restart strategy whose failure escalates to one."""
+    if strategy == ENGINE_RELAUNCH:
+        return True
+    return strategy in NO_RESTART_STRATEGIES and config.enable_engine_relaunch

@@ -5,7 +5,9 @@ instance form one collective group):
 
 1. probe every nodemanager (``GetStatus``); any unreachable → phase 2 at once;
 2. dispatch ``RestartEngine(RESTART)`` to each, with at most ``engine_relaunch_dispatch_retries``
-   retries of a transient failure; a nodemanager that answers ABORTED/RELAUNCH_IN_PROGRESS is already
+   retries of a transient failure, each call bounded by what is left of
+   ``engine_relaunch_complete_timeout_sec`` plus the RPC timeout (the nodemanager answers once its
+   engines are NORMAL, within its ``engine_restart_wait_timeout_sec``); a nodemanager that answers ABORTED/RELAUNCH_IN_PROGRESS is already
    relaunching and counts as dispatched; INTERNAL (its relaunch failed) or FAILED_PRECONDITION do not;
 3. poll ``GetStatus`` every ``engine_relaunch_poll_interval_sec`` until every node runs the instance
    with all endpoints NORMAL → DONE; a node unreachable for
@@ -42,8 +44,13 @@ from motor_controller.peers import NodeManagers
 
 log = logging.getLogger(__name__)
 
-# Upper bound of one RestartEngine call (the nodemanager answers once the processes are spawned).
-DISPATCH_TIMEOUT_SEC = 60.0
+
+def dispatch_timeout(deadline: float, now: float, margin: float) -> float:
+    """Deadline of one RestartEngine(RESTART) call: what is left of the relaunch, plus a margin.
+
+    The nodemanager answers once its engines are NORMAL (bounded by its own
+    ``engine_restart_wait_timeout_sec``), so the call may legitimately last as long as the relaunch."""
+    return max(deadline - now, 0.0) + margin
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,11 @@ class EngineRelaunch:
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        call_margin: float = 5.0,
     ) -> None:
         self._nms = node_managers
+        self._margin = call_margin
+        self._deadline = 0.0
         self._cfg = config
         self.targets = list(targets)
         self.progress = progress
@@ -140,6 +150,7 @@ class EngineRelaunch:
         # dispatch RestartEngine(RESTART) to all
         self._phase("dispatch")
         self.progress.relaunch_attempts += 1
+        self._deadline = deadline = self._clock() + self._cfg.engine_relaunch_complete_timeout_sec
         results = await asyncio.gather(*(self._dispatch(t, mi.id) for t in self.targets))
         failed = [f"{t.node_id}: {err}" for t, err in zip(self.targets, results, strict=True) if err]
         if self._deleted(mi.id):
@@ -148,7 +159,6 @@ class EngineRelaunch:
             return await self._phase2(mi, "restart not dispatched to " + "; ".join(failed))
         # poll until every node is NORMAL again
         self._phase("poll")
-        deadline = self._clock() + self._cfg.engine_relaunch_complete_timeout_sec
         misses = {t.node_id: 0 for t in self.targets}
         while True:
             if self._deleted(mi.id):
@@ -179,7 +189,8 @@ class EngineRelaunch:
         err = ""
         for attempt in range(self._cfg.engine_relaunch_dispatch_retries + 1):
             try:
-                await self._nms.restart_engine(t.address, instance_id, abort=False, timeout=DISPATCH_TIMEOUT_SEC)
+                timeout = dispatch_timeout(self._deadline, self._clock(), self._margin)
+                await self._nms.restart_engine(t.address, instance_id, abort=False, timeout=timeout)
             except MotorError as exc:
                 kind = classify_dispatch_error(exc)
                 if kind is Dispatch.DISPATCHED:
@@ -210,7 +221,7 @@ class EngineRelaunch:
 
     async def _abort(self, t: Target, instance_id: int) -> bool:
         try:
-            await self._nms.restart_engine(t.address, instance_id, abort=True, timeout=DISPATCH_TIMEOUT_SEC)
+            await self._nms.restart_engine(t.address, instance_id, abort=True, timeout=self._margin)
         except MotorError as exc:
             log.error(
                 "engine relaunch abort failed for nodemanager %s: %s", t.node_id, exc.message,
