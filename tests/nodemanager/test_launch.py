@@ -50,6 +50,8 @@ def test_vllm_decode_is_kv_consumer_and_union_has_no_connector() -> None:
 def test_vllm_single_engine_has_no_dp_flags() -> None:
     argv = plan_launch(cmd(EngineType.VLLM, Role.DECODE, n=1, dp_size=1), settings("vllm"), {})[0].argv
     assert "--data-parallel-size" not in argv
+    # real vLLM 0.32 refuses --data-parallel-rank with size 1 (tests/realengine/test_launch_flags.py)
+    assert "--data-parallel-rank" not in argv and "--data-parallel-address" not in argv
 
 
 def test_vllm_env_side_channel_port_lands_on_kv_port_and_host_ip_defaults_to_pod_ip() -> None:
