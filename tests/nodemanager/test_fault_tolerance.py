@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -231,7 +232,7 @@ async def test_hung_engine_is_reported_once_by_the_health_probe(tmp_path: Path, 
         # the relaunch the controller would send: new engine, reporter state reset
         resp = await admin.call("RestartEngine", pb.RestartEngineRequest(action=pb.RESTART_ACTION_RESTART))
         assert resp.relaunch_count == 1 and resp.pids[0] != pids[0]
-        await wait_for(lambda: all_normal(admin), timeout=20, what="NORMAL after relaunch")
+        assert await all_normal(admin)  # RestartEngine answers once the relaunched engines are NORMAL
         await wait_for(lambda: unfrozen(admin), timeout=5, what="unfreeze once NORMAL")
         assert len(impl.faults) == 1
     finally:
@@ -263,3 +264,66 @@ async def test_relaunch_failure_is_internal_unfreezes_and_the_node_terminates(
         nm.terminate()
 
 
+
+
+@pytest.mark.slow
+async def test_a_relaunch_not_normal_within_the_wait_timeout_is_internal_and_unfreezes(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    impl.relaunch_expected = True
+    nm, admin, pids = await started(
+        tmp_path, controller, key_file,
+        fault_tolerance_config={"engine_restart_wait_timeout_sec": 1.0, "report_retry_interval_sec": 0.1},
+    )  # fmt: skip
+    try:
+        cfg = yaml.safe_load(nm.config_path.read_text())
+        cfg["engine"]["env"]["MOTOR_SIM_FAULT"] = "health_503"  # the relaunched engine runs but is never NORMAL
+        nm.config_path.write_text(yaml.safe_dump(cfg))
+        await wait_for(lambda: "configuration reloaded" in nm.log_text(), timeout=5, what="hot reload")
+        os.killpg(pids[0], signal.SIGKILL)
+        await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
+        t0 = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await admin.call("RestartEngine", pb.RestartEngineRequest(action=pb.RESTART_ACTION_RESTART))
+        assert code_of(err.value) == grpc.StatusCode.INTERNAL
+        assert "engine_restart_wait_timeout_sec" in (err.value.details() or "")
+        assert 1.0 <= time.monotonic() - t0 < 8.0
+        assert not await frozen(admin)
+        assert await exited(nm, 10) == EXIT_RESCHEDULE  # nothing NORMAL runs: the arbiter restarts the node
+    finally:
+        await admin.close()
+        nm.terminate()
+
+
+def test_a_probe_failure_is_unhealthy_not_dead_when_the_engine_publishes_its_own_faults() -> None:
+    from motor_common.domain import EngineType, Role
+    from motor_nodemanager import endpoint_state as es
+    from motor_nodemanager.start_command import StartCommand
+
+    n, now = node(enable_fault_tolerance=True, zmq_pub_port=41000)
+    n.node_id = "n"
+    n.command = StartCommand(1, "motor", Role.PREFILL, EngineType.VLLM, "m", (), 0, 1, "", 0, 1, 1, ())
+    old = es.observe(es.launched(0, generation=1, now=now[0], pid=9), es.Observation.HEALTHY,
+                     generation=1, now=now[0], grace_sec=0.0)  # fmt: skip
+    new = es.observe(old, es.Observation.UNHEALTHY, generation=1, now=now[0], grace_sec=0.0)
+    plain = n._death_of(old, new, es.Observation.UNHEALTHY, "503")
+    assert plain is not None and plain.level is FaultLevel.ENGINE_DEAD  # no publisher followed: a death
+    n.fault_reporter = object()  # type: ignore[assignment]
+    r = n._death_of(old, new, es.Observation.UNHEALTHY, "503")
+    assert r is not None and (r.level, r.source) == (FaultLevel.ENGINE_UNHEALTHY, FaultSource.HEALTH_PROBE)
+    exit_ = n._death_of(old, es.observe(old, es.Observation.EXITED, generation=1, now=now[0], grace_sec=0.0),
+                        es.Observation.EXITED, "exit")  # fmt: skip
+    assert exit_ is not None and exit_.level is FaultLevel.ENGINE_DEAD  # a process exit stays a death
+    # an accepted unhealthy report with relaunch expected freezes too (await recovery may escalate)
+    n.on_fault_accepted(r, FaultAck(True, True))
+    assert n.arbiter.is_frozen(now[0])
+
+
+def test_default_node_id_is_stable_across_restarts() -> None:
+    from motor_nodemanager.app import default_node_id
+
+    cfg = NodeManagerConfig(role="prefill", job_name="job-x", node_rank=1, nodes_per_instance=2)
+    assert default_node_id(cfg, {}, "host-a") == "host-a:job-x:1"  # no port in it
+    assert default_node_id(cfg, {"POD_NAME": "pod-7"}, "host-a") == "pod-7"
+    assert default_node_id(NodeManagerConfig(role="prefill", node_id="n1"), {"POD_NAME": "p"}, "h") == "n1"

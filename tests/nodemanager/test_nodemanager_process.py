@@ -217,8 +217,9 @@ async def test_start_pause_restart_and_stop_node_leave_no_process_behind(
         # StopNode: engines gone, process exits with the reschedule code, ports free
         engines = family(list(restarted.pids))
         await admin.call("StopNode", pb.StopNodeRequest(reason="test"))
+        assert all(gone(p) for p in engines)  # engines stopped before the answer (seed order)
+        assert nm.proc.poll() is None  # ...and the process terminates itself only after answering
         assert await exited(nm, 20) == EXIT_RESCHEDULE
-        assert all(gone(p) for p in engines)
         assert all(port_free(e.business_port) for e in spec.endpoints)
     finally:
         await admin.close()

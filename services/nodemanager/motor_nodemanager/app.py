@@ -180,11 +180,11 @@ class ApiServerModule(_Base):
     async def start(self) -> None:
         cfg = self.app.config
         server = GrpcServer("nodemanager", cfg.server)
-        add_services(server, self.app.node, self.app.request_stop_node, cfg)
+        add_services(server, self.app.node, self.app.stop_node, cfg)
         port = await server.start()
         self.server = server
         self.app.admin_port = port
-        self.app.node.node_id = cfg.node_id or os.environ.get("POD_NAME") or f"{socket.gethostname()}:{port}"
+        self.app.node.node_id = default_node_id(cfg, os.environ, socket.gethostname())
         if self.app.ports_file:
             write_ports_file(self.app.ports_file, {"grpc": port})
 
@@ -260,6 +260,14 @@ class ConfigWatcherModule(_Base):
             self.app.reload_config()
 
 
+def default_node_id(cfg: NodeManagerConfig, environ: Mapping[str, str], hostname: str) -> str:
+    """The node id: ``node_id`` from the config, else ``POD_NAME``, else ``hostname:job:node_rank``.
+
+    Stable across restarts of the nodemanager (never the admin port, which may be picked at random),
+    so a restarted node re-registers under the same id and rejoins its instance."""
+    return cfg.node_id or environ.get("POD_NAME") or f"{hostname}:{cfg.job_name}:{cfg.node_rank}"
+
+
 def _mtime(path: str) -> float:
     try:
         return os.stat(path).st_mtime_ns / 1e9
@@ -287,6 +295,7 @@ class NodeManagerApp(Application):
         self.peer: ControllerPeer | None = None
         self._tasks: TaskOwner | None = None
         self._registering = asyncio.Lock()
+        self._stop_task: asyncio.Task[None] | None = None
 
     @property
     def config(self) -> NodeManagerConfig:
@@ -384,17 +393,29 @@ class NodeManagerApp(Application):
             log.info("registered with the controller", extra={"node_id": node_id, "controller": self.config.controller_address})
             self.node.on_change()
 
-    def request_stop_node(self, reason: str) -> None:
-        """StopNode: reply first, then stop engines and exit with the reschedule code."""
+    async def stop_node(self, reason: str) -> None:
+        """StopNode (seed: stop = stop the engines, then terminate self): the engines are stopped
+        before the call is answered; the process exits with the reschedule code (75) after
+        ``stop_exit_delay_sec`` so the answer reaches the caller. A cancelled call (client deadline)
+        does not interrupt the stop."""
         assert self._tasks is not None
-
-        async def later() -> None:
+        if self._stop_task is None:
             self.node.stopping = True
-            await asyncio.sleep(self.config.stop_exit_delay_sec)
-            await self.node.stop_engines()
-            self.request_exit(EXIT_RESCHEDULE, f"StopNode: {reason}")
+            self.node.on_change()
 
-        self._tasks.spawn(later(), name="stop-node")
+            async def stop() -> None:
+                await self.node.stop_engines()
+                log.warning("StopNode: engines stopped, exiting in %ss", self.config.stop_exit_delay_sec)
+
+                async def later() -> None:
+                    await asyncio.sleep(self.config.stop_exit_delay_sec)
+                    self.request_exit(EXIT_RESCHEDULE, f"StopNode: {reason}")
+
+                assert self._tasks is not None
+                self._tasks.spawn(later(), name="stop-node-exit")
+
+            self._stop_task = self._tasks.spawn(stop(), name="stop-node")
+        await asyncio.shield(self._stop_task)
 
     def reload_config(self) -> None:
         try:

@@ -81,6 +81,8 @@ class RegistrationConfig:
 class FaultToleranceConfig:
     enable_fault_tolerance: bool = False
     enable_engine_relaunch: bool = True
+    # Bound of one relaunch: the relaunched engines must be NORMAL within it, else RestartEngine
+    # answers INTERNAL (engines stopped, self-termination unfrozen).
     engine_restart_wait_timeout_sec: float = 180.0
     engine_restart_freeze_sec: float = 720.0
     zmq_pub_port: int | None = None
@@ -95,6 +97,8 @@ class FaultToleranceConfig:
     def __post_init__(self) -> None:
         if self.report_retry_interval_sec <= 0 or self.report_timeout_sec <= 0 or self.zmq_retry_interval_sec <= 0:
             raise ValueError("fault_tolerance_config retry intervals and timeouts must be > 0")
+        if self.engine_restart_wait_timeout_sec <= 0:
+            raise ValueError("fault_tolerance_config.engine_restart_wait_timeout_sec must be > 0")
         if self.engine_restart_freeze_sec <= 0:
             raise ValueError("fault_tolerance_config.engine_restart_freeze_sec must be > 0")
 
@@ -138,7 +142,7 @@ class RoleSection:
 class NodeManagerConfig:
     job_name: str = "motor"
     role: RoleName | None = None  # None: from the ROLE environment variable
-    node_id: str = ""  # "": POD_NAME, else hostname:admin_port
+    node_id: str = ""  # "": POD_NAME, else hostname:job_name:node_rank (stable across restarts)
     engine_type: Literal["vllm", "sglang"] = "vllm"
     model_name: str = "model"
     ip: str = ""  # "": POD_IP, else 127.0.0.1
@@ -156,7 +160,7 @@ class NodeManagerConfig:
     heartbeat_interval_seconds: float = 3.0
     daemon_loop_interval: float = 5.0
     config_watch_interval_sec: float = 2.0
-    # Delay between answering StopNode and terminating.
+    # StopNode stops the engines, answers, then exits (75) after this delay.
     stop_exit_delay_sec: float = 0.3
     health: HealthConfig = field(default_factory=HealthConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -8,6 +8,7 @@ Everything here runs on one event loop: a check-then-act without an ``await`` in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -192,21 +193,32 @@ class Node:
         """The death report an observation calls for, if any (dedup is the ledger's job)."""
         if self.command is None or not self.node_id or self.relaunching or self.stopping:
             return None
+        level = FaultLevel.ENGINE_DEAD
         if obs is es.Observation.EXITED and old.pid:
             source = FaultSource.PROCESS_EXIT
         elif new.status is EndpointStatus.ABNORMAL and old.status is not EndpointStatus.ABNORMAL and new.was_normal:
             source = FaultSource.HEALTH_PROBE
+            if self.publisher_on:
+                # The process is alive and the engine reports its own faults: a failing /health is
+                # "unhealthy" (the controller awaits recovery, then escalates), not a death.
+                level = FaultLevel.ENGINE_UNHEALTHY
         else:
             return None
         return FaultReport(
             node_id=self.node_id,
             instance_id=self.command.instance_id,
             endpoint_id=old.endpoint_id,
-            level=FaultLevel.ENGINE_DEAD,
+            level=level,
             source=source,
             pid=old.pid,
             detail=detail,
         )
+
+    @property
+    def publisher_on(self) -> bool:
+        """The engines publish their own fault state (``vllm_fault``) and the reporter follows it."""
+        ft = self.cfg.fault_tolerance_config
+        return self.fault_reporter is not None and ft.enable_fault_tolerance and ft.zmq_pub_port is not None
 
     def publisher_report(self, endpoint_id: int, level: FaultLevel, detail: str) -> FaultReport | None:
         """A fault the engine's own publisher announced, as a report (None when nothing runs)."""
@@ -217,9 +229,10 @@ class Node:
                            st.pid, detail)  # fmt: skip
 
     def on_fault_accepted(self, report: FaultReport, ack: FaultAck) -> None:
-        """A death report succeeded: freeze self-termination if the controller will relaunch in place."""
+        """A fault report succeeded: freeze self-termination if the controller will handle it in place
+        (an engine relaunch, or an await-recovery that escalates to one)."""
         ft = self.cfg.fault_tolerance_config
-        if report.level is not FaultLevel.ENGINE_DEAD or not ack.relaunch_expected or not ft.enable_engine_relaunch:
+        if not ack.relaunch_expected or not ft.enable_engine_relaunch:
             return
         if self.command is None or report.instance_id != self.command.instance_id:
             return
@@ -355,14 +368,18 @@ class Node:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 print(f"[ENGINE RELAUNCH #{self.relaunch_count}] {stamp} instance {cmd.instance_id}", flush=True)
                 pids = await self._launch(cmd)
+            await self._wait_normal(ft.engine_restart_wait_timeout_sec)
         except MotorError as exc:
             self.arbiter.unfreeze()
-            # Nothing runs any more: every endpoint is ABNORMAL so the arbiter can restart the node.
+            await self.poller.stop()
+            await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)  # nothing half-started stays
+            # Nothing runs any more: every endpoint is ABNORMAL (and counts as once NORMAL — it was,
+            # before the relaunch) so the arbiter restarts the node.
             for eid, st in self.states.items():
-                self.states[eid] = es.observe(
+                self.states[eid] = dataclasses.replace(es.observe(
                     st, es.Observation.EXITED, generation=st.generation, now=self._clock(), grace_sec=0.0,
                     detail=f"relaunch failed: {exc.message}",
-                )  # fmt: skip
+                ), was_normal=True)  # fmt: skip
             log.error("engine relaunch failed: self-termination unfrozen: %s", exc.message)
             raise Internal(f"Failed to relaunch engine: {exc.message}", reason="RELAUNCH_FAILED") from exc
         finally:
@@ -373,14 +390,32 @@ class Node:
         log.info("engines relaunched", extra={"relaunch_count": self.relaunch_count, "pids": pids})
         return pids
 
+    async def _wait_normal(self, timeout: float) -> None:
+        """Relaunched engines must all be NORMAL within *timeout* (``engine_restart_wait_timeout_sec``)."""
+        deadline = self._clock() + timeout
+        while True:
+            states = [s for s in self.states.values() if s.status is not EndpointStatus.RETIRED]
+            if states and all(s.status is EndpointStatus.NORMAL for s in states):
+                return
+            gone = [s.endpoint_id for s in states if not self.supervisor.pid_of(s.endpoint_id)]
+            if gone:
+                raise Internal(f"relaunched engine of endpoint(s) {gone} exited before it was NORMAL",
+                               reason="ENGINE_EXITED")  # fmt: skip
+            if self._clock() >= deadline:
+                raise Internal(f"relaunched engines not NORMAL within {timeout:g}s (engine_restart_wait_timeout_sec)",
+                               reason="RELAUNCH_TIMEOUT")  # fmt: skip
+            await asyncio.sleep(0.05)
+
     # --- daemon ----------------------------------------------------------------------------------
     def tick(self) -> Verdict:
         now = self._clock()
         self.arbiter.threshold = self.cfg.health.abnormal_threshold
         visible = [s for s in self.states.values() if s.status is not EndpointStatus.RETIRED]
         if self.arbiter.is_frozen(now) and visible and all(s.status is EndpointStatus.NORMAL for s in visible):
-            if not self.relaunching and self.relaunch_count:
-                log.info("relaunched engines are NORMAL: self-termination unfrozen")
+            # Every endpoint NORMAL again (relaunched, or recovered by itself) and no report in flight:
+            # nothing left to protect from self-termination.
+            if not self.relaunching and not self._held:
+                log.info("engines are NORMAL again: self-termination unfrozen")
                 self.arbiter.unfreeze()
         verdict = self.arbiter.tick(visible, now)
         if verdict.freeze_expired:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from motor_common.convert import endpoint_from_pb, engine_from_pb, role_from_pb
@@ -47,9 +47,9 @@ def start_command_from_pb(req: pb.StartEnginesRequest) -> StartCommand:
 
 
 class NodeManagerServicer(pbg.NodeManagerServiceServicer):
-    def __init__(self, node: Node, request_stop: Callable[[str], None]) -> None:
+    def __init__(self, node: Node, stop_node: Callable[[str], Awaitable[None]]) -> None:
         self._node = node
-        self._request_stop = request_stop
+        self._stop_node = stop_node
 
     async def StartEngines(self, request: pb.StartEnginesRequest, context: Any) -> pb.StartEnginesResponse:
         cmd = start_command_from_pb(request)
@@ -58,7 +58,7 @@ class NodeManagerServicer(pbg.NodeManagerServiceServicer):
 
     async def StopNode(self, request: pb.StopNodeRequest, context: Any) -> pb.StopNodeResponse:
         log.warning("StopNode: %s", request.reason or "(no reason given)")
-        self._request_stop(request.reason or "StopNode")
+        await self._stop_node(request.reason or "StopNode")  # engines stopped before the answer
         return pb.StopNodeResponse()
 
     async def PauseNode(self, request: pb.PauseNodeRequest, context: Any) -> pb.PauseNodeResponse:
@@ -127,10 +127,10 @@ class ScaleDownServicer(pbg.ScaleDownServiceServicer):
 
 
 def add_services(
-    server: GrpcServer, node: Node, request_stop: Callable[[str], None], cfg: NodeManagerConfig
+    server: GrpcServer, node: Node, stop_node: Callable[[str], Awaitable[None]], cfg: NodeManagerConfig
 ) -> None:
     """Register both services (protected by the management key) on *server*."""
-    nm = NodeManagerServicer(node, request_stop)
+    nm = NodeManagerServicer(node, stop_node)
     sd = ScaleDownServicer(lambda: cfg.fault_tolerance_config.enable_dp_scale_down)
     server.add_service(
         NODEMANAGER_SERVICE,
