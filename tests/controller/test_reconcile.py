@@ -101,3 +101,52 @@ def test_node_displaced_by_another_pod_retires_the_instance_and_bumps_the_id() -
     new_id = instance_id_for("job-p", 1)
     assert w.instances[new_id].state is InstanceState.INITIAL and w.incarnations["job-p"] == 1
     assert w.instances[new_id].node_ids == ("job-p-n0", "pod-new")
+
+
+def active_two_nodes() -> World:
+    w, _ = step(world(nodes=two_nodes()))
+    w, _ = step(replace(w, observations={n: obs(10.0, 0, [], NodeState.REGISTERED) for n in w.nodes}))
+    w, _ = step(replace(w, observations={n: obs(10.5, IID, [ES.NORMAL, ES.NORMAL]) for n in w.nodes}, now=10.6))
+    assert w.instances[IID].state is InstanceState.ACTIVE
+    return w
+
+
+def test_restarted_nodes_with_the_same_ids_and_new_ports_rejoin_the_same_instance() -> None:
+    w = active_two_nodes()
+    # node 1 comes back (same node id, other ports); node 0 is not back yet: nothing starts
+    moved = spec(1, 2, base_port=9000)
+    nodes = {**w.nodes, moved.node_id: record(moved, 20.0)}
+    fresh = {"job-p-n1": obs(20.0, 0, [], NodeState.REGISTERED)}
+    w, p = step(replace(w, nodes=nodes, observations=fresh, now=20.1, start_gates={}))
+    assert p.starts == [] and w.instances[IID].state is not InstanceState.DELETED
+    assert w.instances[IID].generation == 1
+    # node 0 back too: refreshed in place (same id, generation + 1), both started with the new ports
+    back = spec(0, 2, base_port=9100)
+    nodes = {**nodes, back.node_id: record(back, 20.2)}
+    fresh = {n: obs(20.2, 0, [], NodeState.REGISTERED) for n in nodes}
+    w, p = step(replace(w, nodes=nodes, observations=fresh, now=20.3))
+    mi = w.instances[IID]
+    assert mi.state is not InstanceState.DELETED and mi.generation == 2 and p.incarnations == {}
+    assert mi.instance is not None and sorted(e.business_port for e in mi.instance.endpoints)[0] >= 9000
+    assert sorted(c.node_id for c in p.starts) == ["job-p-n0", "job-p-n1"]
+    assert all(c.instance_id == IID and c.generation == 2 for c in p.starts)
+
+
+def test_another_node_id_for_a_rank_still_retires_the_instance() -> None:
+    w = active_two_nodes()
+    other = spec(1, 2, node_id="elsewhere")
+    nodes = {k: v for k, v in w.nodes.items() if k != "job-p-n1"} | {"elsewhere": record(other, 20.0)}
+    w, p = step(replace(w, nodes=nodes, observations={}, now=20.1))
+    assert w.instances[IID].state is InstanceState.DELETED and p.incarnations == {"job-p": 1}
+
+
+def test_partial_loss_survivors_are_only_nodes_still_running_the_instance() -> None:
+    from motor_controller.reconcile import partial_loss
+
+    w = active_two_nodes()
+    now = 12.0
+    running = obs(11.9, IID, [ES.NORMAL, ES.NORMAL])
+    w = replace(w, now=now, observations={"job-p-n1": running})  # n0 lost
+    assert partial_loss(w.instances[IID], w) == ("job-p-n1",)
+    restarted = obs(11.9, 0, [], NodeState.REGISTERED)  # n1 already restarted: nothing to stop
+    assert partial_loss(w.instances[IID], replace(w, observations={"job-p-n1": restarted})) == ()

@@ -7,7 +7,10 @@ a no-op. Steps:
 1. *Assemble*: a job with no live instance and all ranks registered and alive gets one (or a
    fail-closed INITIAL record with the reason); a still-INITIAL blocked record is re-assembled.
 2. *Validate*: a live instance whose nodes were displaced or whose specs changed is retired
-   (DELETED, the job's incarnation bumped so the next assembly gets a new id).
+   (DELETED, the job's incarnation bumped so the next assembly gets a new id) — except when the same
+   node ids re-registered with other ports (restarted nodemanagers with stable ids): the instance keeps
+   its id and is refreshed in place (generation + 1) once all its nodes are alive; until then nothing
+   of it is started.
 3. *Observe*: every live instance's signal moves its state through ``instance_fsm``.
 4. *Start*: a fresh node whose heartbeat shows it is not running its instance gets StartEngines
    (rate-limited per node; never for nodes without a heartbeat since registration/restart).
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from motor_common.domain import Instance
 from motor_controller.assembly import StartCommand, assemble, start_commands
 from motor_controller.instance_fsm import Signal, observe, transition
 from motor_controller.model import (
@@ -61,6 +65,9 @@ def node_alive(rec: NodeRecord, ob: NodeObservation | None, now: float, timeout:
     return ob is None and rec.registered_mono is not None and now - rec.registered_mono < timeout
 
 
+_NOT_RUNNING = (NodeState.STOPPING, NodeState.REGISTERED, NodeState.RESTORED)
+
+
 def partial_loss(mi: ManagedInstance, world: World) -> tuple[str, ...]:
     """Surviving nodes of a multi-node instance that lost some but not all of its nodes (else ())."""
     if len(mi.node_ids) < 2 or mi.state not in (InstanceState.STARTING, InstanceState.ACTIVE, InstanceState.INACTIVE):
@@ -73,9 +80,20 @@ def partial_loss(mi: ManagedInstance, world: World) -> tuple[str, ...]:
         ob = world.observations.get(node_id)
         if rec is None or not node_alive(rec, ob, world.now, world.heartbeat_timeout):
             lost.append(node_id)
-        elif ob is None or ob.state is not NodeState.STOPPING:
-            survivors.append(node_id)
+        elif ob is not None and ob.instance_id == mi.id and ob.state not in _NOT_RUNNING:
+            survivors.append(node_id)  # still runs engines of the instance: must be restarted with it
     return tuple(survivors) if lost and survivors else ()
+
+
+def rejoinable(mi: ManagedInstance, instance: Instance | None, node_ids: tuple[str, ...], reason: str) -> bool:
+    """The same nodes (ids, ranks, roles) re-assemble *mi* with other endpoints (ports): a restarted
+    nodemanager with a stable node id. Anything else (other nodes, a failed assembly) retires it."""
+    if instance is None or reason or mi.instance is None or node_ids != mi.node_ids:
+        return False
+    old = mi.instance
+    return (instance.id, instance.role, instance.job_name, instance.model_name, instance.engine_type) == (
+        old.id, old.role, old.job_name, old.model_name, old.engine_type,
+    ) and len(instance.endpoints) == len(old.endpoints)
 
 
 def _set_state(mi: ManagedInstance, state: InstanceState, reason: str, wall: float) -> ManagedInstance:
@@ -93,16 +111,21 @@ def plan(world: World) -> Plan:
         out.upserts[mi.id] = mi
 
     alive_by_job: dict[str, list[NodeSpec]] = {}
+    alive_ids: set[str] = set()
     for node_id, rec in world.nodes.items():
         ob = world.observations.get(node_id)
         if node_alive(rec, ob, now, timeout) and (ob is None or ob.state is not NodeState.STOPPING):
             alive_by_job.setdefault(rec.spec.job_name, []).append(rec.spec)
+            alive_ids.add(node_id)
     live_by_job: dict[str, ManagedInstance] = {}
     for mi in instances.values():
         if mi.live:
             live_by_job[mi.job_name] = mi
 
-    # 2. retire live instances whose nodes no longer match what they were assembled from.
+    # 2. retire live instances whose nodes no longer match what they were assembled from; a node
+    #    that re-registered under the same id with other ports (a restarted nodemanager) rejoins:
+    #    the instance keeps its id and is refreshed in place once every node of it is alive.
+    stale: set[int] = set()
     for job, mi in list(live_by_job.items()):
         if mi.blocked:
             continue
@@ -112,12 +135,23 @@ def plan(world: World) -> Plan:
             if len(specs) == len(mi.node_ids)
             else None
         )
-        if again is None or again.instance != mi.instance or again.master_address != mi.master_address:
-            why = "nodes changed: " + (again.reason if again and again.reason else "re-registered with another spec")
-            put(_set_state(mi, InstanceState.DELETED, why, world.wall))
-            incarnations[job] = mi.incarnation + 1
-            out.incarnations[job] = mi.incarnation + 1
-            del live_by_job[job]
+        if again is not None and again.instance == mi.instance and again.master_address == mi.master_address:
+            continue
+        if again is not None and rejoinable(mi, again.instance, again.node_ids, again.reason):
+            if all(n in alive_ids for n in mi.node_ids):
+                mi = replace(mi, instance=again.instance, master_address=again.master_address,
+                             generation=mi.generation + 1, reason="nodes rejoined with new endpoints",
+                             state_changed_at=world.wall)  # fmt: skip
+                put(mi)
+                live_by_job[job] = mi
+            else:
+                stale.add(mi.id)  # wait for every node before starting anything
+            continue
+        why = "nodes changed: " + (again.reason if again and again.reason else "re-registered with another spec")
+        put(_set_state(mi, InstanceState.DELETED, why, world.wall))
+        incarnations[job] = mi.incarnation + 1
+        out.incarnations[job] = mi.incarnation + 1
+        del live_by_job[job]
 
     # 1. assemble jobs without a live instance; refresh blocked INITIAL records.
     for job, specs in alive_by_job.items():
@@ -159,7 +193,7 @@ def plan(world: World) -> Plan:
         survivors = partial_loss(mi, world)
         if survivors:
             out.partial_losses[mi.id] = survivors
-        if mi.state in (InstanceState.RECOVERING, InstanceState.DELETED, InstanceState.ACTIVE):
+        if mi.state in (InstanceState.RECOVERING, InstanceState.DELETED, InstanceState.ACTIVE) or mi.id in stale:
             continue
         assert mi.instance is not None
         specs = [world.nodes[n].spec for n in mi.node_ids]
