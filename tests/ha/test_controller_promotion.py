@@ -89,6 +89,7 @@ async def test_new_master_gets_the_full_instance_set_at_its_own_address_soon_aft
         try:
             ids = await wait_for(lambda: _two_active(ctl.address), timeout=15, what="2 ACTIVE instances")
             old = await wait_for(lambda: _master_of(coords), timeout=10, what="a master")
+            assert old is not None
             new = next(c for c in coords if c is not old)
             await wait_for(lambda: _has(old.address, ids), timeout=10, what="the first master holds the set")
 

@@ -80,12 +80,10 @@ class ControllerHaConfig:
     candidate_id: str = ""
     # This controller's gRPC address as peers reach it; default server.host:<bound port>.
     advertise_address: str = ""
-    # How often the master probes the store while it reports it unavailable.
-    store_probe_interval_sec: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.lock_ttl_sec <= 0 or self.check_interval_sec <= 0 or self.store_probe_interval_sec <= 0:
-            raise ValueError("ha.lock_ttl_sec, ha.check_interval_sec and ha.store_probe_interval_sec must be > 0")
+        if self.lock_ttl_sec <= 0 or self.check_interval_sec <= 0:
+            raise ValueError("ha.lock_ttl_sec and ha.check_interval_sec must be > 0")
 
 
 @dataclass(frozen=True)

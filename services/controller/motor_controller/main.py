@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -43,19 +45,22 @@ def write_ports_file(path: str, ports: dict[str, int]) -> None:
     os.replace(tmp, target)
 
 
-def build_server(config: ControllerConfig, controller: Controller, key: str | None) -> GrpcServer:
+def build_server(
+    config: ControllerConfig, controller: Controller, key: str | None, gate: Callable[[], None] | None = None
+) -> GrpcServer:
     server = GrpcServer("controller", config.server, management_key=key)
+    g: Callable[[], None] = gate or (lambda: None)
     server.add_service(
         CONTROLLER_SERVICE,
         lambda s: pbgrpc.add_ControllerServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ControllerServicer(controller), s
+            ControllerServicer(controller, g), s
         ),
         protected=True,
     )
     server.add_service(
         ADMIN_SERVICE,
         lambda s: pbgrpc.add_ControllerAdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
-            ControllerAdminServicer(controller), s
+            ControllerAdminServicer(controller, g), s
         ),
         protected=True,
     )
@@ -66,6 +71,8 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     from motor_common.grpc_server import read_secret
 
     key = read_secret(config.server.management_key_file)
+    if config.store.backend == "etcd":
+        return await serve_ha(config, ports_file, key)
     store = await open_store(config.store.backend, config.store.path)
     controller = Controller(
         config,
@@ -88,6 +95,51 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         log.info("motor-controller stopping")
         await server.set_serving(False)
         await controller.close()
+        await server.stop()
+        await store.close()
+    return 0
+
+
+async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | None) -> int:
+    """etcd store + controller election: act only while holding ``ha.election_key``."""
+    from motor_common.etcd_election import EtcdElection
+    from motor_controller.election import ControllerLeader
+    from motor_controller.etcd_store import EtcdStore
+
+    ha, st = config.ha, config.store
+    store = EtcdStore(st.etcd_endpoints, st.etcd_prefix, timeout=st.etcd_timeout_sec)
+    controller = Controller(
+        config,
+        store,
+        GrpcNodeManagers(key, config.rpc_timeout_sec),
+        [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
+        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
+    )
+    server = build_server(config, controller, key, gate=lambda: leader.check())
+    leader = ControllerLeader(controller, server, "controller")
+    stop = stop_event_on_signals()
+    port = await server.start()
+    await server.set_serving(False)  # standby until the election says otherwise
+    advertise = ha.advertise_address or f"{config.server.host}:{port}"
+    candidate = ha.candidate_id or f"{advertise}@{socket.gethostname()}:{os.getpid()}"
+    leader.source = f"controller@{advertise}"
+    store.fence = (ha.election_key, candidate)
+    store.on_status = leader.store_status
+    election = EtcdElection(st.etcd_endpoints, ha.election_key, candidate, ttl=ha.lock_ttl_sec,
+                            check_interval=ha.check_interval_sec, on_change=leader.on_change,
+                            call_timeout=min(1.0, st.etcd_timeout_sec))  # fmt: skip
+    await election.start()
+    if ports_file:
+        write_ports_file(ports_file, {"grpc": port})
+    log.info("motor-controller ready (etcd store, election)",
+             extra={"port": port, "candidate": candidate, "election_key": ha.election_key})  # fmt: skip
+    try:
+        await stop.wait()
+    finally:
+        log.info("motor-controller stopping")
+        await server.set_serving(False)
+        await controller.close()
+        await election.stop(resign=True)  # a standby takes over at once
         await server.stop()
         await store.close()
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from motor_common.errors import InvalidArgument
@@ -49,11 +49,19 @@ def _page(items: list[T], size: int, token: str) -> tuple[list[T], str]:
     return items[start:end], (str(end) if end < len(items) else "")
 
 
+def _always() -> None:
+    return None
+
+
 class ControllerServicer(pbgrpc.ControllerServiceServicer):
-    def __init__(self, controller: Controller) -> None:
+    """*gate* raises (UNAVAILABLE ``NOT_MASTER``) on a controller that is not the acting master."""
+
+    def __init__(self, controller: Controller, gate: Callable[[], None] = _always) -> None:
         self.ctl = controller
+        self.gate = gate
 
     async def RegisterNode(self, request: pb.RegisterNodeRequest, context: Any) -> pb.RegisterNodeResponse:
+        self.gate()
         if not request.HasField("node"):
             raise InvalidArgument("node is required", reason="INVALID_NODE_SPEC")
         spec = node_spec_from_pb(request.node)
@@ -68,7 +76,9 @@ class ControllerServicer(pbgrpc.ControllerServiceServicer):
         self, request_iterator: AsyncIterator[pb.HeartbeatRequest], context: Any
     ) -> AsyncIterator[pb.HeartbeatResponse]:
         clock, wall = self.ctl._clock, self.ctl._wall
+        self.gate()
         async for frame in request_iterator:
+            self.gate()  # demoted mid-stream: end it, the nodemanager reconnects (to the master)
             known = self.ctl.heartbeat(frame.node_id, observation_from_pb(frame, clock(), wall()))
             if known:
                 yield pb.HeartbeatResponse(acked_sequence=frame.sequence, command=pb.HEARTBEAT_COMMAND_NONE)
@@ -80,6 +90,7 @@ class ControllerServicer(pbgrpc.ControllerServiceServicer):
                 )
 
     async def ReportFault(self, request: pb.ReportFaultRequest, context: Any) -> pb.ReportFaultResponse:
+        self.gate()
         if not request.node_id:
             raise InvalidArgument("node_id is required", reason="INVALID_FAULT")
         if request.level not in _LEVELS:
@@ -98,6 +109,7 @@ class ControllerServicer(pbgrpc.ControllerServiceServicer):
         return pb.ReportFaultResponse(accepted=accepted, relaunch_expected=relaunch)
 
     async def ReportAlarm(self, request: pb.ReportAlarmRequest, context: Any) -> pb.ReportAlarmResponse:
+        self.gate()
         if not request.HasField("alarm"):
             raise InvalidArgument("alarm is required", reason="INVALID_ALARM")
         accepted = await self.ctl.report_alarm(alarm_from_pb(request.alarm, self.ctl._wall()))
@@ -105,8 +117,11 @@ class ControllerServicer(pbgrpc.ControllerServiceServicer):
 
 
 class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
-    def __init__(self, controller: Controller) -> None:
+    """Reads are answered by any controller; mutations pass *gate* first."""
+
+    def __init__(self, controller: Controller, gate: Callable[[], None] = _always) -> None:
         self.ctl = controller
+        self.gate = gate
 
     async def ListNodes(self, request: pb.ListNodesRequest, context: Any) -> pb.ListNodesResponse:
         recs = sorted(
@@ -132,6 +147,7 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
     async def TerminateInstance(
         self, request: pb.TerminateInstanceRequest, context: Any
     ) -> pb.TerminateInstanceResponse:
+        self.gate()
         stopped = await self.ctl.terminate_instance(
             request.instance_id, request.precision_alarm_clear, request.reason
         )

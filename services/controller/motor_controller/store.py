@@ -3,7 +3,8 @@
 Default backend: **one SQLite file** (stdlib ``sqlite3``, WAL, run on a single-thread executor so
 the event loop never blocks). Chosen over an atomically rewritten JSON file because a write costs
 O(record), not O(whole state), and a multi-key batch (instance + job incarnation) is one
-transaction that survives a crash. An etcd backend (HA) plugs in behind the same Protocol.
+transaction that survives a crash. The etcd backend (HA, ``etcd_store.EtcdStore``) implements
+the same Protocol.
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ class SqliteStore:
 
 
 async def open_store(backend: str, path: str) -> Store:
+    """The embedded store (the etcd store is built by ``main.serve_ha``: it needs the election)."""
     if backend == "embedded":
         return await SqliteStore(path).open()
     from motor_common.errors import ConfigError
 
-    raise ConfigError(f"store.backend {backend!r} is not available yet (embedded only in this release)")
+    raise ConfigError(f"store.backend {backend!r}: use motor_controller.etcd_store.EtcdStore")

@@ -18,6 +18,7 @@ from google.protobuf import timestamp_pb2
 
 from motor_common.convert import ENGINE_TO_PB, ROLE_TO_PB, endpoint_to_pb
 from motor_common.domain import Endpoint, EndpointStatus, EngineType, Role
+from motor_common.errors import DeadlineExceeded, MotorError, Unavailable
 from motor_common.gen.motor.common.v1 import types_pb2
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
@@ -183,13 +184,28 @@ def spec_to_pb(spec: NodeSpec) -> cpb.NodeSpec:
 
 
 class GrpcController:
-    """ControllerService over one channel (reconnects by itself; streams are re-opened by callers)."""
+    """ControllerService over one channel (reconnects by itself; streams are re-opened by callers).
+
+    *address* may be a comma-separated list (HA controllers: only the master accepts calls, the
+    others answer UNAVAILABLE ``NOT_MASTER``): a call that fails UNAVAILABLE or DEADLINE_EXCEEDED
+    moves the next call to the next address."""
 
     def __init__(self, address: str, management_key: str | None, *, tls_ca_file: str | None = None) -> None:
-        self.address = address
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.address = self.addresses[0]
         self._key = management_key
-        self._channel = open_channel(address, tls_ca_file=tls_ca_file)
-        self._stub = cgrpc.ControllerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._channels = {a: open_channel(a, tls_ca_file=tls_ca_file) for a in self.addresses}
+        self._stubs = {a: cgrpc.ControllerServiceStub(ch) for a, ch in self._channels.items()}  # type: ignore[no-untyped-call]
+
+    @property
+    def _stub(self) -> cgrpc.ControllerServiceStub:
+        return self._stubs[self.address]
+
+    def _failed(self, exc: grpc.aio.AioRpcError) -> MotorError:
+        err = translate(exc, f"controller {self.address}")
+        if isinstance(err, Unavailable | DeadlineExceeded) and len(self.addresses) > 1:
+            self.address = self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
+        return err
 
     async def register(self, spec: NodeSpec, timeout: float) -> Registration:
         try:
@@ -197,7 +213,7 @@ class GrpcController:
                 cpb.RegisterNodeRequest(node=spec_to_pb(spec)), metadata=call_metadata(self._key), timeout=timeout
             )
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"controller {self.address}") from exc
+            raise self._failed(exc) from exc
         return Registration(resp.node_id or spec.node_id, resp.heartbeat_interval_seconds, resp.controller_epoch)
 
     async def report_fault(self, report: FaultReport, timeout: float) -> FaultAck:
@@ -213,7 +229,7 @@ class GrpcController:
         try:
             resp = await self._stub.ReportFault(req, metadata=call_metadata(self._key), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"controller {self.address}") from exc
+            raise self._failed(exc) from exc
         return FaultAck(bool(resp.accepted), bool(resp.relaunch_expected))
 
     async def heartbeat(self, frames: AsyncIterator[HeartbeatFrame]) -> AsyncIterator[Ack]:
@@ -237,9 +253,10 @@ class GrpcController:
                 cmd = AckCommand.REREGISTER if resp.command == cpb.HEARTBEAT_COMMAND_REREGISTER else AckCommand.NONE
                 yield Ack(resp.acked_sequence, cmd, resp.message)
         except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"controller {self.address}") from exc
+            raise self._failed(exc) from exc
         finally:
             call.cancel()
 
     async def close(self) -> None:
-        await self._channel.close()
+        for ch in self._channels.values():
+            await ch.close()
