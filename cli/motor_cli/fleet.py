@@ -16,6 +16,8 @@ from typing import Any, Literal
 from motor_common.errors import ConfigError
 
 FLEET_SECTIONS = ("controller", "coordinator", "gateway", "nodemanager")
+# etcd key prefix of a `motor up --ha` fleet (coordinator + controller elections, controller store).
+HA_PREFIX = "/motor/up"
 
 
 @dataclass(frozen=True)
@@ -134,9 +136,17 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             "server": {"host": opts.host, "port": port, "management_key_file": key},
             "log_format": "text",
         }
-        if opts.etcd_endpoint:
-            cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint]}
+        if opts.etcd_endpoint:  # active/standby: announce a promotion to the controller
+            cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint], "election_key": f"{HA_PREFIX}/coordinator/leader",
+                         "advertise_address": coord_addrs[i]}  # fmt: skip
+            cfg["controller_address"] = _hostport(opts.host, opts.controller_port)
         program(name, "coordinator", "motor-coordinator", cfg, port)
+
+    store: dict[str, Any] = {"backend": "embedded", "path": str(sd / "controller.db")}
+    controller_ha: dict[str, Any] = {}
+    if opts.etcd_endpoint:  # controller state in etcd, behind the controller election
+        store = {"backend": "etcd", "etcd_endpoints": [opts.etcd_endpoint], "etcd_prefix": f"{HA_PREFIX}/controller/"}
+        controller_ha = {"ha": {"election_key": f"{HA_PREFIX}/controller-leader"}}
 
     program(
         "controller",
@@ -147,8 +157,9 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             "coordinators": coord_addrs,
             "heartbeat_interval_sec": opts.heartbeat_interval_sec,
             "heartbeat_timeout_sec": opts.heartbeat_timeout_sec,
-            "store": {"backend": "embedded", "path": str(sd / "controller.db")},
+            "store": store,
             "logging": {"format": "text"},
+            **controller_ha,
         },
         opts.controller_port,
     )

@@ -24,12 +24,14 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -378,6 +380,86 @@ def run(args: argparse.Namespace) -> int:
         return 130
 
 
+ETCD_BINARY = "/usr/bin/etcd"
+
+
+def etcd_binary() -> str:
+    """The etcd server binary (Debian ``etcd-server``), or a ConfigError saying how to get it."""
+    found = shutil.which("etcd") or (ETCD_BINARY if os.access(ETCD_BINARY, os.X_OK) else None)
+    if found is None:
+        raise ConfigError("--ha needs the etcd server binary (etcd), which was not found: install it with "
+                          "scripts/setup --tools (Debian package etcd-server)")
+    return found
+
+
+def etcd_argv(binary: str, host: str, client_port: int, peer_port: int, data_dir: Path) -> list[str]:
+    """A single-member etcd on loopback ports, data in *data_dir*."""
+    client, peer = f"http://{host}:{client_port}", f"http://{host}:{peer_port}"
+    return [binary, "--name", "motor-up", "--data-dir", str(data_dir),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"motor-up={peer}", "--log-level", "warn"]  # fmt: skip
+
+
 def _run_ha(args: argparse.Namespace, opts: FleetOptions) -> int:
-    print("error: --ha is not available yet (needs the coordinator's etcd election)", file=sys.stderr)
-    return 2
+    """``--ha``: a local etcd (temp data dir under the state dir), two coordinators active/standby,
+    the controller on the etcd store (controller election), the gateway knowing both coordinators."""
+    binary = etcd_binary()
+    host = "127.0.0.1" if ":" not in opts.host else "::1"  # etcd stays on loopback
+    client_port, peer_port = _free_port(host), _free_port(host)
+    opts = replace(opts, etcd_endpoint=f"{host}:{client_port}" if ":" not in host else f"[{host}]:{client_port}")
+    plan = plan_fleet(opts, Path(sys.executable).parent)
+    if args.dry_run:
+        print(f"# etcd: {' '.join(etcd_argv(binary, host, client_port, peer_port, opts.state_dir / 'etcd-XXXX'))}")
+        for spec in plan.programs:
+            print(f"# {spec.name}: {' '.join(spec.argv)}")
+            print(yaml.safe_dump(dict(spec.config), sort_keys=False))
+        return 0
+    return asyncio.run(_run_with_etcd(plan, binary, host, client_port, peer_port, args.restart_delay, args.timeout))
+
+
+async def _run_with_etcd(
+    plan: FleetPlan, binary: str, host: str, client_port: int, peer_port: int, restart_delay: float, timeout: float
+) -> int:
+    opts = plan.options
+    opts.state_dir.mkdir(parents=True, exist_ok=True)
+    (opts.state_dir / "logs").mkdir(exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="etcd-", dir=opts.state_dir))
+    log_path = opts.state_dir / "logs" / "etcd.log"
+    proc = _spawn(etcd_argv(binary, host, client_port, peer_port, data_dir), log_path)
+    try:
+        _say(f"  started etcd           pid {proc.pid:<7} port {client_port} (data {data_dir})")
+        if not await _etcd_healthy(f"http://{opts.etcd_endpoint}/health", proc, 20.0):
+            _say(f"error: etcd did not become healthy; see {log_path}\n{_tail(log_path)}")
+            return EXIT_FAILED
+        return await _run(plan, restart_delay, timeout)
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.to_thread(proc.wait, 5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+        await asyncio.to_thread(shutil.rmtree, data_dir, True)
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(
+            die_with_parent(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+
+
+async def _etcd_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError, ValueError):
+                async with http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200 and (await resp.json(content_type=None)).get("health") == "true":
+                        return True
+            await asyncio.sleep(0.1)
+    return False
