@@ -48,3 +48,25 @@ def test_bad_fleets_are_refused_with_a_clear_message() -> None:
 def test_node_names_are_stable_per_role() -> None:
     assert node_names(opts(prefill=2, decode=1, union=1, node_ports=(1, 2, 3, 4))) == [
         ("prefill-0", "prefill"), ("prefill-1", "prefill"), ("decode-0", "decode"), ("union-0", "union")]
+
+
+def test_ha_plan_puts_both_coordinators_and_the_controller_on_etcd() -> None:
+    plan = plan_fleet(opts(coordinator_ports=(9100, 9101), etcd_endpoint="127.0.0.1:2379"), Path("/bin"))
+    coords = plan.of_kind("coordinator")
+    assert [c.name for c in coords] == ["coordinator-0", "coordinator-1"]
+    for c, port in zip(coords, (9100, 9101), strict=True):
+        assert c.config["ha"]["etcd_endpoints"] == ["127.0.0.1:2379"]
+        assert c.config["ha"]["advertise_address"] == f"127.0.0.1:{port}"
+        assert c.config["controller_address"] == plan.controller_address
+    ctl = plan.of_kind("controller")[0].config
+    assert ctl["store"]["backend"] == "etcd" and ctl["store"]["etcd_endpoints"] == ["127.0.0.1:2379"]
+    assert ctl["ha"]["election_key"] != coords[0].config["ha"]["election_key"]
+    assert ctl["coordinators"] == plan.coordinator_addresses
+    assert plan.of_kind("gateway")[0].config["coordinators"] == plan.coordinator_addresses
+
+
+def test_plan_without_etcd_has_no_ha_and_the_embedded_store() -> None:
+    plan = plan_fleet(opts(), Path("/bin"))
+    assert "ha" not in plan.of_kind("coordinator")[0].config
+    assert plan.of_kind("controller")[0].config["store"]["backend"] == "embedded"
+    assert "ha" not in plan.of_kind("controller")[0].config
