@@ -91,6 +91,9 @@ class Node:
     proc: NodeManagerProc
     restarts: int = 0
     exit_codes: list[int] = field(default_factory=list)
+    # Restart after any exit (not only 75) after this delay, like a pod rescheduled after a node loss.
+    restart_any_exit_after: float | None = None
+    _down_since: float | None = None
 
 
 @dataclass
@@ -112,23 +115,31 @@ class Fleet:
     def md(self) -> tuple[tuple[str, str], ...]:
         return call_metadata(KEY)
 
-    async def add_node(self, name: str, job: str, role: str, **over: Any) -> Node:
+    async def add_node(
+        self, name: str, job: str, role: str, *, restart_any_exit_after: float | None = None, **over: Any
+    ) -> Node:
         cfg = nm_config(self.controller.address, self.key_file, self.log_dir, job, role, **over)
         proc = await start_nodemanager(self.log_dir, cfg, name=name)
-        node = Node(name, cfg, proc)
+        node = Node(name, cfg, proc, restart_any_exit_after=restart_any_exit_after)
         self.nodes[name] = node
         return node
 
     async def supervise(self) -> None:
-        """Restart a nodemanager that exits with 75 (like ``motor up`` / a kubelet)."""
+        """Restart a nodemanager that exits with 75 (like ``motor up`` / a kubelet), or after any exit
+        once ``restart_any_exit_after`` passed (a lost pod rescheduled)."""
         while True:
             for node in self.nodes.values():
                 rc = node.proc.proc.poll()
                 if rc is None:
                     continue
-                node.exit_codes.append(rc)
+                if node._down_since is None:
+                    node._down_since = time.monotonic()
+                    node.exit_codes.append(rc)
                 if rc != EXIT_RESCHEDULE:
-                    continue
+                    wait = node.restart_any_exit_after
+                    if wait is None or time.monotonic() - node._down_since < wait:
+                        continue
+                node._down_since = None
                 (self.log_dir / f"{node.name}.ports.json").unlink(missing_ok=True)
                 node.proc = await start_nodemanager(self.log_dir, node.config, name=node.name)
                 node.restarts += 1
