@@ -172,6 +172,9 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         if ktc.get("kv_role") not in roles:
             p.error(f"argument --kv-transfer-config: unsupported kv_role {ktc.get('kv_role')!r}")
         role = roles[ktc["kv_role"]]
+    if ns.data_parallel_rank is not None and ns.data_parallel_size <= 1:
+        # vLLM 0.32 refuses this too (a pydantic error from ParallelConfig at start-up)
+        p.error("data_parallel_external_lb can only be set when data_parallel_size > 1")
     dp_rank = ns.data_parallel_rank or 0
     base_port = ns.sim_side_channel_port
     if base_port is None:

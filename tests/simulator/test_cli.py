@@ -46,6 +46,9 @@ def test_sglang_flags_build_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ["sglang", "--model-path", "m", "--disaggregation-mode", "sideways"],
     ["vllm", "serve", "m", "--kv-transfer-config", "{not json"],
     ["vllm", "serve", "m", "--sim-fault", "explode"],
+    # like real vLLM 0.32 (tests/realengine/test_launch_flags.py): an external DP rank needs size > 1
+    ["vllm", "serve", "m", "--data-parallel-rank", "0"],
+    ["vllm", "serve", "m", "--data-parallel-size", "1", "--data-parallel-rank", "0"],
     ["nonsense"],
 ])
 def test_bad_command_lines_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
