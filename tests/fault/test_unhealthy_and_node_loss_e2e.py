@@ -48,9 +48,16 @@ async def unhealthy_fleet_node(f: Fleet) -> tuple[cpb.ManagedInstance, int, int]
     return mi, mi.instance.endpoints[0].business_port, int(st.endpoints[0].pid)
 
 
+_STATE_OF = {
+    "await_recovery": cpb.FAULT_TOLERANCE_STATE_AWAITING_RECOVERY,
+    "engine_relaunch": cpb.FAULT_TOLERANCE_STATE_RELAUNCHING,
+    "node_restart": cpb.FAULT_TOLERANCE_STATE_RESTARTING_NODES,
+}
+
+
 async def recovering_with(f: Fleet, iid: int, strategy: str) -> bool:
     ft = await f.ft_status(iid)
-    return ft.strategy == strategy and ft.state == cpb.FAULT_TOLERANCE_STATE_RELAUNCHING  # any running strategy (no own enum value)
+    return ft.strategy == strategy and ft.state == _STATE_OF[strategy]
 
 
 async def test_unhealthy_engine_that_recovers_by_itself_is_not_relaunched(tmp_path: Path) -> None:

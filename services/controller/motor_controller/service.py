@@ -17,7 +17,7 @@ from motor_controller.convert import (
     node_to_pb,
     observation_from_pb,
 )
-from motor_controller.fault_policy import FtState
+from motor_controller.fault_policy import AWAIT_RECOVERY, DP_SCALE_DOWN, NODE_RESTART, FtState
 from motor_controller.model import FaultReport
 
 CONTROLLER_SERVICE = "motor.controller.v1.ControllerService"
@@ -31,6 +31,11 @@ _FT_STATE = {
     FtState.IDLE: pb.FAULT_TOLERANCE_STATE_IDLE,
     FtState.RUNNING: pb.FAULT_TOLERANCE_STATE_RELAUNCHING,
     FtState.FAILED: pb.FAULT_TOLERANCE_STATE_FAILED,
+}
+_RUNNING_BY_STRATEGY = {
+    AWAIT_RECOVERY: pb.FAULT_TOLERANCE_STATE_AWAITING_RECOVERY,
+    NODE_RESTART: pb.FAULT_TOLERANCE_STATE_RESTARTING_NODES,
+    DP_SCALE_DOWN: pb.FAULT_TOLERANCE_STATE_RECONFIGURING,
 }
 _SOURCES = {
     pb.FAULT_SOURCE_PROCESS_EXIT: "process_exit",
@@ -163,8 +168,11 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
         progress = self.ctl.fault_manager.progress.get(request.instance_id)
         if progress is None:
             return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_IDLE)
+        state = _FT_STATE[progress.state]
+        if progress.state is FtState.RUNNING:
+            state = _RUNNING_BY_STRATEGY.get(progress.strategy, state)
         return pb.GetFaultToleranceStatusResponse(
-            state=_FT_STATE[progress.state],
+            state=state,
             strategy=progress.strategy,
             phase=progress.phase,
             relaunch_attempts=progress.relaunch_attempts,

@@ -72,6 +72,8 @@ class FaultToleranceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAULT_TOLERANCE_STATE_RELAUNCHING: _ClassVar[FaultToleranceState]
     FAULT_TOLERANCE_STATE_RECONFIGURING: _ClassVar[FaultToleranceState]
     FAULT_TOLERANCE_STATE_FAILED: _ClassVar[FaultToleranceState]
+    FAULT_TOLERANCE_STATE_AWAITING_RECOVERY: _ClassVar[FaultToleranceState]
+    FAULT_TOLERANCE_STATE_RESTARTING_NODES: _ClassVar[FaultToleranceState]
 NODE_STATE_UNSPECIFIED: NodeState
 NODE_STATE_REGISTERED: NodeState
 NODE_STATE_STARTING: NodeState
@@ -110,6 +112,8 @@ FAULT_TOLERANCE_STATE_IDLE: FaultToleranceState
 FAULT_TOLERANCE_STATE_RELAUNCHING: FaultToleranceState
 FAULT_TOLERANCE_STATE_RECONFIGURING: FaultToleranceState
 FAULT_TOLERANCE_STATE_FAILED: FaultToleranceState
+FAULT_TOLERANCE_STATE_AWAITING_RECOVERY: FaultToleranceState
+FAULT_TOLERANCE_STATE_RESTARTING_NODES: FaultToleranceState
 
 class Capabilities(_message.Message):
     __slots__ = ("fault_tolerance", "engine_relaunch", "dp_scale_down")
