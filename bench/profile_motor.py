@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ZERO, start_engines, start_motor  # noqa: E402
-from bench.loadgen import run_load  # noqa: E402
-from bench.run import make_body_factory  # noqa: E402
+from bench.common import ZERO, start_engines, start_motor
+from bench.loadgen import run_load
+from bench.run import make_body_factory
 
 
 def summarise(raw: Path, top: int) -> str:

@@ -24,15 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import MODEL, ZERO, Engines, Target, start_engines, start_motor  # noqa: E402
-from bench.loadgen import run_load  # noqa: E402
-from bench.run import make_body_factory  # noqa: E402
-from motor_common.domain import Endpoint, EngineType, Instance, Role  # noqa: E402
-from motor_coordinator.config import SchedulerConfig  # noqa: E402
-from motor_coordinator.policies import RequestInfo, make_policy  # noqa: E402
-from motor_coordinator.registry import RegistryState  # noqa: E402
-from motor_coordinator.scheduler import Scheduler  # noqa: E402
-from tests.conftest import tool  # noqa: E402
+from bench.common import MODEL, ZERO, Engines, Target, start_engines, start_motor
+from bench.loadgen import run_load
+from bench.run import make_body_factory
+from motor_common.domain import Endpoint, EngineType, Instance, Role
+from motor_coordinator.config import SchedulerConfig
+from motor_coordinator.policies import RequestInfo, make_policy
+from motor_coordinator.registry import RegistryState
+from motor_coordinator.scheduler import Scheduler
+from tests.conftest import tool
 
 
 def loopback(i: int) -> str:
