@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_common.domain import (
+    Capabilities,
+    Endpoint,
+    EndpointHealth,
+    EndpointStatus,
+    EngineType,
+    Instance,
+    InstanceStatus,
+    NodeSpec,
+    Role,
+)
 from motor_common.errors import InvalidArgument
 from motor_common.gen.motor.common.v1 import types_pb2 as pb
+from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 
 ROLE_TO_PB = {Role.PREFILL: pb.ROLE_PREFILL, Role.DECODE: pb.ROLE_DECODE, Role.UNION: pb.ROLE_UNION}
 ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
@@ -88,4 +99,79 @@ def instance_to_pb(inst: Instance) -> pb.Instance:
         engine_type=ENGINE_TO_PB[inst.engine_type],
         endpoints=[endpoint_to_pb(e) for e in inst.endpoints],
         status=STATUS_TO_PB[inst.status],
+    )
+
+
+EP_STATUS_FROM_PB = {
+    pb.ENDPOINT_STATUS_INITIAL: EndpointStatus.INITIAL,
+    pb.ENDPOINT_STATUS_NORMAL: EndpointStatus.NORMAL,
+    pb.ENDPOINT_STATUS_ABNORMAL: EndpointStatus.ABNORMAL,
+    pb.ENDPOINT_STATUS_PAUSED: EndpointStatus.PAUSED,
+    pb.ENDPOINT_STATUS_RETIRED: EndpointStatus.RETIRED,
+}
+EP_STATUS_TO_PB = {v: k for k, v in EP_STATUS_FROM_PB.items()}
+
+
+def endpoint_health_from_pb(msg: cpb.EndpointHealth) -> EndpointHealth:
+    return EndpointHealth(
+        endpoint_id=msg.endpoint_id,
+        status=EP_STATUS_FROM_PB.get(msg.status, EndpointStatus.INITIAL),
+        generation=msg.generation,
+        pid=msg.pid,
+        was_normal=msg.was_normal,
+        detail=msg.detail,
+    )
+
+
+def endpoint_health_to_pb(h: EndpointHealth) -> cpb.EndpointHealth:
+    return cpb.EndpointHealth(
+        endpoint_id=h.endpoint_id,
+        status=EP_STATUS_TO_PB[h.status],
+        generation=h.generation,
+        pid=h.pid,
+        was_normal=h.was_normal,
+        detail=h.detail,
+    )
+
+
+def node_spec_from_pb(msg: cpb.NodeSpec) -> NodeSpec:
+    """Enum and shape conversion only; the controller's registry validates semantics."""
+    return NodeSpec(
+        node_id=msg.node_id,
+        job_name=msg.job_name,
+        role=role_from_pb(msg.role, "node.role"),
+        ip=msg.ip,
+        admin_port=msg.admin_port,
+        engine_type=engine_from_pb(msg.engine_type, "node.engine_type"),
+        model_name=msg.model_name,
+        node_rank=msg.node_rank,
+        nodes_per_instance=msg.nodes_per_instance,
+        endpoints=tuple(endpoint_from_pb(e) for e in msg.endpoints),
+        capabilities=Capabilities(
+            fault_tolerance=msg.capabilities.fault_tolerance,
+            engine_relaunch=msg.capabilities.engine_relaunch,
+            dp_scale_down=msg.capabilities.dp_scale_down,
+        ),
+        local_world_size=msg.local_world_size,
+    )
+
+
+def node_spec_to_pb(spec: NodeSpec) -> cpb.NodeSpec:
+    return cpb.NodeSpec(
+        node_id=spec.node_id,
+        job_name=spec.job_name,
+        role=ROLE_TO_PB[spec.role],
+        ip=spec.ip,
+        admin_port=spec.admin_port,
+        engine_type=ENGINE_TO_PB[spec.engine_type],
+        model_name=spec.model_name,
+        node_rank=spec.node_rank,
+        nodes_per_instance=spec.nodes_per_instance,
+        endpoints=[endpoint_to_pb(e) for e in spec.endpoints],
+        capabilities=cpb.Capabilities(
+            fault_tolerance=spec.capabilities.fault_tolerance,
+            engine_relaunch=spec.capabilities.engine_relaunch,
+            dp_scale_down=spec.capabilities.dp_scale_down,
+        ),
+        local_world_size=spec.local_world_size,
     )

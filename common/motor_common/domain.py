@@ -102,3 +102,51 @@ def is_ip(ip: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Fault-tolerance features a node supports; every node of an instance must agree."""
+
+    fault_tolerance: bool = False
+    engine_relaunch: bool = False
+    dp_scale_down: bool = False
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """What a nodemanager declares about itself when it registers."""
+
+    node_id: str
+    job_name: str
+    role: Role
+    ip: str
+    admin_port: int
+    engine_type: EngineType
+    model_name: str
+    node_rank: int
+    nodes_per_instance: int
+    # Endpoints with node-local dp ranks.
+    endpoints: tuple[Endpoint, ...]
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    local_world_size: int = 0
+
+    def identity(self) -> tuple[str, Role, int, str]:
+        """What may not change under one node id while the node is alive."""
+        return (self.job_name, self.role, self.node_rank, self.ip)
+
+    @property
+    def admin_address(self) -> str:
+        return f"[{self.ip}]:{self.admin_port}" if ":" in self.ip else f"{self.ip}:{self.admin_port}"
+
+
+@dataclass(frozen=True)
+class EndpointHealth:
+    """Health of one engine endpoint, as a nodemanager reports it."""
+
+    endpoint_id: int
+    status: EndpointStatus
+    generation: int = 0
+    pid: int = 0
+    was_normal: bool = False
+    detail: str = ""

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from motor_common.domain import Endpoint, EndpointStatus, EngineType, Role
-from motor_controller.model import (
+from motor_common.domain import (
     Capabilities,
+    Endpoint,
     EndpointHealth,
-    NodeObservation,
-    NodeRecord,
+    EndpointStatus,
+    EngineType,
     NodeSpec,
-    NodeState,
+    Role,
 )
+from motor_controller.model import NodeObservation, NodeRecord, NodeState
 
 
 def spec(

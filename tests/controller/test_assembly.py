@@ -1,8 +1,7 @@
 from __future__ import annotations
 
-from motor_common.domain import STANDALONE_ID_BIT, Role
+from motor_common.domain import STANDALONE_ID_BIT, Capabilities, Role
 from motor_controller.assembly import assemble, instance_id_for, start_commands
-from motor_controller.model import Capabilities
 from tests.controller.factories import spec
 
 

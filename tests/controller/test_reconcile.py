@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from motor_common.domain import Capabilities
 from motor_common.domain import EndpointStatus as ES
 from motor_controller.assembly import instance_id_for
-from motor_controller.model import Capabilities, InstanceState, NodeState
+from motor_controller.model import InstanceState, NodeState
 from motor_controller.reconcile import Plan, World, plan
 from tests.controller.factories import obs, record, spec
 

@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from motor_common.domain import EndpointStatus
+from motor_common.domain import EndpointHealth, EndpointStatus
 from motor_common.errors import Aborted, Internal, MotorError, NotFound, Unavailable
 from motor_controller.config import FaultToleranceConfig
 from motor_controller.fault_policy import Outcome, Progress
 from motor_controller.model import (
-    EndpointHealth,
     InstanceState,
     ManagedInstance,
     NodeState,

@@ -16,8 +16,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from motor_common.domain import STANDALONE_ID_BIT, Endpoint, EngineType, Instance, Role
-from motor_controller.model import NodeSpec
+from motor_common.domain import STANDALONE_ID_BIT, Endpoint, EngineType, Instance, NodeSpec, Role
 
 ID_MASK = (1 << 61) - 1
 

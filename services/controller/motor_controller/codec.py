@@ -7,15 +7,17 @@ from typing import Any
 
 import orjson
 
-from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
-from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
-from motor_controller.model import (
+from motor_common.domain import (
     Capabilities,
-    InstanceState,
-    ManagedInstance,
-    NodeRecord,
+    Endpoint,
+    EngineType,
+    Instance,
+    InstanceStatus,
     NodeSpec,
+    Role,
 )
+from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
+from motor_controller.model import InstanceState, ManagedInstance, NodeRecord
 
 
 class KEYS:

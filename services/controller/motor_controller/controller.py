@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from motor_common.domain import Instance
+from motor_common.domain import Instance, NodeSpec
 from motor_common.errors import MotorError, NotFound
 from motor_common.tasks import TaskOwner
 from motor_controller import codec
@@ -45,7 +45,6 @@ from motor_controller.model import (
     ManagedInstance,
     NodeObservation,
     NodeRecord,
-    NodeSpec,
     NodeState,
 )
 from motor_controller.node_restarter import NodeRestarter, StopNodeRestarter

@@ -4,29 +4,30 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from motor_common.convert import (
+from motor_common.convert import (  # noqa: F401 - node_spec_* re-exported
     ENGINE_TO_PB,
+    EP_STATUS_FROM_PB,
+    EP_STATUS_TO_PB,
     ROLE_TO_PB,
     endpoint_from_pb,
     endpoint_to_pb,
     engine_from_pb,
     instance_to_pb,
+    node_spec_from_pb,
+    node_spec_to_pb,
     role_from_pb,
 )
-from motor_common.domain import EndpointStatus
+from motor_common.domain import EndpointHealth, EndpointStatus
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
 from motor_controller.assembly import StartCommand
 from motor_controller.model import (
-    Capabilities,
-    EndpointHealth,
     InstanceState,
     ManagedInstance,
     NodeObservation,
     NodeRecord,
-    NodeSpec,
     NodeState,
     NodeStatus,
 )
@@ -41,14 +42,6 @@ NODE_STATE_FROM_PB = {
     pb.NODE_STATE_RESTORED: NodeState.RESTORED,
 }
 NODE_STATE_TO_PB = {v: k for k, v in NODE_STATE_FROM_PB.items()}
-EP_STATUS_FROM_PB = {
-    tpb.ENDPOINT_STATUS_INITIAL: EndpointStatus.INITIAL,
-    tpb.ENDPOINT_STATUS_NORMAL: EndpointStatus.NORMAL,
-    tpb.ENDPOINT_STATUS_ABNORMAL: EndpointStatus.ABNORMAL,
-    tpb.ENDPOINT_STATUS_PAUSED: EndpointStatus.PAUSED,
-    tpb.ENDPOINT_STATUS_RETIRED: EndpointStatus.RETIRED,
-}
-EP_STATUS_TO_PB = {v: k for k, v in EP_STATUS_FROM_PB.items()}
 INSTANCE_STATE_TO_PB = {
     InstanceState.INITIAL: pb.INSTANCE_STATE_INITIAL,
     InstanceState.STARTING: pb.INSTANCE_STATE_STARTING,
@@ -72,49 +65,6 @@ def ts(wall: float) -> timestamp_pb2.Timestamp:
     if wall:
         out.FromNanoseconds(int(wall * 1e9))
     return out
-
-
-def node_spec_from_pb(msg: pb.NodeSpec) -> NodeSpec:
-    """Enum and shape conversion only; :func:`registry.validate_spec` validates semantics."""
-    return NodeSpec(
-        node_id=msg.node_id,
-        job_name=msg.job_name,
-        role=role_from_pb(msg.role, "node.role"),
-        ip=msg.ip,
-        admin_port=msg.admin_port,
-        engine_type=engine_from_pb(msg.engine_type, "node.engine_type"),
-        model_name=msg.model_name,
-        node_rank=msg.node_rank,
-        nodes_per_instance=msg.nodes_per_instance,
-        endpoints=tuple(endpoint_from_pb(e) for e in msg.endpoints),
-        capabilities=Capabilities(
-            fault_tolerance=msg.capabilities.fault_tolerance,
-            engine_relaunch=msg.capabilities.engine_relaunch,
-            dp_scale_down=msg.capabilities.dp_scale_down,
-        ),
-        local_world_size=msg.local_world_size,
-    )
-
-
-def node_spec_to_pb(spec: NodeSpec) -> pb.NodeSpec:
-    return pb.NodeSpec(
-        node_id=spec.node_id,
-        job_name=spec.job_name,
-        role=ROLE_TO_PB[spec.role],
-        ip=spec.ip,
-        admin_port=spec.admin_port,
-        engine_type=ENGINE_TO_PB[spec.engine_type],
-        model_name=spec.model_name,
-        node_rank=spec.node_rank,
-        nodes_per_instance=spec.nodes_per_instance,
-        endpoints=[endpoint_to_pb(e) for e in spec.endpoints],
-        capabilities=pb.Capabilities(
-            fault_tolerance=spec.capabilities.fault_tolerance,
-            engine_relaunch=spec.capabilities.engine_relaunch,
-            dp_scale_down=spec.capabilities.dp_scale_down,
-        ),
-        local_world_size=spec.local_world_size,
-    )
 
 
 def node_status_from_pb(msg: npb.GetStatusResponse) -> NodeStatus:

@@ -7,9 +7,13 @@ Observed state (memory only, rebuilt from heartbeats): :class:`NodeObservation`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from motor_common.domain import Endpoint, EndpointStatus, EngineType, Instance, Role
+from motor_common.domain import (
+    EndpointHealth,
+    Instance,
+    NodeSpec,
+)
 
 
 class NodeState(enum.Enum):
@@ -29,50 +33,6 @@ class InstanceState(enum.Enum):
     INACTIVE = "inactive"
     RECOVERING = "recovering"
     DELETED = "deleted"
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    fault_tolerance: bool = False
-    engine_relaunch: bool = False
-    dp_scale_down: bool = False
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    """What a nodemanager declares about itself (validated)."""
-
-    node_id: str
-    job_name: str
-    role: Role
-    ip: str
-    admin_port: int
-    engine_type: EngineType
-    model_name: str
-    node_rank: int
-    nodes_per_instance: int
-    # Endpoints with node-local dp ranks.
-    endpoints: tuple[Endpoint, ...]
-    capabilities: Capabilities = field(default_factory=Capabilities)
-    local_world_size: int = 0
-
-    def identity(self) -> tuple[str, Role, int, str]:
-        """What may not change under one node id while the node is alive."""
-        return (self.job_name, self.role, self.node_rank, self.ip)
-
-    @property
-    def admin_address(self) -> str:
-        return f"[{self.ip}]:{self.admin_port}" if ":" in self.ip else f"{self.ip}:{self.admin_port}"
-
-
-@dataclass(frozen=True)
-class EndpointHealth:
-    endpoint_id: int
-    status: EndpointStatus
-    generation: int = 0
-    pid: int = 0
-    was_normal: bool = False
-    detail: str = ""
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol, cast
 
+from motor_common.domain import NodeSpec
 from motor_common.errors import Unavailable
 from motor_controller.config import NodeRestartConfig
-from motor_controller.model import NodeSpec
 from motor_controller.peers import NodeManagers
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from motor_common.domain import Instance
+from motor_common.domain import Instance, NodeSpec
 from motor_controller.assembly import StartCommand, assemble, start_commands
 from motor_controller.instance_fsm import Signal, observe, transition
 from motor_controller.model import (
@@ -29,7 +29,6 @@ from motor_controller.model import (
     ManagedInstance,
     NodeObservation,
     NodeRecord,
-    NodeSpec,
     NodeState,
 )
 

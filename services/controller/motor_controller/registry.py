@@ -10,9 +10,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
-from motor_common.domain import MAX_PORT, MIN_BUSINESS_PORT, is_ip, normalize_ip
+from motor_common.domain import MAX_PORT, MIN_BUSINESS_PORT, NodeSpec, is_ip, normalize_ip
 from motor_common.errors import AlreadyExists, InvalidArgument
-from motor_controller.model import NodeRecord, NodeSpec
+from motor_controller.model import NodeRecord
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@\-]{0,252}$")
 

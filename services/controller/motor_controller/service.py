@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from motor_common.convert import node_spec_from_pb
 from motor_common.errors import InvalidArgument
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
@@ -13,7 +14,6 @@ from motor_controller.convert import (
     alarm_from_pb,
     alarm_to_pb,
     managed_to_pb,
-    node_spec_from_pb,
     node_to_pb,
     observation_from_pb,
 )

@@ -16,10 +16,9 @@ from typing import Protocol
 import grpc
 from google.protobuf import timestamp_pb2
 
-from motor_common.convert import ENGINE_TO_PB, ROLE_TO_PB, endpoint_to_pb
-from motor_common.domain import Endpoint, EndpointStatus, EngineType, Role
+from motor_common.convert import endpoint_health_to_pb, node_spec_to_pb
+from motor_common.domain import EndpointHealth, NodeSpec
 from motor_common.errors import DeadlineExceeded, MotorError, Unavailable
-from motor_common.gen.motor.common.v1 import types_pb2
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
@@ -36,53 +35,11 @@ class NodeState(enum.Enum):
     RESTORED = cpb.NODE_STATE_RESTORED
 
 
-ENDPOINT_STATUS_TO_PB = {
-    EndpointStatus.INITIAL: types_pb2.ENDPOINT_STATUS_INITIAL,
-    EndpointStatus.NORMAL: types_pb2.ENDPOINT_STATUS_NORMAL,
-    EndpointStatus.ABNORMAL: types_pb2.ENDPOINT_STATUS_ABNORMAL,
-    EndpointStatus.PAUSED: types_pb2.ENDPOINT_STATUS_PAUSED,
-    EndpointStatus.RETIRED: types_pb2.ENDPOINT_STATUS_RETIRED,
-}
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    fault_tolerance: bool = False
-    engine_relaunch: bool = False
-    dp_scale_down: bool = False
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    node_id: str
-    job_name: str
-    role: Role
-    ip: str
-    admin_port: int
-    engine_type: EngineType
-    model_name: str
-    node_rank: int
-    nodes_per_instance: int
-    endpoints: tuple[Endpoint, ...]
-    capabilities: Capabilities
-    local_world_size: int
-
-
 @dataclass(frozen=True)
 class Registration:
     node_id: str
     heartbeat_interval_seconds: float
     controller_epoch: str
-
-
-@dataclass(frozen=True)
-class EndpointHealth:
-    endpoint_id: int
-    status: EndpointStatus
-    generation: int
-    pid: int
-    was_normal: bool
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -151,38 +108,6 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
     return ts
 
 
-def endpoint_health_to_pb(h: EndpointHealth) -> cpb.EndpointHealth:
-    return cpb.EndpointHealth(
-        endpoint_id=h.endpoint_id,
-        status=ENDPOINT_STATUS_TO_PB[h.status],
-        generation=h.generation,
-        pid=h.pid,
-        was_normal=h.was_normal,
-        detail=h.detail,
-    )
-
-
-def spec_to_pb(spec: NodeSpec) -> cpb.NodeSpec:
-    return cpb.NodeSpec(
-        node_id=spec.node_id,
-        job_name=spec.job_name,
-        role=ROLE_TO_PB[spec.role],
-        ip=spec.ip,
-        admin_port=spec.admin_port,
-        engine_type=ENGINE_TO_PB[spec.engine_type],
-        model_name=spec.model_name,
-        node_rank=spec.node_rank,
-        nodes_per_instance=spec.nodes_per_instance,
-        endpoints=[endpoint_to_pb(e) for e in spec.endpoints],
-        capabilities=cpb.Capabilities(
-            fault_tolerance=spec.capabilities.fault_tolerance,
-            engine_relaunch=spec.capabilities.engine_relaunch,
-            dp_scale_down=spec.capabilities.dp_scale_down,
-        ),
-        local_world_size=spec.local_world_size,
-    )
-
-
 class GrpcController:
     """ControllerService over one channel (reconnects by itself; streams are re-opened by callers).
 
@@ -210,7 +135,7 @@ class GrpcController:
     async def register(self, spec: NodeSpec, timeout: float) -> Registration:
         try:
             resp = await self._stub.RegisterNode(
-                cpb.RegisterNodeRequest(node=spec_to_pb(spec)), metadata=call_metadata(self._key), timeout=timeout
+                cpb.RegisterNodeRequest(node=node_spec_to_pb(spec)), metadata=call_metadata(self._key), timeout=timeout
             )
         except grpc.aio.AioRpcError as exc:
             raise self._failed(exc) from exc

@@ -17,21 +17,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from motor_common.domain import Endpoint, EndpointStatus
+from motor_common.domain import Capabilities, Endpoint, EndpointHealth, EndpointStatus, NodeSpec
 from motor_common.errors import Aborted, FailedPrecondition, Internal, MotorError
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import endpoint_state as es
 from motor_nodemanager.arbiter import Arbiter, Verdict
 from motor_nodemanager.config import NodeManagerConfig
 from motor_nodemanager.controller_client import (
-    Capabilities,
-    EndpointHealth,
     FaultAck,
     FaultLevel,
     FaultReport,
     FaultSource,
     HeartbeatFrame,
-    NodeSpec,
     NodeState,
 )
 from motor_nodemanager.deaths import DeathReporter

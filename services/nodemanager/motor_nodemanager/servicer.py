@@ -6,13 +6,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from motor_common.convert import endpoint_from_pb, engine_from_pb, role_from_pb
+from motor_common.convert import (
+    endpoint_from_pb,
+    endpoint_health_to_pb,
+    engine_from_pb,
+    role_from_pb,
+)
 from motor_common.errors import FailedPrecondition, InvalidArgument
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as pbg
 from motor_common.grpc_server import GrpcServer
 from motor_nodemanager.config import NodeManagerConfig
-from motor_nodemanager.controller_client import endpoint_health_to_pb, timestamp
+from motor_nodemanager.controller_client import timestamp
 from motor_nodemanager.node import Node
 from motor_nodemanager.start_command import StartCommand
 

@@ -15,9 +15,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from motor_common.domain import NodeSpec
 from motor_common.errors import MotorError
 from motor_controller.fault_policy import NODE_RESTART, Outcome, Progress, StrategyResult
-from motor_controller.model import ManagedInstance, NodeSpec
+from motor_controller.model import ManagedInstance
 from motor_controller.node_restarter import NodeRestarter
 
 log = logging.getLogger(__name__)
