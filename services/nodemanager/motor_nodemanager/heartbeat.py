@@ -19,9 +19,12 @@ from motor_nodemanager.controller_client import AckCommand, ControllerPeer, Hear
 log = logging.getLogger(__name__)
 
 
-def reconnect_delay(failures: int, base: float = 0.25, cap: float = 5.0) -> float:
-    """0.25, 0.5, 1, 2, 4, 5, 5, ... seconds."""
-    return float(min(cap, base * (2 ** max(failures - 1, 0))))
+def reconnect_delay(failures: int, base: float = 0.25, cap: float = 5.0, addresses: int = 1) -> float:
+    """0.25, 0.5, 1, 2, 4, 5, 5, ... seconds; with several controller addresses the delay grows
+    only once every address was tried (each failure moves to the next one), so a standby that
+    just took over is reached in about one base delay, not after the back-off of the old master."""
+    rounds = (max(failures, 1) - 1) // max(addresses, 1)
+    return float(min(cap, base * (2**rounds)))
 
 
 class HeartbeatSender:
@@ -31,8 +34,11 @@ class HeartbeatSender:
         frame: Callable[[], HeartbeatFrame | None],
         interval: Callable[[], float],
         on_reregister: Callable[[], Coroutine[Any, Any, None]],
+        *,
+        addresses: int = 1,
     ) -> None:
         self._peer = peer
+        self._addresses = addresses
         self._frame = frame
         self._interval = interval
         self._on_reregister = on_reregister
@@ -75,7 +81,7 @@ class HeartbeatSender:
                     raise MotorError("heartbeat stream closed by the controller")
                 except MotorError as exc:
                     failures += 1
-                    delay = reconnect_delay(failures)
+                    delay = reconnect_delay(failures, addresses=self._addresses)
                     if self.connected or failures == 1:
                         log.warning("heartbeat stream failed, reconnecting in %.2fs: %s", delay, exc.message)
                     self.connected = False
