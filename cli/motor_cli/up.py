@@ -248,6 +248,11 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def _engine_kind(plan: FleetPlan) -> str:
+    launchers = {str(p.config.get("engine", {}).get("launcher", "")) for p in plan.of_kind("nodemanager")}
+    return "simulated" if launchers <= {"simulator"} else "native " + "/".join(sorted(launchers - {"simulator"}))
+
+
 def _banner(plan: FleetPlan) -> str:
     o = plan.options
     nodes = ", ".join(f"{n} {r}" for r, n in (("prefill", o.prefill), ("decode", o.decode), ("union", o.union)) if n)
@@ -257,7 +262,7 @@ def _banner(plan: FleetPlan) -> str:
     return "\n".join(
         [
             "",
-            f"Motor is up: {nodes} ({o.engine} protocol, {'simulated' if True else ''} engines)",
+            f"Motor is up: {nodes} ({o.engine} protocol, {_engine_kind(plan)} engines)",
             f"  gateway      {url}/v1",
             f"  coordinator  {', '.join(plan.coordinator_addresses)}",
             f"  controller   {plan.controller_address}",
