@@ -99,6 +99,12 @@ class Node:
         self.fault_reporter: PausableReporter | None = None
         self._held: set[int] = set()  # endpoints whose death report is in flight (published after it)
         self._bg = TaskOwner("node")
+        from motor_nodemanager.scale_down_proxy import ScaleDownProxy
+
+        self.scale_down = ScaleDownProxy(self)
+
+    def clock(self) -> float:
+        return self._clock()
 
     @property
     def cfg(self) -> NodeManagerConfig:
@@ -190,6 +196,8 @@ class Node:
         """The death report an observation calls for, if any (dedup is the ledger's job)."""
         if self.command is None or not self.node_id or self.relaunching or self.stopping:
             return None
+        if old.status is EndpointStatus.RETIRED:
+            return None  # retired by a committed DP scale-down: its death is no fault any more
         level = FaultLevel.ENGINE_DEAD
         if obs is es.Observation.EXITED and old.pid:
             source = FaultSource.PROCESS_EXIT
@@ -221,6 +229,8 @@ class Node:
         """A fault the engine's own publisher announced, as a report (None when nothing runs)."""
         st = self.states.get(endpoint_id)
         if self.command is None or not self.node_id or st is None or self.relaunching or self.stopping:
+            return None
+        if st.status is EndpointStatus.RETIRED:
             return None
         return FaultReport(self.node_id, self.command.instance_id, endpoint_id, level, FaultSource.ENGINE_PUBLISHER,
                            st.pid, detail)  # fmt: skip
@@ -403,8 +413,33 @@ class Node:
                                reason="RELAUNCH_TIMEOUT")  # fmt: skip
             await asyncio.sleep(0.05)
 
+    # --- DP scale-down ---------------------------------------------------------------------------
+    def retire(self, endpoint_ids: Sequence[int], detail: str) -> None:
+        """A committed DP scale-down retired these endpoints: RETIRED in heartbeats and status, never
+        polled, never reported dead, ignored by the arbiter (until the engines are launched again)."""
+        ids = [i for i in endpoint_ids if i in self.states]
+        for eid in ids:
+            self.states[eid] = dataclasses.replace(self.states[eid], status=EndpointStatus.RETIRED, detail=detail)
+            self._held.discard(eid)
+            if self.deaths is not None:
+                self.deaths.withdraw(eid)
+        log.warning("endpoints retired by DP scale-down: %s", ids, extra={"detail": detail})
+        cmd = self.command
+        if cmd is not None:
+            survivors = sorted((e for e in cmd.endpoints if self._status_of(e.id) is not EndpointStatus.RETIRED),
+                               key=lambda e: e.id)  # fmt: skip
+            self._bg.spawn(self.poller.start(survivors), name="poll-survivors")
+            if self.fault_reporter is not None:
+                self.fault_reporter.watch([e.id for e in survivors])
+        self.on_change()
+
+    def _status_of(self, endpoint_id: int) -> EndpointStatus | None:
+        st = self.states.get(endpoint_id)
+        return st.status if st is not None else None
+
     # --- daemon ----------------------------------------------------------------------------------
     def tick(self) -> Verdict:
+        self.scale_down.expire()
         now = self._clock()
         self.arbiter.threshold = self.cfg.health.abnormal_threshold
         visible = [s for s in self.states.values() if s.status is not EndpointStatus.RETIRED]
@@ -444,7 +479,6 @@ class Node:
             EndpointHealth(s.endpoint_id, s.status, s.generation, s.pid if self.supervisor.pid_of(s.endpoint_id) else 0,
                            s.was_normal, s.detail)
             for s in sorted(self.states.values(), key=lambda s: s.endpoint_id)
-            if s.status is not EndpointStatus.RETIRED
         )  # fmt: skip
 
     def status(self) -> NodeStatus:
@@ -474,7 +508,7 @@ class Node:
             return False, "paused"
         if not self.states:
             return False, "no endpoints: waiting for a start command"
-        bad = [s for s in self.states.values() if s.status is not EndpointStatus.NORMAL]
+        bad = [s for s in self.states.values() if s.status not in (EndpointStatus.NORMAL, EndpointStatus.RETIRED)]
         if bad:
             desc = ", ".join(f"endpoint {s.endpoint_id} {s.status.value}" for s in bad)
             return False, f"not all endpoints NORMAL: {desc}"

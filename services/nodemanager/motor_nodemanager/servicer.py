@@ -12,13 +12,15 @@ from motor_common.convert import (
     engine_from_pb,
     role_from_pb,
 )
-from motor_common.errors import FailedPrecondition, InvalidArgument
+from motor_common.errors import InvalidArgument
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as pbg
 from motor_common.grpc_server import GrpcServer
+from motor_nodemanager import scale_down as sd
 from motor_nodemanager.config import NodeManagerConfig
 from motor_nodemanager.controller_client import timestamp
 from motor_nodemanager.node import Node
+from motor_nodemanager.scale_down_proxy import ScaleDownProxy
 from motor_nodemanager.start_command import StartCommand
 
 log = logging.getLogger(__name__)
@@ -101,34 +103,44 @@ class NodeManagerServicer(pbg.NodeManagerServiceServicer):
         return pb.RestartEngineResponse(relaunch_count=self._node.relaunch_count, pids=pids)
 
 
+_REPORTED = {
+    sd.Reported.DISABLED: pb.SCALE_DOWN_STATE_DISABLED,
+    sd.Reported.IDLE: pb.SCALE_DOWN_STATE_IDLE,
+    sd.Reported.GUARDED: pb.SCALE_DOWN_STATE_GUARDED,
+    sd.Reported.APPLYING: pb.SCALE_DOWN_STATE_APPLYING,
+    sd.Reported.HEALTHY: pb.SCALE_DOWN_STATE_HEALTHY,
+    sd.Reported.UNHEALTHY: pb.SCALE_DOWN_STATE_UNHEALTHY,
+}
+
+
 class ScaleDownServicer(pbg.ScaleDownServiceServicer):
-    """DP scale-down proxy. Only the status query exists yet; the transaction comes with its issue."""
+    """DP scale-down transaction (guard → apply once → finalize), proxied to the engines; see
+    :mod:`motor_nodemanager.scale_down`. Disabled: status DISABLED, every other call FAILED_PRECONDITION."""
 
-    def __init__(self, enabled: Callable[[], bool]) -> None:
-        self._enabled = enabled
-
-    def _refuse(self) -> FailedPrecondition:
-        if not self._enabled():
-            return FailedPrecondition("DP scale-down is disabled on this node", reason="SCALE_DOWN_DISABLED")
-        return FailedPrecondition("DP scale-down transactions are not supported yet", reason="SCALE_DOWN_UNSUPPORTED")
+    def __init__(self, proxy: ScaleDownProxy) -> None:
+        self._sd = proxy
 
     async def GuardScaleDown(self, request: pb.GuardScaleDownRequest, context: Any) -> pb.GuardScaleDownResponse:
-        raise self._refuse()
+        self._sd.guard(request.request_id, request.instance_id, request.lease_seconds, list(request.dead_dp_ranks))
+        return pb.GuardScaleDownResponse(accepted=True)
 
     async def ApplyScaleDown(self, request: pb.ApplyScaleDownRequest, context: Any) -> pb.ApplyScaleDownResponse:
-        raise self._refuse()
+        await self._sd.apply(request.request_id)
+        return pb.ApplyScaleDownResponse(accepted=True)
 
     async def FinalizeScaleDown(
         self, request: pb.FinalizeScaleDownRequest, context: Any
     ) -> pb.FinalizeScaleDownResponse:
-        raise self._refuse()
+        if request.decision not in (pb.SCALE_DOWN_DECISION_COMMIT, pb.SCALE_DOWN_DECISION_ABORT):
+            raise InvalidArgument("decision must be COMMIT or ABORT", reason="INVALID_DECISION")
+        retired = self._sd.finalize(request.request_id, request.decision == pb.SCALE_DOWN_DECISION_COMMIT)
+        return pb.FinalizeScaleDownResponse(retired_dp_ranks=retired)
 
     async def GetScaleDownStatus(
         self, request: pb.GetScaleDownStatusRequest, context: Any
     ) -> pb.GetScaleDownStatusResponse:
-        state = pb.SCALE_DOWN_STATE_IDLE if self._enabled() else pb.SCALE_DOWN_STATE_DISABLED
-        return pb.GetScaleDownStatusResponse(state=state)
-
+        state, request_id, retired = await self._sd.status()
+        return pb.GetScaleDownStatusResponse(state=_REPORTED[state], request_id=request_id, retired_dp_ranks=retired)
 
 
 def add_services(
@@ -136,7 +148,7 @@ def add_services(
 ) -> None:
     """Register both services (protected by the management key) on *server*."""
     nm = NodeManagerServicer(node, stop_node)
-    sd = ScaleDownServicer(lambda: cfg.fault_tolerance_config.enable_dp_scale_down)
+    sdown = ScaleDownServicer(node.scale_down)
     server.add_service(
         NODEMANAGER_SERVICE,
         lambda s: pbg.add_NodeManagerServiceServicer_to_server(nm, s),  # type: ignore[no-untyped-call]
@@ -144,6 +156,6 @@ def add_services(
     )
     server.add_service(
         SCALE_DOWN_SERVICE,
-        lambda s: pbg.add_ScaleDownServiceServicer_to_server(sd, s),  # type: ignore[no-untyped-call]
+        lambda s: pbg.add_ScaleDownServiceServicer_to_server(sdown, s),  # type: ignore[no-untyped-call]
         protected=True,
     )
