@@ -22,12 +22,13 @@ from motor_coordinator.engine_client import EngineClient
 from motor_coordinator.leadership import Leadership, Standalone
 from motor_coordinator.monitor import Monitor
 from motor_coordinator.policies import make_policy
+from motor_coordinator.precision_monitor import PrecisionMonitor
+from motor_coordinator.precision_routing import PrecisionAwareScheduler
 from motor_coordinator.promotion import ControllerAlarms, PromotionAnnouncer
 from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
-from motor_coordinator.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class Coordinator:
         self.announcer: PromotionAnnouncer | None = None
         self.address = ""
         d = cfg.dispatch
-        self.scheduler = Scheduler(
+        self.scheduler = PrecisionAwareScheduler(
             make_policy(cfg.scheduler),
             breaker_failures=d.circuit_breaker_failures,
             breaker_cooldown=d.circuit_breaker_cooldown_sec,
@@ -60,10 +61,14 @@ class Coordinator:
             self.scheduler, self.client,
             probe_interval=d.health_probe_interval_sec, scrape_interval=d.metrics_scrape_interval_sec,
         )
+        self.precision = PrecisionMonitor(
+            cfg.precision, cfg.precision_clear_threshold, self.scheduler, self.dispatcher,
+            is_master=lambda: self.leadership.is_master and not self.leadership.isolated,
+            controller_address=cfg.controller_address,
+        )
         # The management mirror: swapped only after the scheduler accepted the same snapshot.
         self.state = RegistryState()
         self._model_created: dict[str, int] = {}
-        self._precision_alarms: set[int] = set()
         self.server = GrpcServer("coordinator", cfg.server, management_key=management_key)
         self.server.add_service(
             REGISTRY_SERVICE,
@@ -105,10 +110,7 @@ class Coordinator:
         return self._model_created.get(model, 0)
 
     def clear_precision_alarms(self, ids: Iterable[int]) -> int:
-        wanted = set(ids) or set(self._precision_alarms)
-        cleared = wanted & self._precision_alarms
-        self._precision_alarms -= cleared
-        return len(cleared)
+        return self.precision.clear(ids)
 
     # -- readiness ---------------------------------------------------------------------------
 
@@ -151,6 +153,7 @@ class Coordinator:
         self._dirty = asyncio.Event()
         await self._apply_readiness()
         await self._start_election()
+        self.precision.start(self.address, self.server.management_key)
         self.tasks.spawn(self._readiness_loop(), name="readiness")
         d = self.cfg.dispatch
         if d.health_probe_interval_sec > 0:
@@ -184,6 +187,7 @@ class Coordinator:
             await self.announcer.close()
         await self.server.stop(grace)
         await self.tasks.close()
+        await self.precision.close()
         if self.ops is not None:
             await self.ops.stop()
         await self.client.close()

@@ -12,6 +12,7 @@ from typing import Literal
 
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
+from motor_coordinator.precision_config import PrecisionConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
 
@@ -111,9 +112,12 @@ class CoordinatorConfig:
     ha: HaConfig = field(default_factory=HaConfig)
     # Controller gRPC address for the promotion alarm (ReportAlarm); unset = no announcement.
     controller_address: str | None = None
-    # Reserved for precision alarms (SPEC §3.5).
+    # Precision alarms (SPEC §3.5, docs/precision.md): consecutive normal samples that clear an alarm.
     precision_clear_threshold: int = 10
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
 
     def __post_init__(self) -> None:
         if self.master_lock_ttl <= 0 or self.master_standby_check_interval <= 0:
             raise ValueError("master_lock_ttl and master_standby_check_interval must be > 0")
+        if self.precision_clear_threshold < 1:
+            raise ValueError("precision_clear_threshold must be >= 1")
