@@ -45,6 +45,7 @@ def dead(iid: int = 1, level: str = "engine_dead") -> FaultReport:
 class Host:
     instances: dict[int, ManagedInstance] = field(default_factory=dict)
     healthy: bool = True
+    scale_down_ok: bool = True
     ended: list[tuple[int, StrategyResult]] = field(default_factory=list)
 
     def instance(self, instance_id: int) -> ManagedInstance | None:
@@ -60,6 +61,9 @@ class Host:
     async def end_recovery(self, instance_id: int, result: StrategyResult) -> None:
         self.ended.append((instance_id, result))
         self.instances[instance_id] = replace(self.instances[instance_id], state=InstanceState.ACTIVE)
+
+    def scale_down_eligible(self, instance_id: int, report: FaultReport) -> bool:
+        return self.scale_down_ok
 
 
 @dataclass

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from motor_nodemanager import scale_down as sd
-from motor_nodemanager.scale_down import Effect, EngineHealth, Event, Phase, Reported, Txn, Verdict, step
+from motor_nodemanager.scale_down import (
+    Effect,
+    EngineHealth,
+    Event,
+    Phase,
+    Reported,
+    Txn,
+    Verdict,
+    step,
+)
 
 
 def guarded(rid: str = "r1", now: float = 0.0, lease: float = 10.0) -> Txn:

@@ -27,6 +27,7 @@ class KEYS:
     COORDINATOR = "coordinators/"
     ALARM = "alarms/"
     META_EPOCH = "meta/epoch"
+    SCALE_DOWN = "scaledown/"
 
 
 def _endpoint(d: dict[str, Any]) -> Endpoint:
@@ -107,6 +108,7 @@ def encode_instance(mi: ManagedInstance) -> bytes:
             "state_changed_at": mi.state_changed_at,
             "reason": mi.reason,
             "generation": mi.generation,
+            "withdrawn_dp_ranks": list(mi.withdrawn_dp_ranks),
         }
     )
 
@@ -124,6 +126,7 @@ def decode_instance(raw: bytes) -> ManagedInstance:
         state_changed_at=d["state_changed_at"],
         reason=d["reason"],
         generation=d["generation"],
+        withdrawn_dp_ranks=tuple(d.get("withdrawn_dp_ranks", ())),
     )
 
 

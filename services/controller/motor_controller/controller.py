@@ -24,6 +24,7 @@ from motor_common.domain import Instance, NodeSpec
 from motor_common.errors import MotorError, NotFound
 from motor_common.tasks import TaskOwner
 from motor_controller import codec
+from motor_controller import scale_down as sdown
 from motor_controller.alarms import Alarm, AlarmAction, AlarmKind, AlarmStore
 from motor_controller.assembly import StartCommand
 from motor_controller.codec import KEYS
@@ -31,6 +32,7 @@ from motor_controller.config import ControllerConfig
 from motor_controller.fault_manager import FaultManager
 from motor_controller.fault_policy import (
     AWAIT_RECOVERY,
+    DP_SCALE_DOWN,
     ENGINE_RELAUNCH,
     NODE_RESTART,
     Outcome,
@@ -55,6 +57,8 @@ from motor_controller.reconcile import World, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
 from motor_controller.store import Store
 from motor_controller.strategies.await_recovery import AwaitRecovery
+from motor_controller.strategies.dp_scale_down import DpScaleDown, ScaleDownPeers
+from motor_controller.strategies.dp_scale_down import Target as SdTarget
 from motor_controller.strategies.engine_relaunch import EngineRelaunch, Target
 from motor_controller.strategies.node_restart import NodeRestart
 
@@ -75,7 +79,10 @@ class Controller:
         wall: Callable[[], float] = time.time,
         restarter: NodeRestarter | None = None,
         coordinator_factory: Callable[[str], CoordinatorClient] | None = None,
+        scale_down_peers: ScaleDownPeers | None = None,
     ) -> None:
+        self.scale_down_peers = scale_down_peers
+        self.scale_downs: dict[int, sdown.Record] = {}  # DP scale-down transactions (persisted)
         self.config = config
         self.store = store
         self.node_managers = node_managers
@@ -91,6 +98,7 @@ class Controller:
         self.signals: dict[int, Signal] = {}
         self.start_gates: dict[str, tuple[int, float]] = {}
         self.alarms = AlarmStore()
+        self._precision_recoveries: set[tuple[int, ...]] = set()
         self.faults: deque[FaultReport] = deque(maxlen=1000)
         self.starts_sent: list[StartCommand] = []  # bounded log for observability and tests
         self._lock = asyncio.Lock()
@@ -148,6 +156,10 @@ class Controller:
             self.instances[mi.id] = mi
         for key, value in await self.store.list(KEYS.JOB):
             self.incarnations[key[len(KEYS.JOB) :]] = int(orjson.loads(value)["incarnation"])
+        self.scale_downs = {}
+        for _, value in await self.store.list(KEYS.SCALE_DOWN):
+            txn = sdown.decode(value)
+            self.scale_downs[txn.instance_id] = txn
         for _, value in await self.store.list(KEYS.ALARM):
             self.alarms.report(codec.decode_alarm(value))
         known = {p.client.address for p in self.pushers}
@@ -166,6 +178,11 @@ class Controller:
     def start(self) -> None:
         self.acting = True
         self._tasks.spawn(self._reconcile_loop(), name="reconcile")
+        for rec in list(self.scale_downs.values()):
+            if rec.in_flight:  # interrupted: RECONFIGURING again, never replaying apply
+                log.warning("resuming interrupted DP scale-down", extra={"instance_id": rec.instance_id,
+                                                                       "phase": rec.phase.value})
+                self.fault_manager.resume(rec.instance_id, DP_SCALE_DOWN)
         for pusher in self.pushers:
             self._tasks.spawn(pusher.run(), name=f"pusher:{pusher.client.address}")
 
@@ -184,6 +201,9 @@ class Controller:
         for pusher in self.pushers:
             await pusher.client.close()
         await self.node_managers.close()
+        close_sd = getattr(self.scale_down_peers, "close", None)
+        if close_sd is not None:
+            await close_sd()
 
     def poke(self) -> None:
         self._wake.set()
@@ -306,8 +326,62 @@ class Controller:
                 self.restarter, specs, progress, reason=f"node restart for instance {mi.id}",
                 gone=self.node_gone, wait_timeout=self.config.node_restart.wait_timeout_sec, clock=self._clock,
             )  # fmt: skip
+        if name == DP_SCALE_DOWN and self.scale_down_peers is not None:
+            sd_targets = [SdTarget(s.node_id, s.admin_address) for s in specs]
+            prev = self.scale_downs.get(mi.id)
+            resume = prev if prev is not None and prev.in_flight else None
+            dead = self._dead_ranks(mi)
+            if len(sd_targets) != len(mi.node_ids) or (resume is None and not dead):
+                return None
+            return DpScaleDown(
+                self.scale_down_peers, ft, sd_targets, progress, dead_ranks=dead, save=self._save_scale_down,
+                deleted=deleted, committed=prev.committed_dead_ranks if prev else (), resume=resume, clock=self._clock,
+            )  # fmt: skip
         log.warning("fault strategy %s is not available", name, extra={"instance_id": mi.id})
         return None
+
+    def _dead_ranks(self, mi: ManagedInstance) -> tuple[int, ...]:
+        """DP rank of the latest ENGINE_DEAD report for *mi*."""
+        for r in reversed(self.faults):
+            if r.instance_id == mi.id and r.level == "engine_dead" and mi.instance is not None:
+                rank = sdown.dead_rank_of(mi.instance, r.node_id, r.endpoint_id)
+                return () if rank is None else (rank,)
+        return ()
+
+    def retired_dp_ranks(self, instance_id: int) -> list[int]:
+        rec = self.scale_downs.get(instance_id)
+        return list(rec.committed_dead_ranks) if rec is not None else []
+
+    def scale_down_eligible(self, instance_id: int, report: FaultReport) -> bool:
+        mi = self.instances.get(instance_id)
+        if mi is None or mi.instance is None or self.scale_down_peers is None:
+            return False
+        rank = sdown.dead_rank_of(mi.instance, report.node_id, report.endpoint_id)
+        ok, why = sdown.eligible(
+            enabled=self.config.fault_tolerance_config.enable_dp_scale_down,
+            instance=mi.instance,
+            node_capable=[n in self.nodes and self.nodes[n].spec.capabilities.dp_scale_down for n in mi.node_ids],
+            dead_ranks=() if rank is None else (rank,),
+            retired=mi.withdrawn_dp_ranks,
+        )
+        if not ok:
+            log.info("DP scale-down not eligible: %s", why, extra={"instance_id": instance_id})
+        return ok
+
+    async def _save_scale_down(self, rec: sdown.Record) -> None:
+        """Persist the transaction record and the instance's withdrawn ranks in one batch; the push plan
+        (level-triggered) then shows coordinators the instance without them."""
+        async with self._lock:
+            puts = {f"{KEYS.SCALE_DOWN}{rec.instance_id}": sdown.encode(rec)}
+            mi = self.instances.get(rec.instance_id)
+            if mi is not None and mi.withdrawn_dp_ranks != rec.withdrawn:
+                mi = replace(mi, withdrawn_dp_ranks=rec.withdrawn)
+                puts[f"{KEYS.INSTANCE}{mi.id}"] = codec.encode_instance(mi)
+            await self.store.batch(puts)
+            self.scale_downs[rec.instance_id] = rec
+            if mi is not None:
+                self.instances[mi.id] = mi
+        self._after_change()
 
     async def begin_recovery(self, instance_id: int, strategy: str) -> bool:
         async with self._lock:
@@ -355,6 +429,13 @@ class Controller:
             await self.store.delete(key)
         if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
             self.on_coordinator_promoted(alarm.address)
+        ft = self.config.fault_tolerance_config
+        if (alarm.kind is AlarmKind.PRECISION and alarm.action is AlarmAction.RAISE and changed is not None
+                and ft.enable_fault_tolerance and ft.enable_precision_recovery):
+            group = changed.key[2]
+            if group not in self._precision_recoveries:
+                self._precision_recoveries.add(group)
+                self._tasks.spawn(self._recover_precision(changed), name=f"precision-recovery:{group}")
         log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
                                                             "instance_ids": list(alarm.instance_ids)})
         return True
@@ -415,11 +496,31 @@ class Controller:
         log.info("instance terminated", extra={"instance_id": instance_id, "stopped": stopped})
         return sorted(stopped)
 
-    async def _clear_precision(self, instance_id: int) -> None:
-        cleared = self.alarms.clear_precision(instance_id, "cleared by terminate")
+    async def _recover_precision(self, alarm: Alarm) -> None:
+        """Auto-recovery of a precision alarm (SPEC §3.5 path 1): terminate every instance of the
+        P/D group (its nodes stop and are rescheduled; the new assembly gets a new id), then record
+        the CLEAR (same identity as the raise) and tell every coordinator to drop its state."""
+        group = alarm.key[2]
+        try:
+            log.warning("precision alarm: terminating the P/D group", extra={"instance_ids": list(group)})
+            for iid in group:
+                mi = self.instances.get(iid)
+                if mi is not None and mi.live:
+                    try:
+                        await self.terminate_instance(iid, False, "precision alarm auto-recovery")
+                    except MotorError as exc:
+                        log.warning("precision recovery: terminate failed",
+                                    extra={"instance_id": iid, "error": exc.message})
+            await self._clear_precision(group, "cleared by auto-recovery (P/D group terminated)")
+        finally:
+            self._precision_recoveries.discard(group)
+
+    async def _clear_precision(self, instance_ids: int | Sequence[int], message: str = "cleared by terminate") -> None:
+        wanted = [instance_ids] if isinstance(instance_ids, int) else list(instance_ids)
+        cleared = [a for iid in wanted for a in self.alarms.clear_precision(iid, message)]
         if cleared:
             await self.store.batch({}, [codec.alarm_store_key(a) for a in cleared])
-        ids = sorted({i for a in cleared for i in a.instance_ids} | {instance_id})
+        ids = sorted({i for a in cleared for i in a.instance_ids} | set(wanted))
         for pusher in self.pushers:
             try:
                 await pusher.client.clear_precision_alarms(ids)

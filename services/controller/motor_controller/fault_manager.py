@@ -48,6 +48,7 @@ class RecoveryHost(Protocol):
     def instance_healthy(self, instance_id: int) -> bool: ...
     async def begin_recovery(self, instance_id: int, strategy: str) -> bool: ...
     async def end_recovery(self, instance_id: int, result: StrategyResult) -> None: ...
+    def scale_down_eligible(self, instance_id: int, report: FaultReport) -> bool: ...
 
 
 # (strategy name, instance, its progress record, node ids concerned, fire-and-forget spawner) -> strategy
@@ -95,7 +96,8 @@ class FaultManager:
             if report.level == "engine_dead" and callable(dead):
                 dead()  # a no-restart strategy stops waiting; its failure escalates at once
             return relaunch_expected(current.name, ft)
-        name = choose_strategy(report, ft, previous_failed=self.failed.get(mi.id))
+        name = choose_strategy(report, ft, previous_failed=self.failed.get(mi.id),
+                               scale_down_eligible=self._host.scale_down_eligible(mi.id, report))
         if name is None:
             return False
         started = await self._begin(mi, name, mi.node_ids)
@@ -109,6 +111,22 @@ class FaultManager:
         if mi is None or not mi.live or mi.blocked:
             return
         await self._begin(mi, NODE_RESTART, survivors)
+
+    def resume(self, instance_id: int, name: str) -> bool:
+        """Run *name* for an instance a previous controller left RECOVERING (no RECOVERY_BEGIN:
+        it is persisted already); the factory finds what to resume in the store."""
+        mi = self._host.instance(instance_id)
+        if mi is None or not mi.live or mi.blocked or mi.id in self.running:
+            return False
+        progress = self.progress.setdefault(mi.id, Progress())
+        strategy = self._build(name, mi, progress, mi.node_ids, self._spawn_abort)
+        if strategy is None:
+            return False
+        self.running[mi.id] = strategy
+        progress.strategy, progress.phase, progress.state = name, "recovered", FtState.RUNNING
+        log.warning("fault strategy resumed after a controller restart", extra={"instance_id": mi.id, "strategy": name})
+        self._tasks.spawn(self._drive(mi, strategy, progress), name=f"strategy-{name}-{mi.id}")
+        return True
 
     async def _begin(self, mi: ManagedInstance, name: str, nodes: Sequence[str]) -> bool:
         progress = self.progress.setdefault(mi.id, Progress())

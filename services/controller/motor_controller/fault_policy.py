@@ -65,9 +65,13 @@ NO_RESTART_STRATEGIES = frozenset({AWAIT_RECOVERY, DP_SCALE_DOWN})
 
 
 def choose_strategy(
-    report: FaultReport, config: FaultToleranceConfig, *, previous_failed: str | None = None
+    report: FaultReport, config: FaultToleranceConfig, *, previous_failed: str | None = None,
+    scale_down_eligible: bool = True,
 ) -> str | None:
-    """Name of the strategy for *report*, or None (leave it to heartbeats/self-termination)."""
+    """Name of the strategy for *report*, or None (leave it to heartbeats/self-termination).
+
+    ENGINE_DEAD → DP scale-down only when it is on *and* the instance is eligible
+    (``scale_down.eligible``: data-parallel, every node capable, a survivor left); else relaunch."""
     if not config.enable_fault_tolerance:
         return None
     if previous_failed is not None and previous_failed != ENGINE_RELAUNCH:
@@ -75,7 +79,7 @@ def choose_strategy(
     if previous_failed == ENGINE_RELAUNCH:
         return NODE_RESTART
     if report.level == "engine_dead":
-        if config.enable_dp_scale_down:
+        if config.enable_dp_scale_down and scale_down_eligible:
             return DP_SCALE_DOWN
         return ENGINE_RELAUNCH if config.enable_engine_relaunch else None
     if report.level == "engine_unhealthy":

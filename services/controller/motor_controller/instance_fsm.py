@@ -123,8 +123,9 @@ def _observe_node(
     if ob.instance_id != inst.id or ob.state in (NodeState.REGISTERED, NodeState.RESTORED):
         return Signal.PENDING, f"not running this instance (state {ob.state.value}, instance {ob.instance_id})"
     assert inst.instance is not None
-    expected = sum(1 for e in inst.instance.endpoints if e.node_id == node_id)
-    statuses = [h.status for h in ob.endpoints if h.status is not EndpointStatus.RETIRED]
+    withdrawn = {e.id for e in inst.instance.endpoints if e.node_id == node_id and e.dp_rank in inst.withdrawn_dp_ranks}
+    expected = sum(1 for e in inst.instance.endpoints if e.node_id == node_id) - len(withdrawn)
+    statuses = [h.status for h in ob.endpoints if h.status is not EndpointStatus.RETIRED and h.endpoint_id not in withdrawn]
     if EndpointStatus.ABNORMAL in statuses:
         bad = [h.endpoint_id for h in ob.endpoints if h.status is EndpointStatus.ABNORMAL]
         return Signal.ABNORMAL, f"endpoints {bad} ABNORMAL"

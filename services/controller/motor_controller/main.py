@@ -24,6 +24,7 @@ from motor_common.runner import run, stop_event_on_signals
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
 from motor_controller.peers import GrpcCoordinator, GrpcNodeManagers
+from motor_controller.scale_down_client import GrpcScaleDown
 from motor_controller.service import (
     ADMIN_SERVICE,
     CONTROLLER_SERVICE,
@@ -80,6 +81,7 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         GrpcNodeManagers(key, config.rpc_timeout_sec),
         [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
         coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
+        scale_down_peers=GrpcScaleDown(key),
     )
     await controller.load()
     server = build_server(config, controller, key)
@@ -114,6 +116,7 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
         GrpcNodeManagers(key, config.rpc_timeout_sec),
         [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
         coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
+        scale_down_peers=GrpcScaleDown(key),
     )
     server = build_server(config, controller, key, gate=lambda: leader.check())
     leader = ControllerLeader(controller, server, "controller")

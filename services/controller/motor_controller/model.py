@@ -71,6 +71,8 @@ class ManagedInstance:
     state_changed_at: float  # wall clock
     reason: str = ""
     generation: int = 1
+    # DP ranks coordinators must not see (a DP scale-down withdrew or retired them).
+    withdrawn_dp_ranks: tuple[int, ...] = ()
 
     @property
     def blocked(self) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from motor_common.domain import Instance, InstanceStatus
 from motor_controller.instance_fsm import Signal
 from motor_controller.model import InstanceState, ManagedInstance
+from motor_controller.scale_down import visible
 
 View = Mapping[int, Instance]
 
@@ -63,7 +64,7 @@ def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Sig
         else:
             continue
         status = InstanceStatus.PAUSED if paused else InstanceStatus.AVAILABLE
-        out[mi.id] = replace(mi.instance, status=status)
+        out[mi.id] = replace(visible(mi.instance, mi.withdrawn_dp_ranks), status=status)
     return out
 
 

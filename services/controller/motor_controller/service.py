@@ -167,7 +167,8 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
             return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_DISABLED)
         progress = self.ctl.fault_manager.progress.get(request.instance_id)
         if progress is None:
-            return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_IDLE)
+            return pb.GetFaultToleranceStatusResponse(state=pb.FAULT_TOLERANCE_STATE_IDLE,
+                                                      retired_dp_ranks=self.ctl.retired_dp_ranks(request.instance_id))
         state = _FT_STATE[progress.state]
         if progress.state is FtState.RUNNING:
             state = _RUNNING_BY_STRATEGY.get(progress.strategy, state)
@@ -177,6 +178,7 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
             phase=progress.phase,
             relaunch_attempts=progress.relaunch_attempts,
             last_error=progress.last_error,
+            retired_dp_ranks=self.ctl.retired_dp_ranks(request.instance_id),
         )
 
     async def ListAlarms(self, request: pb.ListAlarmsRequest, context: Any) -> pb.ListAlarmsResponse:

@@ -1,0 +1,73 @@
+"""gRPC client of the nodemanagers' ``ScaleDownService`` (errors translated, every call timed out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
+from motor_common.grpc_client import call_metadata, open_channel, translate
+
+_STATES = {
+    npb.SCALE_DOWN_STATE_DISABLED: "disabled",
+    npb.SCALE_DOWN_STATE_IDLE: "idle",
+    npb.SCALE_DOWN_STATE_GUARDED: "guarded",
+    npb.SCALE_DOWN_STATE_APPLYING: "applying",
+    npb.SCALE_DOWN_STATE_HEALTHY: "healthy",
+    npb.SCALE_DOWN_STATE_UNHEALTHY: "unhealthy",
+}
+
+
+class GrpcScaleDown:
+    def __init__(self, management_key: str | None) -> None:
+        self._key = management_key
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> ngrpc.ScaleDownServiceStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = open_channel(address)
+        return ngrpc.ScaleDownServiceStub(ch)  # type: ignore[no-untyped-call]
+
+    async def guard(self, address: str, request_id: str, instance_id: int, lease_sec: float,
+                    dead_ranks: Sequence[int], *, timeout: float) -> None:  # fmt: skip
+        req = npb.GuardScaleDownRequest(request_id=request_id, instance_id=instance_id, lease_seconds=lease_sec,
+                                        dead_dp_ranks=list(dead_ranks))  # fmt: skip
+        try:
+            await self._stub(address).GuardScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+
+    async def apply(self, address: str, request_id: str, instance_id: int, dead_ranks: Sequence[int], *,
+                    timeout: float) -> None:  # fmt: skip
+        req = npb.ApplyScaleDownRequest(request_id=request_id, instance_id=instance_id, dead_dp_ranks=list(dead_ranks))
+        try:
+            await self._stub(address).ApplyScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+
+    async def finalize(self, address: str, request_id: str, instance_id: int, *, commit: bool,
+                       timeout: float) -> list[int]:  # fmt: skip
+        decision = npb.SCALE_DOWN_DECISION_COMMIT if commit else npb.SCALE_DOWN_DECISION_ABORT
+        req = npb.FinalizeScaleDownRequest(request_id=request_id, instance_id=instance_id, decision=decision)
+        try:
+            resp = await self._stub(address).FinalizeScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+        return list(resp.retired_dp_ranks)
+
+    async def status(self, address: str, *, timeout: float) -> str:
+        try:
+            resp = await self._stub(address).GetScaleDownStatus(
+                npb.GetScaleDownStatusRequest(), metadata=call_metadata(self._key), timeout=timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"nodemanager {address}") from exc
+        return _STATES.get(resp.state, "unspecified")
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            await ch.close()
