@@ -19,6 +19,7 @@ from aiohttp import web
 from motor_sim import bootstrap, framing, params, responses, side_channel
 from motor_sim.config import Flavour as FlavourName
 from motor_sim.config import Role, SimConfig
+from motor_sim.dp_group import DpGroup
 from motor_sim.faults import Fault, FaultMode, InvalidFault, parse_fault
 from motor_sim.flavour import Flavour
 from motor_sim.kvtransfer import TransferError
@@ -50,7 +51,8 @@ class SimServer:
         self._runner: web.AppRunner | None = None
         self._zmq: FaultPublisher | None = None
         self.active_dp_ranks: list[int] = list(range(cfg.dp_size))
-        self._applied_requests: dict[str, dict[str, Any]] = {}
+        self._dp_group: DpGroup | None = None
+        self._reconfig_until = 0.0
         self.port = cfg.port
 
     # ---- app -------------------------------------------------------------------------------
@@ -266,31 +268,59 @@ class SimServer:
     # ---- fault tolerance (vLLM) ------------------------------------------------------------
     def _ft_status(self) -> dict[str, Any]:
         status = self.svc.fault.health_status
+        reason = self.svc.fault.mode.value
+        unresolved = sorted(self._dp_group.lost - set(self._removed)) if self._dp_group is not None else []
+        if status == "healthy" and unresolved:
+            status, reason = "unhealthy", f"dp peer rank(s) {unresolved} lost"
+        elif status == "healthy" and time.monotonic() < self._reconfig_until:
+            status, reason = "unhealthy", "reconfiguring after scale_down"
         return {"status": status, "dp_rank": self.cfg.dp_rank, "dp_size": len(self.active_dp_ranks),
                 "active_dp_ranks": self.active_dp_ranks, "engine_id": self.svc.engine_id,
-                "reason": self.svc.fault.mode.value}
+                "reason": reason}
+
+    @property
+    def _removed(self) -> list[int]:
+        return [r for r in range(self.cfg.dp_size) if r not in self.active_dp_ranks]
 
     async def ft_status(self, request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self._ft_status()), content_type=_JSON)
 
     async def ft_apply(self, request: web.Request) -> web.Response:
+        """vLLM's contract: ``{"instruction": "scale_down" | "retry", "params": {...}}`` → 202 Accepted
+        with a request id; the engine then reconfigures asynchronously (``/fault_tolerance/status``
+        says ``unhealthy`` meanwhile). ``scale_down`` params: ``dead_ranks`` (DP ranks to remove)."""
         try:
             body = orjson.loads(await request.read() or b"{}")
         except orjson.JSONDecodeError as exc:
-            return self._error(ApiError(400, f"Invalid JSON body: {exc}"))
-        dead = body.get("dead_ranks") if isinstance(body, dict) else None
-        req_id = body.get("request_id") if isinstance(body, dict) else None
-        if not isinstance(dead, list) or not all(
-            isinstance(r, int) and 0 <= r < self.cfg.dp_size for r in dead
-        ):
-            return self._error(ApiError(400, "dead_ranks must be a list of dp ranks", param="dead_ranks"))
-        if isinstance(req_id, str) and req_id in self._applied_requests:
-            return web.Response(body=orjson.dumps(self._applied_requests[req_id]), content_type=_JSON)
-        self.active_dp_ranks = [r for r in self.active_dp_ranks if r not in set(dead)]
-        result = dict(self._ft_status(), applied=True, dead_ranks=sorted(set(dead)))
-        if isinstance(req_id, str):
-            self._applied_requests[req_id] = result
-        return web.Response(body=orjson.dumps(result), content_type=_JSON)
+            return self._error(ApiError(400, f"Invalid JSON format: {exc}"))
+        instruction = body.get("instruction") if isinstance(body, dict) else None
+        params = body.get("params", {}) if isinstance(body, dict) else None
+        if instruction not in ("scale_down", "retry") or not isinstance(params, dict):
+            return self._error(ApiError(400, "instruction must be 'scale_down' or 'retry' with object params",
+                                        param="instruction"))  # fmt: skip
+        if instruction == "scale_down":
+            dead = params.get("dead_ranks")
+            if not isinstance(dead, list) or not dead or not all(
+                isinstance(r, int) and 0 <= r < self.cfg.dp_size and r != self.cfg.dp_rank for r in dead
+            ):
+                return self._error(ApiError(400, "params.dead_ranks must list other dp ranks", param="dead_ranks"))
+            self.active_dp_ranks = [r for r in self.active_dp_ranks if r not in set(dead)]
+            self._reconfig_until = time.monotonic() + 0.3
+            log.warning("fault tolerance: scale_down %s -> active dp ranks %s", sorted(dead), self.active_dp_ranks)
+            self._spawn(self._publish_after(0.35))
+        if self._zmq is not None:
+            self._zmq.poke()
+        return web.Response(body=orjson.dumps({"request_id": uuid.uuid4().hex, "instruction": instruction}),
+                            status=202, content_type=_JSON)  # fmt: skip
+
+    async def _publish_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._zmq is not None:
+            self._zmq.poke()
+
+    def _on_group_change(self) -> None:
+        if self._zmq is not None:
+            self._zmq.poke()
 
     # ---- life cycle ------------------------------------------------------------------------
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
@@ -324,6 +354,10 @@ class SimServer:
             self._zmq = FaultPublisher(c.host, c.zmq_pub_port + c.dp_rank, self._ft_status,
                                        c.zmq_interval_s)
             self._zmq.start()
+            if c.flavour is FlavourName.VLLM and c.dp_size > 1 and c.dp_rpc_port:
+                self._dp_group = DpGroup(c.dp_address or "127.0.0.1", c.dp_rpc_port, c.dp_rank, c.dp_size,
+                                         self._on_group_change)  # fmt: skip
+                await self._dp_group.start()
         self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, c.host, c.port, backlog=2048, reuse_address=True)
@@ -349,6 +383,8 @@ class SimServer:
             await self._runner.cleanup()
         if self._zmq is not None:
             await self._zmq.close()
+        if self._dp_group is not None:
+            await self._dp_group.close()
         for lease in self.svc.leases.drain():
             self.svc.release_lease(lease)
 

@@ -124,8 +124,41 @@ async def test_zmq_fault_topic_and_fault_tolerance_endpoints(sims: SimFactory) -
         ctx.term()
     async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
         async with s.post(sim.url + "/fault_tolerance/apply",
-                          json={"dead_ranks": [2], "request_id": "t1"}) as r:
+                          json={"instruction": "scale_down", "params": {"dead_ranks": [2]}}) as r:
+            assert r.status == 202 and (await r.json())["request_id"]
+        async with s.post(sim.url + "/fault_tolerance/apply", json={"dead_ranks": [2]}) as r:
+            assert r.status == 400  # vLLM's contract: instruction + params
+        async with s.get(sim.url + "/fault_tolerance/status") as r:
             body = await r.json()
             assert body["active_dp_ranks"] == [0, 1, 3] and body["dp_size"] == 3
         async with s.get(sim.url + "/fault_tolerance/status") as r:
             assert (await r.json())["status"] == "unhealthy"
+
+
+async def test_dp_survivor_is_unhealthy_when_a_peer_rank_dies_until_scale_down(sims: SimFactory) -> None:
+    """The emulated DP group: kill rank 1 → rank 0 reports unhealthy; scale_down [1] → healthy."""
+    rpc = free_port()
+    common = ("--sim-zero-latency", "--sim-zmq-pub-port", str(free_port()), "--data-parallel-size", "2",
+              "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc))
+    r0 = sims.vllm(*common, "--data-parallel-rank", "0")
+    r1 = sims.vllm(*common, "--data-parallel-rank", "1")
+
+    async def status() -> dict[str, Any]:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.get(r0.url + "/fault_tolerance/status") as r:
+            return dict(await r.json())
+
+    assert (await status())["status"] == "healthy"
+    r1.proc.kill()
+    deadline = time.monotonic() + 5
+    while (await status())["status"] != "unhealthy":
+        assert time.monotonic() < deadline, "survivor never noticed the dead peer"
+        await asyncio.sleep(0.05)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        async with s.post(r0.url + "/fault_tolerance/apply",
+                          json={"instruction": "scale_down", "params": {"dead_ranks": [1]}}) as r:
+            assert r.status == 202
+    deadline = time.monotonic() + 5
+    while (st := await status())["status"] != "healthy":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert st["active_dp_ranks"] == [0]
