@@ -171,3 +171,50 @@ async def test_terminate_stops_nodes_deletes_instance_and_clears_precision_alarm
         for nm in nms:
             await nm.close()
         await ctl.stop()
+
+
+@pytest.mark.parametrize("recovery", [True, False])
+async def test_precision_alarm_auto_recovery_terminates_the_group_and_clears_with_the_raise_identity(
+    tmp_path: Path, coordinator: str, recovery: bool
+) -> None:
+    from motor_controller.config import FaultToleranceConfig
+
+    ft = FaultToleranceConfig(enable_fault_tolerance=True, enable_precision_recovery=recovery)
+    ctl = await start_controller_inproc(controller_config(tmp_path, [coordinator], fault_tolerance_config=ft))
+    nms = await nodes_for(ctl)
+    try:
+        await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
+        async with open_channel(ctl.address) as ch:
+            node = pbgrpc.ControllerServiceStub(ch)
+            admin = pbgrpc.ControllerAdminServiceStub(ch)
+            md = call_metadata(KEY)
+            alarm = pb.Alarm(kind=pb.ALARM_KIND_PRECISION, action=pb.ALARM_ACTION_RAISE,
+                             source="coordinator@x", instance_ids=[42, IID])
+            assert (await node.ReportAlarm(pb.ReportAlarmRequest(alarm=alarm), metadata=md, timeout=2)).accepted
+
+            async def alarms(active_only: bool) -> list[pb.Alarm]:
+                resp = await admin.ListAlarms(pb.ListAlarmsRequest(active_only=active_only), metadata=md, timeout=2)
+                return list(resp.alarms)
+
+            if not recovery:
+                await wait_for(lambda: _has(coordinator, IID), timeout=2, what="instance still there")
+                assert len(await alarms(True)) == 1 and not any(nm.stops for nm in nms)
+                return
+            await wait_for(lambda: all(nm.stops for nm in nms), timeout=5, what="the group's nodes stopped")
+
+            async def cleared_only() -> list[pb.Alarm]:
+                got = await alarms(False)
+                return got if got and all(a.action == pb.ALARM_ACTION_CLEAR for a in got) else []
+
+            cleared = await wait_for(cleared_only, timeout=5, what="the CLEAR")
+            assert [(a.action, a.source, sorted(a.instance_ids)) for a in cleared] == [
+                (pb.ALARM_ACTION_CLEAR, "coordinator@x", sorted([42, IID]))
+            ]
+            assert await alarms(True) == []
+            mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md)).instance
+            assert mi.state == pb.INSTANCE_STATE_DELETED
+        await wait_for(lambda: _empty(coordinator), timeout=5, what="DEL on coordinator")
+    finally:
+        for nm in nms:
+            await nm.close()
+        await ctl.stop()

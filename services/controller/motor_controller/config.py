@@ -31,6 +31,9 @@ class FaultToleranceConfig:
     # strategy fails and escalates to an engine relaunch), and how long it must stay healthy to count.
     await_recovery_timeout_sec: float = 60.0
     await_recovery_stable_sec: float = 3.0
+    # Precision alarm → terminate the P/D pair (rescheduled), then clear the alarm everywhere
+    # (docs/precision.md). Only with enable_fault_tolerance.
+    enable_precision_recovery: bool = True
     enable_dp_scale_down: bool = False
     enable_dp_scale_up: bool = False
     dp_scale_down_config: DpScaleDownConfig = field(default_factory=DpScaleDownConfig)
