@@ -23,6 +23,7 @@ from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.runner import EXIT_RESCHEDULE
+from tests.helpers import free_port
 from tests.procs import (
     NodeManagerProc,
     Proc,
@@ -186,15 +187,22 @@ class Fleet:
 
 
 @asynccontextmanager
-async def fleet(log_dir: Path, **ft: Any) -> AsyncIterator[Fleet]:
+async def fleet(log_dir: Path, *, coordinator_config: dict[str, Any] | None = None, **ft: Any) -> AsyncIterator[Fleet]:
+    """With *coordinator_config*, the coordinator also gets ``controller_address`` (the controller's
+    port is chosen first) so it can report alarms."""
     log_dir.mkdir(parents=True, exist_ok=True)
     key_file = log_dir / "fleet.key"
     key_file.write_text(KEY + "\n")
+    controller_port = free_port()
+    ccfg = None
+    if coordinator_config is not None:
+        ccfg = {**coordinator_config, "controller_address": f"127.0.0.1:{controller_port}"}
     async with AsyncExitStack() as es:
-        coordinator = await es.enter_async_context(start_coordinator(log_dir, management_key=KEY))
-        controller = await es.enter_async_context(
-            start_controller(log_dir, controller_config(coordinator.address, **ft), management_key=KEY)
-        )
+        coordinator = await es.enter_async_context(start_coordinator(log_dir, ccfg, management_key=KEY))
+        ctl_cfg = controller_config(coordinator.address, **ft)
+        if coordinator_config is not None:
+            ctl_cfg["server"] = {"host": "127.0.0.1", "port": controller_port}
+        controller = await es.enter_async_context(start_controller(log_dir, ctl_cfg, management_key=KEY))
         gateway = await es.enter_async_context(start_gateway(log_dir, [coordinator.address]))
         f = Fleet(log_dir, str(key_file), controller, coordinator, gateway)
         sup = asyncio.get_running_loop().create_task(f.supervise())

@@ -228,10 +228,10 @@ class PrecisionMonitor:
             if ev is None:
                 continue
             events.append(ev)
-            log.warning("precision alarm %s", ev.action.value,
-                        extra={"instance_ids": list(g.ids), "message": ev.message})
             if self.outbox is not None:
                 self.outbox.put(ev)
+            log.warning("precision alarm %s", ev.action.value,
+                        extra={"instance_ids": list(g.ids), "detail": ev.message})
         self._cleared_in = {g: r for g, r in self._cleared_in.items() if r >= this_round}
         self._publish()
         return events
