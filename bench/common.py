@@ -179,15 +179,21 @@ def _serves_completions(port: int) -> Any:
 
 @asynccontextmanager
 async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = None,
-                      gateway_args: Sequence[str] = (), config: dict[str, Any] | None = None
-                      ) -> AsyncIterator[Target]:
-    """motor-coordinator + motor-gateway, engines registered with the real ``motor register add``."""
+                      gateway_args: Sequence[str] = (), config: dict[str, Any] | None = None,
+                      co_located: bool = False) -> AsyncIterator[Target]:
+    """motor-coordinator + motor-gateway, engines registered with the real ``motor register add``;
+    *co_located*: no gateway, the coordinator's own OpenAI front (``http.port``) is the target."""
     cfg = json.loads(json.dumps(config or {}))
     if policy:
         cfg.setdefault("scheduler", {})["policy"] = policy
+    if co_located:
+        cfg.setdefault("http", {})["port"] = 0
     async with AsyncExitStack() as es:
         coord = await es.enter_async_context(start_coordinator(log_dir, cfg))
-        gw = await es.enter_async_context(start_gateway(log_dir, [coord.address], extra_args=gateway_args))
+        if co_located:
+            gw = Proc("co-located", coord.popen, coord.log_path, port=int(coord.ports["http"]))
+        else:
+            gw = await es.enter_async_context(start_gateway(log_dir, [coord.address], extra_args=gateway_args))
         env = {**os.environ, "MOTOR_COORDINATOR": coord.address}
         for role, sims in (("prefill", engines.prefills), ("decode", engines.decodes)):
             for sim in sims:
@@ -204,7 +210,8 @@ async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = N
             if time.monotonic() > deadline:
                 raise TimeoutError(f"motor gateway not serving:\n{gw.log()[-2000:]}")
             await asyncio.sleep(0.1)
-        yield Target("motor", gw.url, [coord.pid, gw.pid])
+        yield Target("motor (co-located)" if co_located else "motor", gw.url,
+                     [coord.pid] if co_located else [coord.pid, gw.pid])
 
 
 @asynccontextmanager

@@ -11,6 +11,8 @@ in front of *the same* engines, in turn:
   room to P and D at once). This is the baseline "added latency" is measured against.
 * ``motor``    — motor-gateway + motor-coordinator (default config), engines registered with
   ``motor register add``.
+* ``motor (co-located)`` — motor-coordinator alone with its co-located OpenAI front
+  (``http.port``): the gateway's routes dispatching in process, no gRPC hop.
 * ``vllm-router/cache_aware``, ``vllm-router/round_robin`` (vLLM flavour) and
   ``sglang-router/cache_aware`` (SGLang flavour; does not set TCP_NODELAY, so streams stall
   ~44 ms per chunk: reported as users get it).
@@ -111,13 +113,16 @@ async def measure(target: Target, concurrency: int, stream: bool, seconds: float
 
 
 def targets_for(flavour: str, only: set[str] | None) -> list[tuple[str, Callable[..., Any]]]:
-    out: list[tuple[str, Callable[..., Any]]] = [("motor", lambda e, d: start_motor(e, d))]
+    out: list[tuple[str, Callable[..., Any]]] = [
+        ("motor", lambda e, d: start_motor(e, d)),
+        ("motor (co-located)", lambda e, d: start_motor(e, d, co_located=True))]
     if flavour == "vllm":
         out += [("vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
                 ("vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin"))]
     else:
         out += [("sglang-router/cache_aware", lambda e, d: start_sglang_router(e, d, "cache_aware"))]
-    return [t for t in out if only is None or t[0] in only or t[0].split("/")[0] in only]
+    return [t for t in out if only is None or t[0] in only or t[0].split("/")[0] in only
+            or (t[0].startswith("motor") and "motor" in only)]
 
 
 async def bench_flavour(mode: str, flavour: str, args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
@@ -171,7 +176,7 @@ def derive(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if "rps" not in r or r["target"] == "direct":
             continue
-        peers = [p for p in rows if "rps" in p and key(p) == key(r) and p["target"] not in ("direct", "motor")]
+        peers = [p for p in rows if "rps" in p and key(p) == key(r) and not p["target"].startswith(("direct", "motor"))]
         if not peers:
             continue
         best_rps = max(p["rps"] for p in peers)

@@ -1,11 +1,12 @@
-"""The gateway's HTTP application: OpenAI routes relayed to the coordinator's DispatchService.
+"""The OpenAI HTTP application: routes relayed to a coordinator through a ``DispatchClient``.
 
-The gateway holds no scheduling logic. A request is validated lightly, sent as one ``Dispatch``
-call (a deadline, the request id as ``x-request-id`` metadata), and the response relayed: the first
-frame (``head``) gives status and content type, the following ``chunk`` frames are written as they
-arrive (SSE) or joined (JSON). Failures become OpenAI error objects; a failure after an SSE stream
-started is written as a final ``data: {"error": ...}`` event. A client that goes away cancels the
-gRPC call, which makes the coordinator abort the engine requests.
+It holds no scheduling logic. A request is validated lightly and dispatched (``motor-gateway``: one
+gRPC ``Dispatch`` call with a deadline and the request id as ``x-request-id`` metadata; the
+co-located front of ``motor-coordinator``: the dispatcher in process), and the response relayed:
+the head gives status and content type, the body chunks are written as they arrive (SSE) or joined
+(JSON). Failures become OpenAI error objects; a failure after an SSE stream started is written as a
+final ``data: {"error": ...}`` event. A client that goes away stops the request, which makes the
+coordinator abort the engine requests.
 """
 
 from __future__ import annotations
@@ -17,26 +18,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from motor_common.errors import MotorError
-from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
-from motor_common.grpc_client import call_metadata, translate
-from motor_common.grpc_server import error_reason
+from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
-from motor_gateway import failover, metrics
-from motor_gateway.openai import HttpError, error_for_status, error_from_motor, validate_body
-from motor_gateway.pool import UNREACHABLE, CoordinatorPool
+from motor_gateway import metrics
+from motor_gateway.client import DispatchClient, DispatchFailed
+from motor_gateway.openai import HttpError, error_from_motor, validate_body
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _JSON = "application/json"
 _SSE = "text/event-stream"
-_API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS}
 _ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
@@ -63,25 +59,12 @@ def error_response(err: HttpError, request_id: str | None = None) -> web.Respons
     return web.Response(status=err.status, body=err.json(), headers=headers)
 
 
-def _rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
-    translated = translate(exc)
-    code = exc.code().name if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else translated.code
-    if exc.code() == grpc.StatusCode.UNAVAILABLE and error_reason(exc) is None:
-        # No ErrorInfo: the channel failed, not the coordinator's scheduling.
-        return error_for_status("UNAVAILABLE", f"{UNREACHABLE}: {exc.details()}", "COORDINATOR_UNREACHABLE")
-    return error_for_status(code, translated.message, translated.reason)
-
-
 class Gateway:
-    """Routes and handlers; owns nothing but a reference to the coordinator pool."""
+    """Routes and handlers; the coordinator is reached through a :class:`DispatchClient` (gRPC
+    pool with failover in ``motor-gateway``, in process in the co-located front)."""
 
-    def __init__(
-        self, pool: CoordinatorPool, *, request_timeout: float, control_timeout: float,
-        api_key: str | None = None,
-    ) -> None:
-        self.pool = pool
-        self.request_timeout = request_timeout
-        self.control_timeout = control_timeout
+    def __init__(self, client: DispatchClient, *, api_key: str | None = None) -> None:
+        self.client = client
         self._api_key = api_key.encode() if api_key else None
 
     def make_app(self) -> web.Application:
@@ -148,67 +131,51 @@ class Gateway:
         rid: str = request[REQUEST_ID_KEY]
         raw = await request.read()
         try:
-            validate_body(raw, api)
+            body = validate_body(raw, api)
         except MotorError as exc:
             return error_response(error_from_motor(exc), rid)
-        stream: web.StreamResponse | None = None
-        call = None
         try:
-            # To the routed coordinator; resent to the new master while nothing reached the client.
-            call, first = await failover.dispatch(
-                self.pool, cpb.DispatchRequest(request_id=rid, api=_API[api], body=raw),
-                timeout=self.request_timeout, metadata=call_metadata(request_id=rid),
-            )
-            if first is grpc.aio.EOF or first.WhichOneof("frame") != "head":
-                return error_response(
-                    HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway"), rid)
-            head = first.head
+            call = await self.client.dispatch(rid, api, raw, body)
+        except DispatchFailed as exc:
+            return error_response(exc.error, rid)
+        stream: web.StreamResponse | None = None
+        try:
+            head = call.head
             ctype = head.content_type or _JSON
             headers = {"Content-Type": ctype, REQUEST_ID_HEADER: rid}
             if not ctype.startswith(_SSE):
-                chunks = []
-                while (frame := await call.read()) is not grpc.aio.EOF:
-                    if frame.WhichOneof("frame") == "chunk":
-                        chunks.append(frame.chunk)
-                return web.Response(status=head.http_status or 200, body=b"".join(chunks), headers=headers)
-            stream = web.StreamResponse(status=head.http_status or 200, headers=headers)
+                chunks = [c async for c in call.chunks()]
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return web.Response(status=head.status, body=data, headers=headers)
+            stream = web.StreamResponse(status=head.status, headers=headers)
             stream.headers["Cache-Control"] = "no-cache"
             await stream.prepare(request)
-            while (frame := await call.read()) is not grpc.aio.EOF:
-                if frame.WhichOneof("frame") == "chunk":
-                    await stream.write(frame.chunk)
+            async for chunk in call.chunks():
+                await stream.write(chunk)
             await stream.write_eof()
             return stream
-        except grpc.aio.AioRpcError as exc:
-            err = _rpc_error(exc)
+        except DispatchFailed as exc:
             if stream is None:
-                return error_response(err, rid)
+                return error_response(exc.error, rid)
             try:
-                await stream.write(err.sse_event())
+                await stream.write(exc.error.sse_event())
                 await stream.write_eof()
             except ConnectionResetError:
                 pass
             return stream
         except ConnectionResetError:
-            # The client went away mid-stream; the finally clause cancels the call.
+            # The client went away mid-stream; the finally clause stops the request.
             return stream if stream is not None else web.Response(status=499)
-        except MotorError as exc:  # no coordinator could take the request
-            return error_response(error_from_motor(exc), rid)
         finally:
-            if call is not None and not call.done():
-                call.cancel()
+            await call.aclose()
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
-            resp = await self.pool.stub().ListModels(
-                cpb.ListModelsRequest(), timeout=self.control_timeout,
-                metadata=call_metadata(request_id=request[REQUEST_ID_KEY]),
-            )
-        except grpc.aio.AioRpcError as exc:
-            return error_response(_rpc_error(exc), request[REQUEST_ID_KEY])
+            models = await self.client.models(request[REQUEST_ID_KEY])
+        except DispatchFailed as exc:
+            return error_response(exc.error, request[REQUEST_ID_KEY])
         data: list[dict[str, Any]] = [
-            {"id": m.id, "object": "model", "created": m.created, "owned_by": "motor"}
-            for m in resp.models
+            {"id": m.id, "object": "model", "created": m.created, "owned_by": "motor"} for m in models
         ]
         return web.Response(body=orjson.dumps({"object": "list", "data": data}),
                             headers={"Content-Type": _JSON})
@@ -216,7 +183,7 @@ class Gateway:
     # -- ops -------------------------------------------------------------------------------------
 
     async def _health(self, _: web.Request) -> web.Response:
-        state = await self.pool.readiness()
+        state = await self.client.readiness()
         if state.ready:
             body: dict[str, Any] = {"status": "ok"}
         else:
@@ -226,3 +193,22 @@ class Gateway:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def start_site(app: web.Application, host: str, port: int, *, shutdown_timeout: float,
+                     reuse_port: bool = False) -> tuple[web.AppRunner, int]:
+    """Serve *app* on host:port (0 = any); returns the runner (``await runner.cleanup()``) and the
+    bound port. Raises ``ConfigError`` when the address cannot be bound."""
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    except BaseException:
+        await runner.cleanup()
+        raise
+    sockets = getattr(site._server, "sockets", None)
+    return runner, int(sockets[0].getsockname()[1]) if sockets else port

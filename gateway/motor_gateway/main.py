@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import web
 
 from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_common.logs import setup_logging
 from motor_common.runner import run, stop_event_on_signals
-from motor_gateway.app import Gateway
+from motor_gateway.app import Gateway, start_site
+from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool
 
@@ -93,19 +93,15 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                            timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
                            probe_timeout=cfg.probe_timeout_sec, failover_timeout=cfg.failover_timeout_sec,
                            dispatch_attempts=cfg.dispatch_attempts)
-    gateway = Gateway(pool, request_timeout=cfg.request_timeout_sec,
-                      control_timeout=cfg.control_timeout_sec, api_key=api_key)
-    runner = web.AppRunner(gateway.make_app(), access_log=None, handler_cancellation=True,
-                           shutdown_timeout=cfg.shutdown_grace_sec)
-    await runner.setup()
+    client = GrpcDispatchClient(pool, request_timeout=cfg.request_timeout_sec,
+                                control_timeout=cfg.control_timeout_sec)
     try:
-        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_address=True, reuse_port=reuse_port or None)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from exc
-        sockets = getattr(site._server, "sockets", None)
-        port = int(sockets[0].getsockname()[1]) if sockets else cfg.port
+        runner, port = await start_site(Gateway(client, api_key=api_key).make_app(), cfg.host, cfg.port,
+                                        shutdown_timeout=cfg.shutdown_grace_sec, reuse_port=reuse_port)
+    except BaseException:
+        await pool.close()
+        raise
+    try:
         pool.start()
         if ports_file:
             write_ports_file(ports_file, {"http": port})

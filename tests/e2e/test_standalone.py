@@ -1,6 +1,7 @@
 """Standalone deployment end to end: real simulator engines (P, D and a union reference), a real
 ``motor-coordinator`` and ``motor-gateway``, engines registered with the real ``motor register``
-CLI, requests sent with the ``openai`` SDK. Runs for the vLLM and the SGLang flavour."""
+CLI, requests sent with the ``openai`` SDK. Runs for the vLLM and the SGLang flavour, each with the
+separate gateway and with the coordinator's co-located OpenAI front (``http.port``, no gateway)."""
 
 from __future__ import annotations
 
@@ -66,18 +67,26 @@ async def motor_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> t
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["vllm", "sglang"])
+@pytest_asyncio.fixture(scope="module", loop_scope="module",
+                        params=["vllm/gateway", "sglang/gateway", "vllm/co-located", "sglang/co-located"])
 async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
-    flavour: str = request.param
-    logs = tmp_path_factory.mktemp(f"standalone-{flavour}")
+    flavour, front = str(request.param).split("/")
+    logs = tmp_path_factory.mktemp(f"standalone-{flavour}-{front}")
     async with AsyncExitStack() as es:
         procs = [await es.enter_async_context(start_simulator(flavour, role, logs, model=MODEL))
                  for role in ("prefill", "decode", "union")]
         prefill, decode, union = procs
-        coordinator = await es.enter_async_context(start_coordinator(logs, management_key=KEY))
-        gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address]))
-        procs += [coordinator, gateway]
-        health_before = await gateway_health(gateway.url)
+        if front == "gateway":
+            coordinator = await es.enter_async_context(start_coordinator(logs, management_key=KEY))
+            gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address]))
+            procs += [coordinator, gateway]
+            front_url = gateway.url
+        else:
+            coordinator = await es.enter_async_context(start_coordinator(
+                logs, {"http": {"port": 0}}, management_key=KEY))
+            procs += [coordinator]
+            front_url = f"http://127.0.0.1:{coordinator.ports['http']}"
+        health_before = await gateway_health(front_url)
 
         (logs / "cli.key").write_text(KEY)
         env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
@@ -85,12 +94,12 @@ async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
                                            "--engine", flavour, "--endpoint", endpoint_arg(sim), env=env)
             assert rc == 0, f"register {role} failed:\n{out}\n{err}"
-        await wait_for(lambda: _ready(gateway.url), timeout=20, what="gateway ready after registration")
-        pd = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+        await wait_for(lambda: _ready(front_url), timeout=20, what="front ready after registration")
+        pd = AsyncOpenAI(base_url=f"{front_url}/v1", api_key="unused", max_retries=0)
         ref = AsyncOpenAI(base_url=f"{union.url}/v1", api_key="unused", max_retries=0)
         es.push_async_callback(pd.close)
         es.push_async_callback(ref.close)
-        yield Stack(flavour, procs, gateway.url, pd, ref, health_before, env)
+        yield Stack(flavour, procs, front_url, pd, ref, health_before, env)
 
 
 async def _ready(url: str) -> bool:

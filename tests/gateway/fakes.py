@@ -112,3 +112,59 @@ async def running_gateway(cfg: GatewayConfig, tmp_path: Path) -> AsyncIterator[s
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+class ScriptedBackend:
+    """The in-process client's backend (motor_coordinator.http_front.DispatchBackend) running a
+    :class:`FakeDispatch`'s scripts: the same frames and exceptions as the gRPC fake, no gRPC."""
+
+    def __init__(self, fake: FakeDispatch) -> None:
+        self.fake = fake
+
+    def frames(self, api: str, body: dict[str, Any], request_id: str) -> AsyncIterator[Any]:
+        from motor_coordinator.dispatcher import Head
+
+        fake = self.fake
+        request = cpb.DispatchRequest(
+            request_id=request_id, body=orjson.dumps(body),
+            api=cpb.OPEN_AI_API_CHAT_COMPLETIONS if api == "chat" else cpb.OPEN_AI_API_COMPLETIONS)
+        fake.requests.append(request)
+        fake.metadata.append({"x-request-id": request_id})
+
+        async def gen() -> AsyncIterator[Any]:
+            try:
+                async for frame in fake.script(request, None):
+                    if frame.HasField("head"):
+                        yield Head(frame.head.http_status, frame.head.content_type, request_id)
+                    else:
+                        yield frame.chunk
+            except (asyncio.CancelledError, GeneratorExit):
+                fake.cancelled.set()
+                raise
+
+        return gen()
+
+    def models(self) -> list[Any]:
+        from motor_gateway.client import ModelInfo
+
+        return [ModelInfo(m, 1_700_000_000) for m in self.fake.models]
+
+    def readiness(self) -> Any:
+        from motor_gateway.client import Readiness
+
+        f = self.fake
+        return Readiness(f.ready, "ok" if f.ready else (f.reason or "not ready"), "in-process")
+
+
+@contextlib.asynccontextmanager
+async def in_process_gateway(request_timeout: float = 5.0) -> AsyncIterator[tuple[str, FakeDispatch]]:
+    """The co-located front (motor_coordinator.http_front.HttpFront) over a scripted backend."""
+    from motor_coordinator.http_front import HttpFront
+
+    fake = FakeDispatch()
+    front = HttpFront(ScriptedBackend(fake), "127.0.0.1", 0, request_timeout=request_timeout, shutdown_timeout=1)
+    port = await front.start()
+    try:
+        yield f"http://127.0.0.1:{port}", fake
+    finally:
+        await front.stop()

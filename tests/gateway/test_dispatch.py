@@ -20,6 +20,7 @@ from tests.gateway.fakes import (
     fake_coordinator,
     hanging,
     head,
+    in_process_gateway,
     replay,
     running_gateway,
 )
@@ -136,6 +137,16 @@ async def test_dispatch_deadline_gives_504(tmp_path: Path) -> None:
             async with http.post(f"{url}/v1/completions", json=COMPLETION) as resp:
                 assert resp.status == 504
                 assert_openai_error(await resp.json(), "timeout_error")
+
+
+async def test_in_process_dispatch_deadline_gives_504() -> None:
+    async with in_process_gateway(request_timeout=0.3) as (url, fake), aiohttp.ClientSession() as http:
+        fake.script = hanging()
+        async with http.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+            assert resp.status == 504
+            body = await resp.json()
+        assert_openai_error(body, "timeout_error")
+        await asyncio.wait_for(fake.cancelled.wait(), 5)
 
 
 async def test_unreachable_coordinator_gives_503(tmp_path: Path) -> None:

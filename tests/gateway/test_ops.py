@@ -12,6 +12,7 @@ from openai import AsyncOpenAI, AuthenticationError, NotFoundError
 
 from motor_common import errors
 from motor_gateway.app import Gateway
+from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool
 from tests.gateway.conftest import Rig
@@ -143,7 +144,7 @@ async def test_openai_sdk_completion_chat_and_stream(rig: Rig) -> None:
 
 async def test_accepted_sockets_have_tcp_nodelay() -> None:
     pool = CoordinatorPool(["127.0.0.1:1"])
-    app = Gateway(pool, request_timeout=1, control_timeout=1).make_app()
+    app = Gateway(GrpcDispatchClient(pool, request_timeout=1, control_timeout=1)).make_app()
 
     async def nodelay(request: web.Request) -> web.Response:
         sock = request.transport.get_extra_info("socket") if request.transport else None

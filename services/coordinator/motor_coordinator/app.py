@@ -19,6 +19,7 @@ from motor_coordinator.dispatch_service import DispatchServicer
 from motor_coordinator.dispatcher import Dispatcher
 from motor_coordinator.election import EtcdLeadership
 from motor_coordinator.engine_client import EngineClient
+from motor_coordinator.http_front import CoordinatorBackend, HttpFront
 from motor_coordinator.leadership import Leadership, Standalone
 from motor_coordinator.monitor import Monitor
 from motor_coordinator.policies import make_policy
@@ -29,6 +30,7 @@ from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
+from motor_gateway.main import read_api_key
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,7 @@ class Coordinator:
         )
         self.tasks = TaskOwner("coordinator")
         self.ops: OpsHttpServer | None = None
+        self.http: HttpFront | None = None
         self._dirty: asyncio.Event | None = None
         self._serving: bool | None = None
         self.scheduler.subscribe(self._mark_dirty)
@@ -163,6 +166,12 @@ class Coordinator:
         if self.cfg.server.metrics_port is not None:
             self.ops = OpsHttpServer(self.cfg.server.host, self.cfg.server.metrics_port, self._ops_readiness)
             await self.ops.start()
+        h = self.cfg.http
+        if h.enabled:
+            assert h.port is not None
+            self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=d.request_timeout_sec,
+                                  api_key=read_api_key(h.api_key_file), shutdown_timeout=h.shutdown_grace_sec)
+            await self.http.start()
         return port
 
     async def _start_election(self) -> None:
@@ -185,6 +194,8 @@ class Coordinator:
             await self._apply_readiness()
         if self.announcer is not None:
             await self.announcer.close()
+        if self.http is not None:
+            await self.http.stop()
         await self.server.stop(grace)
         await self.tasks.close()
         await self.precision.close()

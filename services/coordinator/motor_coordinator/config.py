@@ -97,6 +97,27 @@ class HaConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The co-located OpenAI front (docs/coordinator.md): the gateway's routes served by this
+    process, dispatching in process. Off unless ``port`` is set (0 = any free port)."""
+
+    host: str = "127.0.0.1"
+    port: int | None = None
+    # File holding the inference API key; when set, /v1/* needs `Authorization: Bearer <key>`.
+    api_key_file: str | None = None
+    # Seconds in-flight HTTP requests get to finish on shutdown.
+    shutdown_grace_sec: float = 10.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.port is not None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise ValueError(f"http.port {self.port} is outside [0, 65535]")
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=ports.COORDINATOR_GRPC))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -110,6 +131,7 @@ class CoordinatorConfig:
     master_lock_ttl: float = 3.0
     master_standby_check_interval: float = 0.5
     ha: HaConfig = field(default_factory=HaConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     # Controller gRPC address for the promotion alarm (ReportAlarm); unset = no announcement.
     controller_address: str | None = None
     # Precision alarms (SPEC §3.5, docs/precision.md): consecutive normal samples that clear an alarm.

@@ -39,10 +39,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             raise InvalidArgument(
                 "api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API"
             )
-        lead = self.app.leadership
-        refusal = admission(lead.role, isolated=lead.isolated, degraded_hint=_degraded_hint(context))
-        if refusal is not None:
-            raise refusal
+        admit(self.app, degraded_hint=_degraded_hint(context))
         parsed = parse_body(api, request.body)
         rid = request.request_id or request_id_var.get() or new_request_id()
         timeout = self.app.cfg.dispatch.request_timeout_sec
@@ -90,6 +87,14 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             generation=self.app.state.generation,
             store_available=lead.store_available,
         )
+
+
+def admit(app: Coordinator, *, degraded_hint: bool) -> None:
+    """Raise the refusal of a Dispatch by this coordinator (standby, isolated master), if any."""
+    lead = app.leadership
+    refusal = admission(lead.role, isolated=lead.isolated, degraded_hint=degraded_hint)
+    if refusal is not None:
+        raise refusal
 
 
 def _degraded_hint(context: Any) -> bool:

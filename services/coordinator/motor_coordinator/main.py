@@ -1,4 +1,4 @@
-"""``motor-coordinator --config FILE [--host H] [--port P] [--ports-file PATH] [--log-format F]``."""
+"""``motor-coordinator --config FILE [--host H] [--port P] [--http-port P] [--ports-file PATH] [--log-format F]``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", help="YAML or JSON config file (unknown keys are rejected)")
     p.add_argument("--host", help="gRPC listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="gRPC port, 0 = any (overrides server.port)")
-    p.add_argument("--ports-file", help='write {"grpc": port, "metrics": port|null} here once listening')
+    p.add_argument("--ports-file", help='write {"grpc": port, "metrics": port|null, "http": port|null} here once listening')
+    p.add_argument("--http-port", type=int, help="serve the OpenAI routes here too (co-located front, "
+                   "in process; 0 = any; overrides http.port)")
+    p.add_argument("--http-host", help="co-located front listen address (overrides http.host)")
     p.add_argument("--log-format", choices=("json", "text"), help="overrides log_format")
     return p.parse_args(argv)
 
@@ -49,6 +52,13 @@ async def amain(args: argparse.Namespace) -> int:
         server["port"] = args.port
     if server:
         overrides["server"] = server
+    http: dict[str, Any] = {}
+    if args.http_port is not None:
+        http["port"] = args.http_port
+    if args.http_host is not None:
+        http["host"] = args.http_host
+    if http:
+        overrides["http"] = http
     if args.log_format is not None:
         overrides["log_format"] = args.log_format
     cfg = load_config(CoordinatorConfig, args.config, env_prefix=ENV_PREFIX, overrides=overrides)
@@ -60,7 +70,8 @@ async def amain(args: argparse.Namespace) -> int:
     code = 0
     try:
         if args.ports_file:
-            write_ports_file(args.ports_file, {"grpc": port, "metrics": app.ops.port if app.ops else None})
+            write_ports_file(args.ports_file, {"grpc": port, "metrics": app.ops.port if app.ops else None,
+                                               "http": app.http.port if app.http else None})
         lead = app.leadership
         if isinstance(lead, EtcdLeadership) and cfg.ha.exit_on_lost:
             # Kubernetes mode: a master that lost the lock exits non-zero so its pod leaves the Service.

@@ -32,6 +32,12 @@ def parse_body(api: str, raw: bytes) -> ParsedRequest:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidArgument(f"request body is not valid JSON: {exc}", reason="INVALID_JSON") from None
+    return parsed_request(api, body)
+
+
+def parsed_request(api: str, body: Any) -> ParsedRequest:
+    """The checks of :func:`parse_body` on an already decoded body (the co-located HTTP front
+    parses once)."""
     if not isinstance(body, dict):
         raise InvalidArgument("request body must be a JSON object", reason="INVALID_BODY")
     model = body.get("model")

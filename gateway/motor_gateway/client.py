@@ -1,0 +1,153 @@
+"""What the HTTP routes need from a coordinator: the :class:`DispatchClient` Protocol, and its gRPC
+implementation (the pool with failover, used by ``motor-gateway``).
+
+A dispatch yields a :class:`Head` (status, content type) and then body chunks. Every failure is a
+:class:`DispatchFailed` carrying the OpenAI error to send; before the head it becomes the response,
+after it a final SSE error event. The co-located front (``motor-coordinator`` with an ``http``
+section) implements the same Protocol in process, without gRPC (motor_coordinator.http_front).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+
+from motor_common.errors import MotorError
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.grpc_client import call_metadata, translate
+from motor_common.grpc_server import error_reason
+from motor_gateway import failover
+from motor_gateway.openai import HttpError, error_for_status, error_from_motor
+from motor_gateway.pool import UNREACHABLE, CoordinatorPool, Readiness
+
+__all__ = ["DispatchClient", "DispatchFailed", "DispatchStream", "GrpcDispatchClient", "Head", "ModelInfo",
+           "Readiness"]
+
+_API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS}
+
+
+class DispatchFailed(Exception):
+    """A dispatch failed; ``error`` is what the HTTP client gets."""
+
+    def __init__(self, error: HttpError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    status: int
+    content_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    created: int
+
+
+class DispatchStream(Protocol):
+    """One dispatched request after its head: the body chunks, then :meth:`aclose`."""
+
+    head: Head
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body chunks; raises :class:`DispatchFailed` if the response breaks."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop the request if it is still running (client gone); idempotent."""
+        ...
+
+
+class DispatchClient(Protocol):
+    async def dispatch(self, request_id: str, api: str, raw: bytes, body: dict[str, Any]) -> DispatchStream:
+        """Send one request (*raw* bytes and the already parsed *body*; *api* ``completions`` or
+        ``chat``); returns once the head arrived. Raises :class:`DispatchFailed`."""
+        ...
+
+    async def models(self, request_id: str) -> list[ModelInfo]:
+        ...
+
+    async def readiness(self) -> Readiness:
+        ...
+
+
+def rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
+    translated = translate(exc)
+    code = exc.code().name if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else translated.code
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and error_reason(exc) is None:
+        # No ErrorInfo: the channel failed, not the coordinator's scheduling.
+        return error_for_status("UNAVAILABLE", f"{UNREACHABLE}: {exc.details()}", "COORDINATOR_UNREACHABLE")
+    return error_for_status(code, translated.message, translated.reason)
+
+
+class _GrpcStream:
+    __slots__ = ("_call", "head")
+
+    def __init__(self, call: Any, head: Head) -> None:
+        self._call = call
+        self.head = head
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        read = self._call.read
+        eof = grpc.aio.EOF
+        try:
+            while (frame := await read()) is not eof:
+                if frame.HasField("chunk"):
+                    yield frame.chunk
+        except grpc.aio.AioRpcError as exc:
+            raise DispatchFailed(rpc_error(exc)) from None
+
+    async def aclose(self) -> None:
+        if not self._call.done():
+            self._call.cancel()
+
+
+_NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")
+
+
+class GrpcDispatchClient:
+    """``DispatchService`` through the coordinator pool (failover before the head)."""
+
+    def __init__(self, pool: CoordinatorPool, *, request_timeout: float, control_timeout: float) -> None:
+        self.pool = pool
+        self.request_timeout = request_timeout
+        self.control_timeout = control_timeout
+
+    async def dispatch(self, request_id: str, api: str, raw: bytes, body: dict[str, Any]) -> DispatchStream:
+        call = None
+        try:
+            # To the routed coordinator; resent to the new master while nothing reached the client.
+            call, first = await failover.dispatch(
+                self.pool, cpb.DispatchRequest(request_id=request_id, api=_API[api], body=raw),
+                timeout=self.request_timeout, metadata=call_metadata(request_id=request_id),
+            )
+            if first is grpc.aio.EOF or not first.HasField("head"):
+                raise DispatchFailed(_NO_HEAD)
+            head = first.head
+            return _GrpcStream(call, Head(head.http_status or 200, head.content_type))
+        except BaseException as exc:
+            if call is not None and not call.done():
+                call.cancel()
+            if isinstance(exc, grpc.aio.AioRpcError):
+                raise DispatchFailed(rpc_error(exc)) from None
+            if isinstance(exc, MotorError):  # no coordinator could take the request
+                raise DispatchFailed(error_from_motor(exc)) from None
+            raise
+
+    async def models(self, request_id: str) -> list[ModelInfo]:
+        try:
+            resp = await self.pool.stub().ListModels(
+                cpb.ListModelsRequest(), timeout=self.control_timeout,
+                metadata=call_metadata(request_id=request_id),
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise DispatchFailed(rpc_error(exc)) from None
+        return [ModelInfo(m.id, m.created) for m in resp.models]
+
+    async def readiness(self) -> Readiness:
+        return await self.pool.readiness()

@@ -1,0 +1,162 @@
+"""The co-located OpenAI front: ``motor-gateway``'s HTTP application served by the coordinator
+process itself, dispatching in process (no gRPC hop, no second process).
+
+The routes, validation, error objects, SSE relay, request ids and client-disconnect handling are
+the gateway's own (``motor_gateway.app.Gateway``); only its :class:`DispatchClient` differs:
+:class:`InProcessDispatchClient` runs the dispatcher's frames directly. Errors map exactly as they
+would after a gRPC round trip (``MotorError`` code/message/reason → OpenAI error; anything else is
+an internal error). The separate ``motor-gateway`` remains the scale-out / HA-failover front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
+
+from motor_common.errors import DeadlineExceeded, MotorError
+from motor_coordinator.dispatch_service import admit
+from motor_coordinator.dispatcher import Frame
+from motor_coordinator.dispatcher import Head as CoordinatorHead
+from motor_coordinator.request import parsed_request
+from motor_gateway.app import Gateway, start_site
+from motor_gateway.client import DispatchFailed, DispatchStream, Head, ModelInfo, Readiness
+from motor_gateway.openai import HttpError, error_for_status
+
+if TYPE_CHECKING:
+    from motor_coordinator.app import Coordinator
+
+log = logging.getLogger(__name__)
+
+_NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")
+
+
+class DispatchBackend(Protocol):
+    """What the in-process client needs from a coordinator (tests script it)."""
+
+    def frames(self, api: str, body: dict[str, Any], request_id: str) -> AsyncIterator[Frame]:
+        """The dispatcher's frames (a head, then body chunks); raises ``MotorError``."""
+        ...
+
+    def models(self) -> list[ModelInfo]:
+        ...
+
+    def readiness(self) -> Readiness:
+        ...
+
+
+class CoordinatorBackend:
+    def __init__(self, app: Coordinator) -> None:
+        self.app = app
+
+    def frames(self, api: str, body: dict[str, Any], request_id: str) -> AsyncIterator[Frame]:
+        admit(self.app, degraded_hint=False)
+        return self.app.dispatcher.dispatch(parsed_request(api, body), request_id)
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(name, self.app.model_created(name)) for name in sorted(self.app.scheduler.models())]
+
+    def readiness(self) -> Readiness:
+        r = self.app.readiness()
+        return Readiness(r.ready, "ok" if r.ready else (r.reason or "not ready"), self.app.address)
+
+
+def _error(exc: BaseException) -> HttpError:
+    """The OpenAI error the gateway would give for *exc* raised in the coordinator's Dispatch."""
+    if not isinstance(exc, MotorError):
+        log.error("unhandled error in the in-process dispatch", exc_info=exc)
+        exc = MotorError(f"internal error: {type(exc).__name__}: {exc}")
+    return error_for_status(exc.code, exc.message, exc.reason)
+
+
+class _LocalStream:
+    __slots__ = ("_deadline", "_frames", "_rid", "_timeout", "head")
+
+    def __init__(self, frames: AsyncIterator[Frame], deadline: float, timeout: float, rid: str) -> None:
+        self._frames = frames
+        self._deadline = deadline
+        self._timeout = timeout
+        self._rid = rid
+        self.head = Head(200, "")
+
+    async def next(self) -> Frame | None:
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                return await anext(self._frames)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            raise DispatchFailed(_error(DeadlineExceeded(
+                f"request {self._rid} did not finish within {self._timeout:.3g}s", reason="REQUEST_TIMEOUT"
+            ))) from None
+        except Exception as exc:
+            raise DispatchFailed(_error(exc)) from None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while (frame := await self.next()) is not None:
+            if isinstance(frame, bytes):
+                yield frame
+
+    async def aclose(self) -> None:
+        # Closes the engine responses (the engines see the disconnect and abort).
+        aclose = getattr(self._frames, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class InProcessDispatchClient:
+    """:class:`motor_gateway.client.DispatchClient` calling the dispatcher in this process."""
+
+    def __init__(self, backend: DispatchBackend, *, request_timeout: float) -> None:
+        self.backend = backend
+        self.request_timeout = request_timeout
+
+    async def dispatch(self, request_id: str, api: str, raw: bytes, body: dict[str, Any]) -> DispatchStream:
+        try:
+            frames = self.backend.frames(api, body, request_id)
+        except Exception as exc:
+            raise DispatchFailed(_error(exc)) from None
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        stream = _LocalStream(frames, deadline, self.request_timeout, request_id)
+        try:
+            first = await stream.next()
+            if not isinstance(first, CoordinatorHead):
+                raise DispatchFailed(_NO_HEAD)
+        except BaseException:
+            await stream.aclose()
+            raise
+        stream.head = Head(first.http_status or 200, first.content_type)
+        return stream
+
+    async def models(self, request_id: str) -> list[ModelInfo]:
+        return self.backend.models()
+
+    async def readiness(self) -> Readiness:
+        return self.backend.readiness()
+
+
+class HttpFront:
+    """The gateway app on ``http.host:http.port`` with the in-process client."""
+
+    def __init__(self, backend: DispatchBackend, host: str, port: int, *, request_timeout: float,
+                 api_key: str | None = None, shutdown_timeout: float = 10.0) -> None:
+        self.app = Gateway(InProcessDispatchClient(backend, request_timeout=request_timeout),
+                           api_key=api_key).make_app()
+        self.host = host
+        self._port = port
+        self._shutdown_timeout = shutdown_timeout
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        self._runner, self.port = await start_site(self.app, self.host, self._port,
+                                                   shutdown_timeout=self._shutdown_timeout)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
