@@ -187,9 +187,11 @@ class Fleet:
 
 
 @asynccontextmanager
-async def fleet(log_dir: Path, *, coordinator_config: dict[str, Any] | None = None, **ft: Any) -> AsyncIterator[Fleet]:
+async def fleet(log_dir: Path, *, coordinator_config: dict[str, Any] | None = None,
+                controller_extra: dict[str, Any] | None = None, **ft: Any) -> AsyncIterator[Fleet]:
     """With *coordinator_config*, the coordinator also gets ``controller_address`` (the controller's
-    port is chosen first) so it can report alarms."""
+    port is chosen first) so it can report alarms. *ft* goes into the controller's
+    ``fault_tolerance_config``, *controller_extra* to the top level of its config."""
     log_dir.mkdir(parents=True, exist_ok=True)
     key_file = log_dir / "fleet.key"
     key_file.write_text(KEY + "\n")
@@ -199,7 +201,7 @@ async def fleet(log_dir: Path, *, coordinator_config: dict[str, Any] | None = No
         ccfg = {**coordinator_config, "controller_address": f"127.0.0.1:{controller_port}"}
     async with AsyncExitStack() as es:
         coordinator = await es.enter_async_context(start_coordinator(log_dir, ccfg, management_key=KEY))
-        ctl_cfg = controller_config(coordinator.address, **ft)
+        ctl_cfg = {**controller_config(coordinator.address, **ft), **(controller_extra or {})}
         if coordinator_config is not None:
             ctl_cfg["server"] = {"host": "127.0.0.1", "port": controller_port}
         controller = await es.enter_async_context(start_controller(log_dir, ctl_cfg, management_key=KEY))
