@@ -27,6 +27,7 @@ from motor_coordinator.request import ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
 
 JSON = "application/json"
+SSE = "text/event-stream"
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,11 @@ class Dispatcher:
             self.scheduler.record_success(cand.endpoint)
         yield head
         try:
-            async for chunk in resp.content.iter_any():
-                yield chunk
+            if head.content_type.startswith(SSE):
+                async for chunk in resp.content.iter_any():
+                    yield chunk
+            else:  # a complete answer: read as one message, sent as one chunk
+                yield await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
             self.scheduler.record_failure(cand.endpoint)
             raise Unavailable(
