@@ -156,3 +156,36 @@ async def test_load_guard_counts_inflight_while_selecting_does_not() -> None:
         assert s.inflight(r.prefill.endpoint) == 1  # type: ignore[union-attr]
         assert s.route(req()).prefill.inflight == 1  # type: ignore[union-attr]
     assert s.inflight(r.prefill.endpoint) == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_load", "prefix_aware"])
+async def test_indexed_fast_path_chooses_exactly_what_select_over_all_candidates_chooses(policy: str) -> None:
+    import random
+    from contextlib import AsyncExitStack
+
+    rnd = random.Random(7)
+    instances = [inst(i + 1, role=Role.PREFILL if i % 2 == 0 else Role.DECODE) for i in range(40)]
+    state = set_instances(RegistryState(), instances, 0)
+    fast = Scheduler(make_policy(SchedulerConfig(policy=policy)), breaker_failures=1)
+    slow = Scheduler(make_policy(SchedulerConfig(policy=policy)), breaker_failures=1)
+    slow._select_index = None  # the reference: candidates built, Policy.select
+    for s in (fast, slow):
+        s.accept(state)
+    async with AsyncExitStack() as guards:
+        for seq in range(400):
+            k = endpoint_key(rnd.choice(instances).endpoints[0])
+            action = rnd.random()
+            if action < 0.3:
+                load = EngineLoad(running=rnd.choice([0, 1, 2]), kv_usage=rnd.choice([0.0, 0.25]))
+                for s in (fast, slow):
+                    s.set_load(k, load)
+            elif action < 0.33:
+                ok = rnd.random() < 0.5
+                for s in (fast, slow):
+                    s.record_probe(k, ok)
+            info = RequestInfo(seq, "m", rnd.choice(["", "abc", "xyz"]))
+            a, b = fast.route(info), slow.route(info)
+            assert (a.prefill, a.decode) == (b.prefill, b.decode)
+            if rnd.random() < 0.5:  # hold some requests in flight
+                await guards.enter_async_context(fast.load_guard(a.prefill, a.decode))
+                await guards.enter_async_context(slow.load_guard(b.prefill, b.decode))

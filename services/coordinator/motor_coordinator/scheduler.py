@@ -7,7 +7,9 @@ from the dispatcher (request outcomes) and the monitor (probes, metrics scrapes)
 
 from __future__ import annotations
 
+import heapq
 import time
+from bisect import bisect_left, insort
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, 
 from motor_common.errors import NotFound, Unavailable
 from motor_coordinator.breaker import Breaker
 from motor_coordinator.policies import Candidate, EngineLoad, Policy, RequestInfo
+from motor_coordinator.policies.base import score
 from motor_coordinator.registry import RegistryState
 
 EndpointKey = tuple[str, int]
@@ -32,6 +35,61 @@ def endpoint_key(ep: Endpoint) -> EndpointKey:
 
 
 _Entry = tuple[Instance, Endpoint, EndpointKey]
+
+
+class _Live:
+    """The schedulable (available, breaker closed) endpoints of one (model, role) in index order,
+    with a load index: score per position, positions per score (ascending), a lazy heap of scores.
+    Rebuilt when the snapshot or a breaker changes; updated in O(log n) per load change."""
+
+    __slots__ = ("buckets", "engine", "entries", "heap", "in_heap", "positions", "scores")
+
+    def __init__(self, entries: list[_Entry], scores: list[float]) -> None:
+        self.entries = entries
+        engines = {e[0].engine_type for e in entries}
+        self.engine: EngineType | None = engines.pop() if len(engines) == 1 else None
+        self.positions: dict[EndpointKey, list[int]] = {}
+        self.scores = scores
+        self.buckets: dict[float, list[int]] = {}
+        for i, (_, _, k) in enumerate(entries):
+            self.positions.setdefault(k, []).append(i)
+            self.buckets.setdefault(scores[i], []).append(i)
+        self.heap = list(self.buckets)
+        heapq.heapify(self.heap)
+        self.in_heap = set(self.heap)
+
+    @property
+    def size(self) -> int:
+        return len(self.entries)
+
+    def tied(self) -> list[int]:
+        heap, buckets = self.heap, self.buckets
+        while heap[0] not in buckets:
+            self.in_heap.discard(heapq.heappop(heap))
+        return buckets[heap[0]]
+
+    def update(self, key: EndpointKey, new: float) -> None:
+        for i in self.positions.get(key, ()):
+            old = self.scores[i]
+            if old == new:
+                continue
+            self.scores[i] = new
+            bucket = self.buckets[old]
+            del bucket[bisect_left(bucket, i)]
+            if not bucket:
+                del self.buckets[old]
+            target = self.buckets.get(new)
+            if target is None:
+                self.buckets[new] = [i]
+                if new not in self.in_heap:
+                    self.in_heap.add(new)
+                    heapq.heappush(self.heap, new)
+            else:
+                insort(target, i)
+        if len(self.heap) > 2 * len(self.buckets) + 32:  # drop stale scores
+            self.heap = list(self.buckets)
+            heapq.heapify(self.heap)
+            self.in_heap = set(self.heap)
 
 
 @dataclass(frozen=True)
@@ -73,6 +131,12 @@ class Scheduler:
         # (model, role) in (instance id, endpoint id) order, and registered instances per model.
         self._index: dict[tuple[str, Role], list[_Entry]] = {}
         self._by_model: dict[str, list[Instance]] = {}
+        # Sub-linear routing (policies with select_index): live sets per (model, role), built on
+        # first use after each snapshot/breaker change, kept current on in-flight/load changes.
+        self._select_index = getattr(policy, "select_index", None)
+        self._kv_weight: float = getattr(policy, "kv_usage_weight", 0.0)
+        self._live: dict[tuple[str, Role], _Live] = {}
+        self._live_of: dict[EndpointKey, list[_Live]] = {}
 
     # -- snapshot --------------------------------------------------------------------------
 
@@ -102,6 +166,8 @@ class Scheduler:
         self._listeners.append(listener)
 
     def _changed(self) -> None:
+        self._live = {}
+        self._live_of = {}
         for listener in self._listeners:
             listener()
 
@@ -133,6 +199,14 @@ class Scheduler:
     def set_load(self, key: EndpointKey, load: EngineLoad) -> None:
         if key in self._breakers:
             self._loads[key] = load
+            self._rescore(key)
+
+    def _rescore(self, key: EndpointKey) -> None:
+        lives = self._live_of.get(key)
+        if lives:
+            value = score(self._inflight.get(key, 0), self._loads.get(key), self._kv_weight)
+            for live in lives:
+                live.update(key, value)
 
     def inflight(self, ep: Endpoint) -> int:
         return self._inflight.get(endpoint_key(ep), 0)
@@ -142,6 +216,7 @@ class Scheduler:
         keys = [endpoint_key(c.endpoint) for c in candidates if c is not None]
         for k in keys:
             self._inflight[k] = self._inflight.get(k, 0) + 1
+            self._rescore(k)
         try:
             yield
         finally:
@@ -151,6 +226,7 @@ class Scheduler:
                     self._inflight[k] = left
                 else:
                     self._inflight.pop(k, None)
+                self._rescore(k)
 
     def probe_targets(self) -> list[ProbeTarget]:
         seen: dict[EndpointKey, ProbeTarget] = {}
@@ -194,6 +270,45 @@ class Scheduler:
         cands = self._candidates(req.model, role, engine, exclude)
         return self.policy.select(role, cands, req) if cands else None
 
+    def _live_set(self, model: str, role: Role) -> _Live:
+        live = self._live.get((model, role))
+        if live is None:
+            breakers, inflight, loads, w = self._breakers, self._inflight, self._loads, self._kv_weight
+            entries = []
+            for e in self._index.get((model, role), ()):
+                b = breakers.get(e[2])
+                if b is None or not b.is_open:
+                    entries.append(e)
+            live = _Live(entries, [score(inflight.get(k, 0), loads.get(k), w) for _, _, k in entries])
+            self._live[(model, role)] = live
+            for k in live.positions:
+                self._live_of.setdefault(k, []).append(live)
+        return live
+
+    def _candidate(self, live: _Live, i: int) -> Candidate:
+        inst, ep, k = live.entries[i]
+        return Candidate(inst, ep, self._inflight.get(k, 0), self._loads.get(k))
+
+    def _fast_route(self, req: RequestInfo) -> Route | None:
+        """The P+D route of :meth:`route` without building candidates, when the policy can choose
+        by index and the pair is unambiguous (one engine type on both sides); else None."""
+        select = self._select_index
+        if select is None:
+            return None
+        d = self._live_set(req.model, Role.DECODE)
+        if not d.entries or d.engine is None:
+            return None
+        p = self._live_set(req.model, Role.PREFILL)
+        if not p.entries or p.engine is not d.engine:
+            return None
+        pi = select(Role.PREFILL, p, req)
+        if pi is None:
+            return None
+        di = select(Role.DECODE, d, req)
+        if di is None:
+            return None
+        return Route(d.engine, prefill=self._candidate(p, pi), decode=self._candidate(d, di))
+
     def route(self, req: RequestInfo) -> Route:
         """Choose P+D (same engine type) when possible, else a union endpoint."""
         model = req.model
@@ -204,6 +319,9 @@ class Scheduler:
                 reason="MODEL_NOT_FOUND",
                 metadata={"model": model},
             )
+        fast = self._fast_route(req)
+        if fast is not None:
+            return fast
         decodes = self._candidates(model, Role.DECODE)
         engines = {c.instance.engine_type for c in decodes}
         prefills = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type in engines]

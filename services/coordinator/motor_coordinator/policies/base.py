@@ -42,6 +42,19 @@ class RequestInfo:
     prefix: str = ""
 
 
+class LiveSet(Protocol):
+    """The scheduler's prebuilt view of one (model, role)'s schedulable endpoints, in the same
+    stable order as the candidates ``select`` would get, with an incrementally kept load index
+    (see ``Scheduler``): lets a policy decide without building every candidate."""
+
+    @property
+    def size(self) -> int: ...
+
+    def tied(self) -> Sequence[int]:
+        """Positions with the lowest :func:`load_score`, ascending."""
+        ...
+
+
 class Policy(Protocol):
     name: str
 
@@ -49,9 +62,17 @@ class Policy(Protocol):
         """Pick one of *candidates* (non-empty, in a stable order). Must not mutate anything."""
         ...
 
+    # Optional: ``select_index(role, live: LiveSet, req) -> int | None`` — the same choice as
+    # ``select`` over the live set's candidates, as a position, in sub-linear time; None = not
+    # possible for this request (the scheduler then builds the candidates and calls ``select``).
+
 
 def load_score(c: Candidate, kv_usage_weight: float) -> float:
     """Requests on the endpoint (our in-flight count or the engine's own, whichever is larger)."""
-    engine = 0.0 if c.load is None else c.load.running + c.load.waiting
-    kv = 0.0 if c.load is None else c.load.kv_usage * kv_usage_weight
-    return max(float(c.inflight), engine) + kv
+    return score(c.inflight, c.load, kv_usage_weight)
+
+
+def score(inflight: int, load: EngineLoad | None, kv_usage_weight: float) -> float:
+    engine = 0.0 if load is None else load.running + load.waiting
+    kv = 0.0 if load is None else load.kv_usage * kv_usage_weight
+    return max(float(inflight), engine) + kv

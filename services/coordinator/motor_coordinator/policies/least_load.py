@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from motor_common.domain import Role
 from motor_coordinator.config import SchedulerConfig
-from motor_coordinator.policies.base import Candidate, RequestInfo, load_score
+from motor_coordinator.policies.base import Candidate, LiveSet, RequestInfo, load_score
 
 
 class LeastLoad:
@@ -19,4 +19,8 @@ class LeastLoad:
         scores = [load_score(c, self.kv_usage_weight) for c in candidates]
         best = min(scores)
         tied = [c for c, s in zip(candidates, scores, strict=True) if s == best]
+        return tied[req.seq % len(tied)]
+
+    def select_index(self, role: Role, live: LiveSet, req: RequestInfo) -> int | None:
+        tied = live.tied()
         return tied[req.seq % len(tied)]

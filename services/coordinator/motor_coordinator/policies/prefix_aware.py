@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from motor_common.domain import Role
 from motor_coordinator.config import SchedulerConfig
-from motor_coordinator.policies.base import Candidate, RequestInfo, load_score
+from motor_coordinator.policies.base import Candidate, LiveSet, RequestInfo, load_score
 from motor_coordinator.policies.least_load import LeastLoad
 
 
@@ -42,3 +42,10 @@ class PrefixAware:
         if load_score(choice, self.kv_usage_weight) > least + self.slack:
             return self.fallback.select(role, candidates, req)
         return choice
+
+    def select_index(self, role: Role, live: LiveSet, req: RequestInfo) -> int | None:
+        """Decode and prompts without text: least_load's index. Prefill with a prefix: None
+        (rendezvous hashing looks at every candidate)."""
+        if role is Role.DECODE or not req.prefix:
+            return self.fallback.select_index(role, live, req)
+        return None

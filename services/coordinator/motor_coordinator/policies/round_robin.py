@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from motor_common.domain import Role
 from motor_coordinator.config import SchedulerConfig
-from motor_coordinator.policies.base import Candidate, RequestInfo
+from motor_coordinator.policies.base import Candidate, LiveSet, RequestInfo
 
 
 class RoundRobin:
@@ -17,3 +17,6 @@ class RoundRobin:
 
     def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
         return candidates[req.seq % len(candidates)]
+
+    def select_index(self, role: Role, live: LiveSet, req: RequestInfo) -> int | None:
+        return req.seq % live.size
