@@ -9,7 +9,9 @@ gives them the same observable behaviour over plain TCP on ``--data-parallel-add
 - rank 0 listens; every other rank connects and sends ``{"rank": r}`` (one JSON line), retrying until
   rank 0 is up;
 - a member whose connection drops is *lost*; rank 0 tells the others ``{"lost": [...]}``;
-- a member that loses its connection to rank 0 counts rank 0 as lost.
+- a member that loses its connection to rank 0 counts rank 0 as lost;
+- the group is *formed* once every rank joined (rank 0: all members connected; a member: connected);
+  until then ``/health`` answers 503, as vLLM's DP ranks handshake before the engine is up.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class DpGroup:
         self.lost: set[int] = set()
         self._on_change = on_change
         self._members: dict[int, asyncio.StreamWriter] = {}
+        self._joined = False
         self._server: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -39,6 +42,12 @@ class DpGroup:
                                                       else self.host, self.port, reuse_address=True)  # fmt: skip
         else:
             self._task = asyncio.create_task(self._member(), name="dp-group-member")
+
+    @property
+    def formed(self) -> bool:
+        if self.rank == 0:
+            return self._joined or len(self._members) >= self.size - 1
+        return self._joined
 
     def _mark_lost(self, ranks: set[int]) -> None:
         new = ranks - self.lost - {self.rank}
@@ -53,6 +62,8 @@ class DpGroup:
             hello = orjson.loads(await reader.readline())
             rank = int(hello["rank"])
             self._members[rank] = writer
+            if len(self._members) >= self.size - 1:
+                self._joined = True  # formed once; a later loss is a lost peer, not a start-up
             if self.lost:
                 writer.write(orjson.dumps({"lost": sorted(self.lost)}) + b"\n")
             while await reader.readline():
@@ -77,6 +88,7 @@ class DpGroup:
             except OSError:
                 await asyncio.sleep(0.2)
         writer.write(orjson.dumps({"rank": self.rank}) + b"\n")
+        self._joined = True
         try:
             while line := await reader.readline():
                 with contextlib.suppress(ValueError, KeyError, orjson.JSONDecodeError):

@@ -182,6 +182,8 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         if self.svc.fault.mode is FaultMode.HEALTH_503:
             return web.Response(status=503)
+        if self._dp_group is not None and not self._dp_group.formed:
+            return web.Response(status=503)  # like vLLM: DP ranks handshake before the engine is up
         return web.Response(status=200)
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -104,9 +104,9 @@ async def test_killed_rank_is_scaled_down_and_the_instance_serves_on_the_survivo
 
 
 async def test_survivors_not_healthy_in_time_abort_and_fall_back_to_relaunch(tmp_path: Path) -> None:
-    # The simulator reconfigures for 0.3 s after apply; a 0.3 s execution deadline cannot see the
+    # The simulator reconfigures for 0.3 s after apply; a 0.1 s execution deadline cannot see the
     # survivors HEALTHY again: finalize(abort), the rank is shown again, the engine relaunch takes over.
-    cfg = sd_config(execution_deadline_sec=0.3, poll_interval_sec=0.05)
+    cfg = sd_config(execution_deadline_sec=0.1, poll_interval_sec=0.05)
     async with fleet(tmp_path, controller_extra={"dp_master_port": free_port()}, **cfg) as f:
         mi = await start_dp2(f)
         iid = mi.instance.id

@@ -12,7 +12,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from .conftest import SimFactory, SimProc, free_port, http_status
+from .conftest import SimFactory, SimProc, free_port, http_status, wait_healthy
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 
@@ -140,8 +140,10 @@ async def test_dp_survivor_is_unhealthy_when_a_peer_rank_dies_until_scale_down(s
     rpc = free_port()
     common = ("--sim-zero-latency", "--sim-zmq-pub-port", str(free_port()), "--data-parallel-size", "2",
               "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(rpc))
-    r0 = sims.vllm(*common, "--data-parallel-rank", "0")
-    r1 = sims.vllm(*common, "--data-parallel-rank", "1")
+    r0 = sims.spawn("vllm", "serve", "sim-model", *common, "--data-parallel-rank", "0")
+    r1 = sims.spawn("vllm", "serve", "sim-model", *common, "--data-parallel-rank", "1")
+    wait_healthy(r0)  # healthy only once the DP group is formed (both ranks joined)
+    wait_healthy(r1)
 
     async def status() -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=TIMEOUT) as s, s.get(r0.url + "/fault_tolerance/status") as r:
