@@ -96,7 +96,7 @@ async def main() -> None:
         "server": {"port": 0, "management_key_file": str(tmp / "key")},
         "heartbeat_interval_sec": args.interval, "heartbeat_timeout_sec": timeout,
         "reconcile_interval_sec": 0.5, "store": {"path": str(tmp / "c.db")},
-        "logging": {"level": "WARNING"},
+        "log": {"level": "WARNING"},
     }))
     proc = launch(tmp)
     try:

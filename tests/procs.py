@@ -336,7 +336,7 @@ async def start_controller(
     cfg: dict[str, Any] = json.loads(json.dumps(config or {}))
     cfg.setdefault("server", {}).setdefault("port", 0)
     cfg.setdefault("store", {}).setdefault("path", str(log_dir / f"{name}.db"))
-    cfg.setdefault("logging", {}).setdefault("format", "text")
+    cfg.setdefault("log", {}).setdefault("format", "text")
     cfg_path, ports_path = _coordinator_files(log_dir, name, cfg, management_key)
     argv = [tool("motor-controller"), "--config", str(cfg_path), "--ports-file", str(ports_path), *extra_args]
     async with running(name, argv, log_dir, ready=ports_file_ready(ports_path)) as proc:

@@ -134,7 +134,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         name = "coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
         cfg: dict[str, Any] = {
             "server": {"host": opts.host, "port": port, "management_key_file": key},
-            "log_format": "text",
+            "log": {"format": "text"},
         }
         if opts.etcd_endpoint:  # active/standby: announce a promotion to the controller
             cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint], "election_key": f"{HA_PREFIX}/coordinator/leader",
@@ -158,7 +158,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             "heartbeat_interval_sec": opts.heartbeat_interval_sec,
             "heartbeat_timeout_sec": opts.heartbeat_timeout_sec,
             "store": store,
-            "logging": {"format": "text"},
+            "log": {"format": "text"},
             **controller_ha,
         },
         opts.controller_port,
@@ -194,7 +194,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         "gateway",
         "gateway",
         "motor-gateway",
-        {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs, "log_format": "text"},
+        {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs, "log": {"format": "text"}},
         opts.gateway_port,
     )
     return FleetPlan(opts, tuple(programs))

@@ -12,13 +12,29 @@ import sys
 import time
 import uuid
 from contextvars import ContextVar
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 
 request_id_var: ContextVar[str] = ContextVar("motor_request_id", default="")
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The ``log`` section every Motor program's configuration shares."""
+
+    level: str = "INFO"
+    format: Literal["json", "text"] = "json"
+
+    def __post_init__(self) -> None:
+        if self.level.upper() not in _LEVELS:
+            raise ValueError(f"log.level {self.level!r} is not one of {', '.join(_LEVELS)}")
 
 
 def new_request_id() -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+
+from motor_common.logs import LogConfig
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 
@@ -37,8 +38,7 @@ class GatewayConfig:
     # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced);
     # each holds its own coordinator channel. 1 = serve in this process.
     workers: int = 1
-    log_format: Literal["json", "text"] = "json"
-    log_level: str = "INFO"
+    log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

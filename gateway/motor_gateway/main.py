@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--coordinator", action="append", metavar="ADDR",
                    help="coordinator gRPC address host:port (repeatable, first ready one serves)")
     p.add_argument("--ports-file", help="after start, write {\"http\": <port>} to this file")
-    p.add_argument("--log-format", choices=("json", "text"), help="overrides log_format")
+    p.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
     p.add_argument("--workers", type=int, help="HTTP worker processes sharing the port via SO_REUSEPORT "
                    "(default 1 = this process serves)")
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for workers
@@ -80,7 +80,7 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
     if args.coordinator:
         overrides["coordinators"] = list(args.coordinator)
     if args.log_format is not None:
-        overrides["log_format"] = args.log_format
+        overrides["log"] = {"format": args.log_format}
     if args.workers is not None:
         overrides["workers"] = args.workers
     return load_config(GatewayConfig, args.config, env_prefix="MOTOR_GATEWAY", overrides=overrides)
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc.message}", file=sys.stderr)
             return 2
         if cfg.workers > 1:
-            setup_logging("gateway", cfg.log_level, cfg.log_format)
+            setup_logging("gateway", cfg.log.level, cfg.log.format)
             try:
                 return supervise(cfg, _strip(raw, ("--workers", "--port", "--ports-file")), args.ports_file)
             except ConfigError as exc:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def _main() -> int:
         cfg = build_config(args)
-        setup_logging("gateway", cfg.log_level, cfg.log_format)
+        setup_logging("gateway", cfg.log.level, cfg.log.format)
         return await serve(cfg, args.ports_file, reuse_port=args.reuse_port)
 
     return run(_main)

@@ -44,3 +44,14 @@ def test_only_a_failed_no_restart_strategy_escalates_at_once_and_relaunch_is_gat
     assert choose_strategy(fault(), on, previous_failed=AWAIT_RECOVERY) == ENGINE_RELAUNCH
     assert relaunch_expected(AWAIT_RECOVERY, on) and not relaunch_expected(AWAIT_RECOVERY, no_relaunch)
     assert relaunch_expected(ENGINE_RELAUNCH, on) and not relaunch_expected(NODE_RESTART, on)
+
+
+def test_an_await_recovery_ended_by_an_eligible_death_escalates_to_dp_scale_down() -> None:
+    # A dead rank's survivors report unhealthy at the same moment: whichever report wins the race,
+    # the death decides as a fresh ENGINE_DEAD would.
+    dp = FaultToleranceConfig(enable_fault_tolerance=True, enable_dp_scale_down=True)
+    assert escalation(AWAIT_RECOVERY, dp, dead_scale_down_eligible=True) == DP_SCALE_DOWN
+    assert escalation(AWAIT_RECOVERY, dp, dead_scale_down_eligible=False) == ENGINE_RELAUNCH
+    on = FaultToleranceConfig(enable_fault_tolerance=True)
+    assert escalation(AWAIT_RECOVERY, on, dead_scale_down_eligible=True) == ENGINE_RELAUNCH
+    assert escalation(DP_SCALE_DOWN, dp, dead_scale_down_eligible=True) == ENGINE_RELAUNCH

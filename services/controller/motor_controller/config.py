@@ -10,6 +10,7 @@ from typing import Literal
 
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
+from motor_common.logs import LogConfig
 
 
 @dataclass(frozen=True)
@@ -110,15 +111,9 @@ class NodeRestartConfig:
 
 
 @dataclass(frozen=True)
-class LoggingConfig:
-    level: str = "INFO"
-    format: Literal["json", "text"] = "json"
-
-
-@dataclass(frozen=True)
 class ControllerConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=ports.CONTROLLER_GRPC))
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     # Coordinator gRPC addresses (host:port), each gets its own pusher.
     coordinators: list[str] = field(default_factory=list)
     # Heartbeat interval told to nodemanagers at registration.

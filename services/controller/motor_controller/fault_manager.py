@@ -77,6 +77,8 @@ class FaultManager:
         self.progress: dict[int, Progress] = {}
         self.running: dict[int, Strategy] = {}
         self.failed: dict[int, str] = {}  # instance id -> name of its last FAILED strategy
+        # instance id -> whether the engine death that ended its await-recovery allows a DP scale-down
+        self._dead_eligible: dict[int, bool] = {}
         self.results: list[tuple[int, str, StrategyResult]] = []  # bounded history (observability, tests)
         self._tasks = TaskOwner("fault-manager")
         self._aborts: set[asyncio.Task[None]] = set()
@@ -94,7 +96,10 @@ class FaultManager:
         if current is not None:
             dead = getattr(current, "engine_dead", None)
             if report.level == "engine_dead" and callable(dead):
-                dead()  # a no-restart strategy stops waiting; its failure escalates at once
+                # A no-restart strategy stops waiting; its failure escalates at once, deciding as
+                # a fresh death would (DP scale-down when this death is eligible).
+                self._dead_eligible[mi.id] = self._host.scale_down_eligible(mi.id, report)
+                dead()
             return relaunch_expected(current.name, ft)
         name = choose_strategy(report, ft, previous_failed=self.failed.get(mi.id),
                                scale_down_eligible=self._host.scale_down_eligible(mi.id, report))
@@ -156,7 +161,8 @@ class FaultManager:
     def _escalate(self, mi: ManagedInstance, failed: Strategy, result: StrategyResult,
                   progress: Progress) -> tuple[ManagedInstance, Strategy] | None:
         """A no-restart strategy failed: the next strategy, started at once in the same recovery."""
-        name = escalation(failed.name, self._config())
+        name = escalation(failed.name, self._config(),
+                          dead_scale_down_eligible=self._dead_eligible.pop(mi.id, False))
         live = self._host.instance(mi.id)
         if name is None or live is None or not live.live:
             return None

@@ -87,10 +87,15 @@ def choose_strategy(
     return None
 
 
-def escalation(failed: str, config: FaultToleranceConfig) -> str | None:
-    """The strategy to run at once after *failed* (a no-restart strategy) failed, or None."""
+def escalation(failed: str, config: FaultToleranceConfig, *, dead_scale_down_eligible: bool = False) -> str | None:
+    """The strategy to run at once after *failed* (a no-restart strategy) failed, or None.
+
+    An await-recovery ended by an engine death decides as a fresh ENGINE_DEAD would: DP scale-down
+    when it is on and the death is eligible (*dead_scale_down_eligible*), else relaunch."""
     if failed not in NO_RESTART_STRATEGIES or not config.enable_fault_tolerance:
         return None
+    if failed == AWAIT_RECOVERY and config.enable_dp_scale_down and dead_scale_down_eligible:
+        return DP_SCALE_DOWN
     return ENGINE_RELAUNCH if config.enable_engine_relaunch else NODE_RESTART
 
 

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def _main() -> int:
         config = load_config(ControllerConfig, args.config, env_prefix="MOTOR_CONTROLLER")
-        setup_logging("controller", config.logging.level, config.logging.format)
+        setup_logging("controller", config.log.level, config.log.format)
         return await serve(config, args.ports_file)
 
     return run(_main)

@@ -8,10 +8,10 @@ the HA keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
+from motor_common.logs import LogConfig
 from motor_coordinator.precision_config import PrecisionConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
@@ -122,8 +122,7 @@ class CoordinatorConfig:
     server: ServerConfig = field(default_factory=lambda: ServerConfig(port=ports.COORDINATOR_GRPC))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
-    log_level: str = "INFO"
-    log_format: Literal["json", "text"] = "json"
+    log: LogConfig = field(default_factory=LogConfig)
     # Active/standby HA (SPEC §3.4 / §6 names). Clamped at run time to ≤ 8 s and ≤ 2 s (logged).
     # 3 s / 0.5 s: a dead master's lease expires ≤ 3 s after its last renewal (renewals every 1 s,
     # so two lost renewals are survived), the standby notices within 0.5 s: failover ≤ 3.5 s + the

@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, help="serve the OpenAI routes here too (co-located front, "
                    "in process; 0 = any; overrides http.port)")
     p.add_argument("--http-host", help="co-located front listen address (overrides http.host)")
-    p.add_argument("--log-format", choices=("json", "text"), help="overrides log_format")
+    p.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
     return p.parse_args(argv)
 
 
@@ -60,9 +60,9 @@ async def amain(args: argparse.Namespace) -> int:
     if http:
         overrides["http"] = http
     if args.log_format is not None:
-        overrides["log_format"] = args.log_format
+        overrides["log"] = {"format": args.log_format}
     cfg = load_config(CoordinatorConfig, args.config, env_prefix=ENV_PREFIX, overrides=overrides)
-    setup_logging("coordinator", cfg.log_level, cfg.log_format)
+    setup_logging("coordinator", cfg.log.level, cfg.log.format)
     stop = stop_event_on_signals()
     app = Coordinator(cfg)
     port = await app.start()

@@ -23,6 +23,7 @@ from motor_common.config import load_config
 from motor_common.domain import EngineType, Role
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import ServerConfig
+from motor_common.logs import LogConfig
 
 ENV_PREFIX = "MOTOR_NODEMANAGER"
 RoleName = Literal["prefill", "decode", "union"]
@@ -115,12 +116,6 @@ class KvCacheStoreConfig:
     backend: str = "mooncake"
     # combined: engine + KV store on this node; separated: KV store only (no registration/heartbeat).
     mode: Literal["combined", "separated"] = "combined"
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    level: str = "INFO"
-    format: Literal["json", "text"] = "json"
 
 
 @dataclass(frozen=True)
