@@ -151,7 +151,7 @@ class Registry:
         self.timeout = args.timeout
         self.metadata = call_metadata(read_secret(args.management_key_file))
         self.channel = open_channel(args.coordinator, tls_ca_file=args.tls_ca_file)
-        self.stub = cgrpc.InstanceRegistryServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = cgrpc.InstanceRegistryServiceStub(self.channel)
 
     async def list(self) -> tuple[list[Instance], cpb.ListInstancesResponse]:
         out: list[Instance] = []

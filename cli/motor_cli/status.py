@@ -61,7 +61,7 @@ async def fetch_view(address: str, key: str | None, timeout: float = 2.0) -> Fle
     md = call_metadata(key)
     try:
         async with open_channel(address) as channel:
-            stub = pbg.ControllerAdminServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = pbg.ControllerAdminServiceStub(channel)
             nodes = await stub.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=timeout)
             insts = await stub.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=timeout)
     except grpc.aio.AioRpcError as exc:

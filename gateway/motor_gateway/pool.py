@@ -47,7 +47,7 @@ class _Member:
     def __init__(self, address: str, tls_ca_file: str | None) -> None:
         self.address = address
         self.channel = open_channel(address, tls_ca_file=tls_ca_file)
-        self.stub = cgrpc.DispatchServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = cgrpc.DispatchServiceStub(self.channel)
 
     async def view(self, timeout: float) -> CoordinatorView:
         try:

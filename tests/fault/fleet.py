@@ -148,7 +148,7 @@ class Fleet:
 
     # --- views ---------------------------------------------------------------------------------
     async def instances(self) -> list[cpb.ManagedInstance]:
-        stub = cgrpc.ControllerAdminServiceStub(self.channel(self.controller.address))  # type: ignore[no-untyped-call]
+        stub = cgrpc.ControllerAdminServiceStub(self.channel(self.controller.address))
         resp = await stub.ListInstances(cpb.ListInstancesRequest(), metadata=self.md, timeout=2)
         return list(resp.instances)
 
@@ -164,18 +164,18 @@ class Fleet:
         return True
 
     async def ft_status(self, instance_id: int) -> cpb.GetFaultToleranceStatusResponse:
-        stub = cgrpc.ControllerAdminServiceStub(self.channel(self.controller.address))  # type: ignore[no-untyped-call]
+        stub = cgrpc.ControllerAdminServiceStub(self.channel(self.controller.address))
         return await stub.GetFaultToleranceStatus(
             cpb.GetFaultToleranceStatusRequest(instance_id=instance_id), metadata=self.md, timeout=2
         )
 
     async def nm_status(self, name: str) -> npb.GetStatusResponse:
-        stub = ngrpc.NodeManagerServiceStub(self.channel(self.nodes[name].proc.address))  # type: ignore[no-untyped-call]
+        stub = ngrpc.NodeManagerServiceStub(self.channel(self.nodes[name].proc.address))
         return await stub.GetStatus(npb.GetStatusRequest(), metadata=self.md, timeout=2)
 
     async def coordinator_view(self) -> dict[int, int]:
         """instance id -> coordinator status enum."""
-        stub = kgrpc.InstanceRegistryServiceStub(self.channel(self.coordinator.address))  # type: ignore[no-untyped-call]
+        stub = kgrpc.InstanceRegistryServiceStub(self.channel(self.coordinator.address))
         resp = await stub.ListInstances(kpb.ListInstancesRequest(page_size=1000), metadata=self.md, timeout=2)
         return {i.id: i.status for i in resp.instances}
 

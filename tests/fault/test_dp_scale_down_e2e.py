@@ -44,7 +44,7 @@ async def start_dp2(f: Fleet) -> cpb.ManagedInstance:
 
 
 async def coordinator_endpoints(f: Fleet, iid: int) -> list[int] | None:
-    stub = kgrpc.InstanceRegistryServiceStub(f.channel(f.coordinator.address))  # type: ignore[no-untyped-call]
+    stub = kgrpc.InstanceRegistryServiceStub(f.channel(f.coordinator.address))
     resp = await stub.ListInstances(kpb.ListInstancesRequest(page_size=1000), metadata=f.md, timeout=2)
     for inst in resp.instances:
         if inst.id == iid and inst.status == tpb.INSTANCE_STATUS_AVAILABLE:
@@ -53,7 +53,7 @@ async def coordinator_endpoints(f: Fleet, iid: int) -> list[int] | None:
 
 
 async def sd_status(f: Fleet) -> npb.GetScaleDownStatusResponse:
-    stub = ngrpc.ScaleDownServiceStub(f.channel(f.nodes["dp"].proc.address))  # type: ignore[no-untyped-call]
+    stub = ngrpc.ScaleDownServiceStub(f.channel(f.nodes["dp"].proc.address))
     return await stub.GetScaleDownStatus(npb.GetScaleDownStatusRequest(), metadata=f.md, timeout=2)
 
 

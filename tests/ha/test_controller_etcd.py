@@ -78,7 +78,7 @@ class World:
 
     async def instances(self, address: str) -> dict[str, tuple[int, int]]:
         """job -> (instance id, state) of the live instances, as *address* sees them."""
-        resp = await pbgrpc.ControllerAdminServiceStub(self.channel(address)).ListInstances(  # type: ignore[no-untyped-call]
+        resp = await pbgrpc.ControllerAdminServiceStub(self.channel(address)).ListInstances(
             pb.ListInstancesRequest(), metadata=call_metadata(KEY), timeout=1)
         return {m.instance.job_name: (m.instance.id, m.state) for m in resp.instances if m.state != pb.INSTANCE_STATE_DELETED}
 
@@ -89,7 +89,7 @@ class World:
 
     async def heartbeating(self, address: str) -> bool:
         """Every node RUNNING in *address*'s view (its heartbeats reach that controller)."""
-        resp = await pbgrpc.ControllerAdminServiceStub(self.channel(address)).ListNodes(  # type: ignore[no-untyped-call]
+        resp = await pbgrpc.ControllerAdminServiceStub(self.channel(address)).ListNodes(
             pb.ListNodesRequest(), metadata=call_metadata(KEY), timeout=1)
         return len(resp.nodes) == len(JOBS) and all(n.state == pb.NODE_STATE_RUNNING for n in resp.nodes)
 
@@ -97,7 +97,7 @@ class World:
         """node -> (engine pids, relaunch count)."""
         out = {}
         for name, nm in self.nodes.items():
-            st = await ngrpc.NodeManagerServiceStub(self.channel(nm.address)).GetStatus(  # type: ignore[no-untyped-call]
+            st = await ngrpc.NodeManagerServiceStub(self.channel(nm.address)).GetStatus(
                 npb.GetStatusRequest(), metadata=call_metadata(KEY), timeout=1)
             out[name] = ([e.pid for e in st.endpoints], int(st.relaunch_count))
         return out
@@ -111,7 +111,7 @@ class World:
         return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
 
     async def alarms(self, address: str) -> list[pb.Alarm]:
-        resp = await pbgrpc.ControllerAdminServiceStub(self.channel(address)).ListAlarms(  # type: ignore[no-untyped-call]
+        resp = await pbgrpc.ControllerAdminServiceStub(self.channel(address)).ListAlarms(
             pb.ListAlarmsRequest(active_only=True), metadata=call_metadata(KEY), timeout=1)
         return list(resp.alarms)
 
@@ -176,7 +176,7 @@ async def test_standby_controller_refuses_then_takes_over_from_etcd_without_rela
 
         assert not await w.serving(standby.address)
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await pbgrpc.ControllerAdminServiceStub(w.channel(standby.address)).TerminateInstance(  # type: ignore[no-untyped-call]
+            await pbgrpc.ControllerAdminServiceStub(w.channel(standby.address)).TerminateInstance(
                 pb.TerminateInstanceRequest(instance_id=ids["job-p"]), metadata=call_metadata(KEY), timeout=1)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "controller is not master" in (err.value.details() or "")
 

@@ -47,7 +47,7 @@ CONTROLLER = {
 async def readiness(address: str) -> cpb.GetReadinessResponse | None:
     async with open_channel(address) as ch:
         try:
-            resp: cpb.GetReadinessResponse = await cgrpc.DispatchServiceStub(ch).GetReadiness(  # type: ignore[no-untyped-call]
+            resp: cpb.GetReadinessResponse = await cgrpc.DispatchServiceStub(ch).GetReadiness(
                 cpb.GetReadinessRequest(), timeout=0.3)
             return resp
         except grpc.aio.AioRpcError:
@@ -62,14 +62,14 @@ async def is_master(address: str) -> bool:
 
 async def coordinator_ids(address: str) -> set[int]:
     async with open_channel(address) as ch:
-        resp = await cgrpc.InstanceRegistryServiceStub(ch).ListInstances(  # type: ignore[no-untyped-call]
+        resp = await cgrpc.InstanceRegistryServiceStub(ch).ListInstances(
             cpb.ListInstancesRequest(page_size=1000), metadata=call_metadata(KEY), timeout=0.5)
         return {i.id for i in resp.instances}
 
 
 async def controller_active_ids(address: str) -> set[int]:
     async with open_channel(address) as ch:
-        resp = await pbgrpc.ControllerAdminServiceStub(ch).ListInstances(  # type: ignore[no-untyped-call]
+        resp = await pbgrpc.ControllerAdminServiceStub(ch).ListInstances(
             pb.ListInstancesRequest(), metadata=call_metadata(KEY), timeout=1)
         return {m.instance.id for m in resp.instances if m.state == pb.INSTANCE_STATE_ACTIVE}
 

@@ -136,7 +136,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
         for ch in channels.values():
             es.push_async_callback(ch.close)
         c = Cluster(etcd, coords, gateway, client,
-                    stubs={a: cgrpc.DispatchServiceStub(ch) for a, ch in channels.items()})  # type: ignore[no-untyped-call]
+                    stubs={a: cgrpc.DispatchServiceStub(ch) for a, ch in channels.items()})
         await wait_for(c.master, timeout=20, what="a ready master")
         sampler = asyncio.create_task(c.sample_forever())
         try:

@@ -52,7 +52,7 @@ async def fake_controller() -> AsyncIterator[tuple[str, FakeController]]:
     fake = FakeController()
     server = GrpcServer("fake-controller", ServerConfig(port=0), management_key=KEY)
     server.add_service("motor.controller.v1.ControllerService",
-                       lambda s: ctl_grpc.add_ControllerServiceServicer_to_server(fake, s),  # type: ignore[no-untyped-call]
+                       lambda s: ctl_grpc.add_ControllerServiceServicer_to_server(fake, s),
                        protected=True)
     port = await server.start()
     try:
@@ -64,7 +64,7 @@ async def fake_controller() -> AsyncIterator[tuple[str, FakeController]]:
 async def role(address: str) -> int | None:
     async with grpc.aio.insecure_channel(address) as ch:
         try:
-            resp = await cgrpc.DispatchServiceStub(ch).GetReadiness(  # type: ignore[no-untyped-call]
+            resp = await cgrpc.DispatchServiceStub(ch).GetReadiness(
                 cpb.GetReadinessRequest(), timeout=0.5)
         except grpc.aio.AioRpcError:
             return None

@@ -46,7 +46,7 @@ class HaFleet:
     async def role(self, address: str) -> tuple[int, bool] | None:
         async with open_channel(address) as ch:
             try:
-                r: cpb.GetReadinessResponse = await cgrpc.DispatchServiceStub(ch).GetReadiness(  # type: ignore[no-untyped-call]
+                r: cpb.GetReadinessResponse = await cgrpc.DispatchServiceStub(ch).GetReadiness(
                     cpb.GetReadinessRequest(), timeout=0.3)
             except grpc.aio.AioRpcError:
                 return None

@@ -66,7 +66,7 @@ class Admin:
 
     def __init__(self, address: str) -> None:
         self.channel = open_channel(address)
-        self.stub = pbg.NodeManagerServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = pbg.NodeManagerServiceStub(self.channel)
         self.md = call_metadata(KEY)
 
     async def call(self, method: str, request: Any, timeout: float = 20.0) -> Any:

@@ -59,7 +59,7 @@ async def serve_fake_controller(
     server = GrpcServer("fake-controller", ServerConfig(port=port, grace_seconds=0.1), management_key=key)
     server.add_service(
         SERVICE,
-        lambda s: cgrpc.add_ControllerServiceServicer_to_server(impl, s),  # type: ignore[no-untyped-call]
+        lambda s: cgrpc.add_ControllerServiceServicer_to_server(impl, s),
         protected=True,
     )
     await server.start()

@@ -83,7 +83,7 @@ class Alarms:
     def __init__(self, controller: Proc, key: str = KEY) -> None:
         self.key = key
         self.channel = open_channel(controller.address)
-        self.stub = cgrpc.ControllerAdminServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = cgrpc.ControllerAdminServiceStub(self.channel)
 
     async def list(self, active_only: bool = False) -> list[cpb.Alarm]:
         resp = await self.stub.ListAlarms(cpb.ListAlarmsRequest(active_only=active_only),
@@ -223,7 +223,7 @@ async def test_manual_terminate_with_precision_alarm_clear_clears_with_the_same_
             set_fault(dport, "wrong_answers")
             raised = await wait_for(lambda: alarms.active(sorted([pid, did])), timeout=5, what="alarm RAISE")
             t0 = time.monotonic()
-            stub = cgrpc.ControllerAdminServiceStub(f.channel(f.controller.address))  # type: ignore[no-untyped-call]
+            stub = cgrpc.ControllerAdminServiceStub(f.channel(f.controller.address))
             await stub.TerminateInstance(cpb.TerminateInstanceRequest(
                 instance_id=did, precision_alarm_clear=True, reason="precision test"), metadata=f.md, timeout=10)
             cleared = await alarms.cleared(sorted([pid, did]))

@@ -198,7 +198,7 @@ async def _serve_all_shapes(client: AsyncOpenAI) -> None:
 
 async def _engine_url(fleet: UpFleet) -> str:
     async with open_channel(fleet.info["coordinators"][0]) as ch:
-        stub = kgrpc.InstanceRegistryServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = kgrpc.InstanceRegistryServiceStub(ch)
         resp = await stub.ListInstances(kpb.ListInstancesRequest(page_size=100), metadata=call_metadata(fleet.key),
                                         timeout=5)  # fmt: skip
     [inst] = list(resp.instances)
@@ -208,7 +208,7 @@ async def _engine_url(fleet: UpFleet) -> str:
 
 async def _nm_status(fleet: UpFleet) -> npb.GetStatusResponse:
     async with open_channel(fleet.nodemanager) as ch:
-        stub = ngrpc.NodeManagerServiceStub(ch)  # type: ignore[no-untyped-call]
+        stub = ngrpc.NodeManagerServiceStub(ch)
         resp: npb.GetStatusResponse = await stub.GetStatus(npb.GetStatusRequest(), metadata=call_metadata(fleet.key), timeout=5)
         return resp
 

@@ -53,14 +53,14 @@ def build_server(
     g: Callable[[], None] = gate or (lambda: None)
     server.add_service(
         CONTROLLER_SERVICE,
-        lambda s: pbgrpc.add_ControllerServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        lambda s: pbgrpc.add_ControllerServiceServicer_to_server(
             ControllerServicer(controller, g), s
         ),
         protected=True,
     )
     server.add_service(
         ADMIN_SERVICE,
-        lambda s: pbgrpc.add_ControllerAdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        lambda s: pbgrpc.add_ControllerAdminServiceServicer_to_server(
             ControllerAdminServicer(controller, g), s
         ),
         protected=True,

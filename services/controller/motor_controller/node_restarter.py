@@ -76,9 +76,9 @@ def kubernetes_pod_api() -> PodApi:  # pragma: no cover - needs a cluster
     from kubernetes import client, config
 
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
+        config.load_kube_config()
     return cast(PodApi, client.CoreV1Api())
 
 

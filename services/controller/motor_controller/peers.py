@@ -62,7 +62,7 @@ class GrpcNodeManagers:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = open_channel(address)
-        return ngrpc.NodeManagerServiceStub(ch)  # type: ignore[no-untyped-call]
+        return ngrpc.NodeManagerServiceStub(ch)
 
     async def start_engines(self, cmd: StartCommand) -> None:
         try:
@@ -125,7 +125,7 @@ class GrpcCoordinator:
 
     def _open(self) -> None:
         self._channel = open_channel(self.address)
-        self._stub = cgrpc.InstanceRegistryServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = cgrpc.InstanceRegistryServiceStub(self._channel)
 
     def reconnect(self) -> None:
         old = self._channel

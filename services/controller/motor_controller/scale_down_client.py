@@ -29,7 +29,7 @@ class GrpcScaleDown:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = open_channel(address)
-        return ngrpc.ScaleDownServiceStub(ch)  # type: ignore[no-untyped-call]
+        return ngrpc.ScaleDownServiceStub(ch)
 
     async def guard(self, address: str, request_id: str, instance_id: int, lease_sec: float,
                     dead_ranks: Sequence[int], *, timeout: float) -> None:  # fmt: skip

@@ -74,14 +74,14 @@ class Coordinator:
         self.server = GrpcServer("coordinator", cfg.server, management_key=management_key)
         self.server.add_service(
             REGISTRY_SERVICE,
-            lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(
                 RegistryServicer(self), s
             ),
             protected=True,
         )
         self.server.add_service(
             DISPATCH_SERVICE,
-            lambda s: cgrpc.add_DispatchServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            lambda s: cgrpc.add_DispatchServiceServicer_to_server(
                 DispatchServicer(self), s
             ),
         )

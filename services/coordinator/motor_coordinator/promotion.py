@@ -36,7 +36,7 @@ class ControllerAlarms:
                  tls_ca_file: str | None = None) -> None:
         self.address = address
         self._channel = open_channel(address, tls_ca_file=tls_ca_file)
-        self._stub = ctl_grpc.ControllerServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = ctl_grpc.ControllerServiceStub(self._channel)
         self._key = management_key
         self._timeout = timeout
 

@@ -120,7 +120,7 @@ class GrpcController:
         self.address = self.addresses[0]
         self._key = management_key
         self._channels = {a: open_channel(a, tls_ca_file=tls_ca_file) for a in self.addresses}
-        self._stubs = {a: cgrpc.ControllerServiceStub(ch) for a, ch in self._channels.items()}  # type: ignore[no-untyped-call]
+        self._stubs = {a: cgrpc.ControllerServiceStub(ch) for a, ch in self._channels.items()}
 
     @property
     def _stub(self) -> cgrpc.ControllerServiceStub:

@@ -151,11 +151,11 @@ def add_services(
     sdown = ScaleDownServicer(node.scale_down)
     server.add_service(
         NODEMANAGER_SERVICE,
-        lambda s: pbg.add_NodeManagerServiceServicer_to_server(nm, s),  # type: ignore[no-untyped-call]
+        lambda s: pbg.add_NodeManagerServiceServicer_to_server(nm, s),
         protected=True,
     )
     server.add_service(
         SCALE_DOWN_SERVICE,
-        lambda s: pbg.add_ScaleDownServiceServicer_to_server(sdown, s),  # type: ignore[no-untyped-call]
+        lambda s: pbg.add_ScaleDownServiceServicer_to_server(sdown, s),
         protected=True,
     )
