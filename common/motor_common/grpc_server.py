@@ -29,8 +29,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
-from motor_common.errors import ConfigError, MotorError
+from motor_common.errors import ConfigError, InvalidArgument, MotorError
 from motor_common.logs import new_request_id, request_id_var
+from motor_common.strict_proto import unknown_field_paths
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +178,35 @@ def _code_of(context: grpc.aio.ServicerContext) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else "OK"
 
 
+def _check_known(request: Any) -> None:
+    """Unknown fields are rejected, never silently dropped (INVALID_ARGUMENT, nothing applied)."""
+    paths = unknown_field_paths(request)
+    if paths:
+        raise InvalidArgument(
+            f"unknown field(s) {', '.join(paths)}: this server does not know them (is the client "
+            "built from a newer or different motor proto?)",
+            reason="UNKNOWN_FIELD",
+            metadata={"fields": ",".join(paths)},
+        )
+
+
+async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    async for request in requests:
+        _check_known(request)
+        yield request
+
+
 def _wrap(
     handler: grpc.RpcMethodHandler, service: str, method: str, request_id: str | None
 ) -> grpc.RpcMethodHandler:
     des, ser = handler.request_deserializer, handler.response_serializer
+    streaming_in = bool(handler.stream_unary or handler.stream_stream)
+
+    def _checked(request: Any) -> Any:
+        if streaming_in:
+            return _checked_stream(request)
+        _check_known(request)
+        return request
 
     def _enter() -> Any:
         return request_id_var.set(request_id or new_request_id())
@@ -201,7 +227,7 @@ def _wrap(
             start = time.perf_counter()
             code = "OK"
             try:
-                return await inner(request, context)
+                return await inner(_checked(request), context)
             except MotorError as exc:
                 code = exc.code
                 await _fail(exc, context)
@@ -226,7 +252,7 @@ def _wrap(
         start = time.perf_counter()
         code = "OK"
         try:
-            async for item in inner_stream(request, context):
+            async for item in inner_stream(_checked(request), context):
                 yield item
         except MotorError as exc:
             code = exc.code

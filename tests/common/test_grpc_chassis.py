@@ -12,6 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from motor_common.errors import NotFound
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.controller.v1 import controller_pb2 as ctlpb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as ctlgrpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
@@ -106,3 +109,63 @@ async def test_grpcurl_lists_services_through_reflection(served: tuple[int, Fake
     assert proc.returncode == 0, err.decode()
     names = set(out.decode().split())
     assert {REGISTRY, DISPATCH, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+async def test_unknown_fields_are_rejected_with_their_path_and_change_nothing(
+    served: tuple[int, FakeRegistry],
+) -> None:
+    port, impl = served
+    # A client built from a newer proto: field 99 inside the first instance, unknown to this server.
+    inst = tpb.Instance(id=1).SerializeToString() + bytes([0x98, 0x06, 0x01])
+    raw = bytes([0x0A, len(inst)]) + inst
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.unary_unary(
+            f"/{REGISTRY}/SetInstances",
+            request_serializer=lambda b: b,
+            response_deserializer=cpb.SetInstancesResponse.FromString,
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(raw, metadata=call_metadata("s3cret"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(err.value) == "UNKNOWN_FIELD"
+    assert "SetInstancesRequest.instances[0].#99" in (err.value.details() or "")
+    assert impl.sets == 0
+
+
+class EchoController(ctlgrpc.ControllerServiceServicer):
+    def __init__(self) -> None:
+        self.frames = 0
+
+    async def Heartbeat(self, requests: AsyncIterator[ctlpb.HeartbeatRequest], context: object) -> AsyncIterator[ctlpb.HeartbeatResponse]:
+        async for frame in requests:
+            self.frames += 1
+            yield ctlpb.HeartbeatResponse(acked_sequence=frame.sequence)
+
+
+async def test_a_stream_frame_with_unknown_fields_ends_the_stream_with_invalid_argument() -> None:
+    impl = EchoController()
+    server = GrpcServer("test", ServerConfig())
+    server.add_service("motor.controller.v1.ControllerService",
+                       lambda s: ctlgrpc.add_ControllerServiceServicer_to_server(impl, s))
+    port = await server.start()
+    good = ctlpb.HeartbeatRequest(node_id="n", sequence=1).SerializeToString()
+    bad = ctlpb.HeartbeatRequest(node_id="n", sequence=2).SerializeToString() + bytes([0x98, 0x06, 0x01])
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield good
+        yield bad
+
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            call = ch.stream_stream("/motor.controller.v1.ControllerService/Heartbeat",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=ctlpb.HeartbeatResponse.FromString)
+            acks = []
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for ack in call(frames(), timeout=5):
+                    acks.append(ack.acked_sequence)
+        assert acks == [1] and impl.frames == 1
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "HeartbeatRequest.#99" in (err.value.details() or "")
+    finally:
+        await server.stop(0)

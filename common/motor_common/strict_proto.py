@@ -1,0 +1,32 @@
+"""Reject request messages that carry fields this server does not know.
+
+Protobuf keeps unknown fields silently; Motor's contract is that a misspelled or unknown field is
+an error, never dropped (a client built from a newer proto than the server gets told, instead of
+its setting being ignored). The chassis runs :func:`unknown_field_paths` on every request.
+"""
+
+from __future__ import annotations
+
+from google.protobuf import unknown_fields
+from google.protobuf.message import Message
+
+
+def unknown_field_paths(msg: Message, prefix: str = "") -> list[str]:
+    """Paths of unknown fields in *msg* and its set sub-messages, e.g. ``node.#111``."""
+    name = prefix or msg.DESCRIPTOR.name
+    unknown = unknown_fields.UnknownFieldSet(msg)
+    found = [f"{name}.#{unknown[i].field_number}" for i in range(len(unknown))]
+    for field, value in msg.ListFields():
+        if field.message_type is None:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            values = value.values() if field.message_type.fields_by_name["value"].message_type else []
+        elif field.is_repeated:
+            values = value
+        else:
+            values = [value]
+        for i, item in enumerate(values):
+            if isinstance(item, Message):
+                suffix = f"[{i}]" if field.is_repeated else ""
+                found += unknown_field_paths(item, f"{name}.{field.name}{suffix}")
+    return found
