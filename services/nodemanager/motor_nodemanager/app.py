@@ -38,6 +38,8 @@ from motor_nodemanager.node import Node
 from motor_nodemanager.ports import free_port, plan_endpoints
 from motor_nodemanager.registration import RegistrationFailed, register_with_retry
 from motor_nodemanager.servicer import add_services
+from motor_nodemanager.services import KV_CACHE_STORE, KvStoreWorker, plan_services
+from motor_nodemanager.snapshot import CHECKPOINT_SIGNAL, RESTORE_SIGNAL, load_metadata
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,10 @@ class Application:
 
             with contextlib.suppress(OSError, NotImplementedError, ValueError):
                 loop.add_reader(0, on_stdin)
+        self.install_extra_signals(loop)
+
+    def install_extra_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """More signal handlers (subclasses)."""
 
     async def setup(self) -> None:
         """Load configuration and logging, build the modules (subclasses)."""
@@ -125,6 +131,7 @@ class Application:
                     await self.tick()
         finally:
             for module in reversed(self._started):
+                log.info("stopping module %s", module.name)
                 try:
                     await module.stop()
                 except Exception:
@@ -168,6 +175,23 @@ class EnginesModule(_Base):
         self.node.arbiter.threshold = new.health.abnormal_threshold
         if self.node.fault_reporter is not None and self.node.command is not None and not self.node.relaunching:
             self.node.fault_reporter.resume(reset=False)  # fault-tolerance switch / port: rebuild sockets
+
+
+class KvStoreModule(_Base):
+    """The KV-cache store service: started before the engines, stopped after them."""
+
+    name = "kv-cache-store"
+
+    def __init__(self, node: Node, worker: KvStoreWorker) -> None:
+        self.node = node
+        self.worker = worker
+
+    async def start(self) -> None:
+        await self.worker.start()
+        self.node.kv_store = self.worker
+
+    async def stop(self) -> None:
+        await self.worker.stop()
 
 
 class ApiServerModule(_Base):
@@ -223,12 +247,28 @@ class HeartbeatModule(_Base):
         )
         node.on_change = self.sender.poke
         self.tasks = TaskOwner("heartbeat")
+        self.paused = False
 
     async def start(self) -> None:
         self.tasks.spawn(self.sender.run(), name="heartbeat-stream")
 
     async def stop(self) -> None:
         await self.tasks.close()
+
+    async def pause(self) -> None:
+        """Close the stream: no heartbeat reaches the controller until :meth:`resume`."""
+        if self.paused:
+            return
+        self.paused = True
+        await self.tasks.close()
+        self.tasks = TaskOwner("heartbeat")
+        log.warning("heartbeats paused")
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.tasks.spawn(self.sender.run(), name="heartbeat-stream")
+            log.info("heartbeats resumed")
 
     def on_config_change(self, new: NodeManagerConfig) -> None:
         self.sender.poke()
@@ -297,6 +337,8 @@ class NodeManagerApp(Application):
         self._tasks: TaskOwner | None = None
         self._registering = asyncio.Lock()
         self._stop_task: asyncio.Task[None] | None = None
+        self._heartbeat: HeartbeatModule | None = None
+        self._snapshot_lock = asyncio.Lock()
 
     @property
     def config(self) -> NodeManagerConfig:
@@ -313,6 +355,11 @@ class NodeManagerApp(Application):
         self._config = cfg
         setup_logging("nodemanager", cfg.log.level, cfg.log.format)  # logging
         log.info("configuration loaded", extra={"config": orjson.dumps(to_dict(cfg)).decode()})
+        if cfg.snapshot_config.enable_snapshot:
+            meta = load_metadata(cfg.snapshot_config.metadata_path)  # ConfigError: exit 2
+            log.info("snapshot mode: SIGUSR1 = checkpoint, SIGUSR2 = restored; no config watcher",
+                     extra={"metadata_path": cfg.snapshot_config.metadata_path, "job_name": meta.job_name,
+                            "namespace": meta.namespace, "model_load_path": meta.model_load_path})  # fmt: skip
         self.daemon_interval = cfg.daemon_loop_interval
         self._tasks = TaskOwner("nodemanager")
         planned = plan_endpoints(  # ports
@@ -324,7 +371,14 @@ class NodeManagerApp(Application):
             pick=lambda: free_port(cfg.ip),
         )
         self._node = Node(lambda: self.config, planned)
-        self.modules = [EnginesModule(self._node), ApiServerModule(self)]
+        services = plan_services(cfg.kv_cache_store_config)
+        log.info("services of this node: %s", ", ".join(services))
+        self.modules = []
+        if KV_CACHE_STORE in services:
+            self.modules.append(
+                KvStoreModule(self._node, KvStoreWorker(cfg.kv_cache_store_config, cfg.ip))
+            )
+        self.modules += [EnginesModule(self._node), ApiServerModule(self)]
         if cfg.registers:
             self.peer = GrpcController(
                 cfg.controller_address,
@@ -343,11 +397,57 @@ class NodeManagerApp(Application):
                 self._send_publisher_fault,
                 lambda: self.config.fault_tolerance_config.zmq_retry_interval_sec,
             )
-            self.modules += [RegistrationModule(self), HeartbeatModule(self, self.peer)]
+            self._heartbeat = HeartbeatModule(self, self.peer)
+            self.modules += [RegistrationModule(self), self._heartbeat]
         else:
             log.info("KV-store-only node (separated mode): no registration, no heartbeat")
         if self.config_path and not cfg.snapshot_config.enable_snapshot:
             self.modules.append(ConfigWatcherModule(self, self.config_path))
+
+    # --- snapshot checkpoint / restore (see snapshot.py) ------------------------------------------
+    def install_extra_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_signal_handler(CHECKPOINT_SIGNAL, self._on_snapshot_signal, "checkpoint")
+        loop.add_signal_handler(RESTORE_SIGNAL, self._on_snapshot_signal, "restore")
+
+    def _on_snapshot_signal(self, what: str) -> None:
+        if self._config is None or self._tasks is None or self.exiting:
+            return
+        if not self.config.snapshot_config.enable_snapshot:
+            log.warning("snapshot %s signal ignored: snapshot_config.enable_snapshot is off", what)
+            return
+        self._tasks.spawn(
+            self.checkpoint() if what == "checkpoint" else self.restore(), name=f"snapshot-{what}"
+        )
+
+    async def checkpoint(self) -> None:
+        """Before the container is frozen: heartbeats paused, polling and fault reporting stopped."""
+        async with self._snapshot_lock:
+            await self.node.enter_checkpoint()
+            if self._heartbeat is not None:
+                await self._heartbeat.pause()
+            log.warning("snapshot checkpoint: ready to be frozen; send SIGUSR2 after the restore")
+
+    async def restore(self) -> None:
+        """After the container was restored: metadata read again (job name), re-registration,
+        heartbeats resumed with state RESTORED; the next start command adopts the running engines."""
+        async with self._snapshot_lock:
+            try:
+                meta = load_metadata(self.config.snapshot_config.metadata_path)
+            except ConfigError as exc:
+                log.error("snapshot restore: %s", exc.message)
+                self.request_exit(2, "invalid snapshot metadata after restore")
+                return
+            if meta.job_name and meta.job_name != self.config.job_name:
+                self._config = dataclasses.replace(self.config, job_name=meta.job_name)
+            self.node.mark_restored()
+            log.warning("restored from snapshot: waiting for a start command",
+                        extra={"job_name": self.config.job_name, "namespace": meta.namespace,
+                               "model_load_path": meta.model_load_path,
+                               "engine_pids": [p.pid for p in self.node.supervisor.processes]})  # fmt: skip
+            if self.peer is not None:
+                await self.register(first=True)
+                if self._heartbeat is not None and not self.exiting:
+                    self._heartbeat.resume()
 
     def _zmq_port(self) -> int | None:
         ft = self.config.fault_tolerance_config

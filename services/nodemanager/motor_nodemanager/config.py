@@ -106,16 +106,36 @@ class FaultToleranceConfig:
 
 @dataclass(frozen=True)
 class SnapshotConfig:
+    """Container snapshot mode (see ``snapshot.py``): no config watcher, SIGUSR1 = checkpoint,
+    SIGUSR2 = restored; the metadata JSON is validated at start-up and read again on restore."""
+
     enable_snapshot: bool = False
     metadata_path: str | None = None
 
 
 @dataclass(frozen=True)
 class KvCacheStoreConfig:
+    """The KV-cache store worker (see ``services.py``), launched from ``command`` as a process group."""
+
     enable: bool = False
     backend: str = "mooncake"
     # combined: engine + KV store on this node; separated: KV store only (no registration/heartbeat).
     mode: Literal["combined", "separated"] = "combined"
+    # argv of the worker (e.g. ["mooncake_master", "--port", "50051"]); required when enable is on.
+    command: list[str] | None = None
+    # The worker's listening port: health = process alive and this port accepting (0 = process only).
+    port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+    stop_timeout_sec: float = 10.0
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.enable and not self.command:
+            raise ValueError(
+                "kv_cache_store_config.command must be set when kv_cache_store_config.enable is on"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ValueError("kv_cache_store_config.port must be in [0, 65535]")
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def _popen(plan: LaunchPlan, out: IO[bytes] | None) -> subprocess.Popen[bytes]:
     )
 
 
-async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
+async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
     """Wait for *proc* to exit without a thread (pidfd when available), then reap it."""
     loop = asyncio.get_running_loop()
     try:
@@ -174,7 +174,7 @@ class EngineSupervisor:
     async def _watch(self, p: EngineProcess) -> None:
         request_id_var.set("")  # a background task, not part of the request that spawned it
         try:
-            rc = await _wait_exit(p.proc)
+            rc = await wait_exit(p.proc)
         finally:
             p.exited.set()
         if p.stopping or p.pid in self._reported:

@@ -35,6 +35,7 @@ from motor_nodemanager.deaths import DeathReporter
 from motor_nodemanager.engines import EngineSupervisor
 from motor_nodemanager.health import HealthPoller, PollSettings
 from motor_nodemanager.launch import LaunchSettings, plan_launch, settings_from
+from motor_nodemanager.services import KvStoreWorker
 from motor_nodemanager.start_command import StartCommand, check_payload, validate_for_node
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,10 @@ class Node:
         self.relaunch_count = 0
         self.stopping = False
         self.restored = False  # snapshot restore: waiting for a start command (no respawn)
+        self.checkpointing = False  # snapshot checkpoint in progress (heartbeats paused)
+        self._snapshot_cmd: StartCommand | None = (
+            None  # what the restored engines were launched for
+        )
         self.arbiter = Arbiter(config().health.abnormal_threshold)
         self.supervisor = EngineSupervisor(on_exit=self._on_engine_exit)
         self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe)
@@ -97,6 +102,7 @@ class Node:
         # Death reports (set by the application once it has a controller peer).
         self.deaths: DeathReporter | None = None
         self.fault_reporter: PausableReporter | None = None
+        self.kv_store: KvStoreWorker | None = None  # the KV-cache store service, when configured
         self._held: set[int] = set()  # endpoints whose death report is in flight (published after it)
         self._bg = TaskOwner("node")
         from motor_nodemanager.scale_down_proxy import ScaleDownProxy
@@ -267,11 +273,22 @@ class Node:
             visible_devices_env=c.visible_devices_env,
             command=c.engine.command,
             extra_args=c.engine.extra_args,
-            env=c.engine.env,
+            env=self._engine_env(),
             kv_connector=c.engine.kv_connector,
             zmq_pub_port=c.fault_tolerance_config.zmq_pub_port if c.fault_tolerance_config.enable_fault_tolerance else None,
             simulator_bin=_simulator_bin(),
         )
+
+    def _engine_env(self) -> dict[str, str]:
+        c = self.cfg
+        env = dict(c.engine.env)
+        if c.snapshot_config.enable_snapshot and c.snapshot_config.metadata_path:
+            env.setdefault("MOTOR_SNAPSHOT_METADATA", c.snapshot_config.metadata_path)
+        kv = c.kv_cache_store_config
+        if kv.enable and kv.mode == "combined" and kv.port:
+            env.setdefault("MOTOR_KV_STORE_ADDRESS", f"{c.ip}:{kv.port}")
+            env.setdefault("MOTOR_KV_STORE_BACKEND", kv.backend)
+        return env
 
     def validate(self, cmd: StartCommand) -> None:
         check_payload(cmd)
@@ -285,6 +302,10 @@ class Node:
         if self.relaunching:
             raise Aborted("an engine relaunch is in progress", reason="RELAUNCH_IN_PROGRESS")
         async with self._start_lock:
+            if self.restored and self.command is None:
+                adopted = await self._adopt(cmd)
+                if adopted is not None:
+                    return adopted
             if self.command is not None and self.supervisor.running:
                 if self.command.same_launch(cmd):
                     for eid, st in self.states.items():
@@ -302,6 +323,70 @@ class Node:
             log.info("engines started", extra={"instance_id": cmd.instance_id, "pids": pids})
             self.on_change()
             return pids
+
+    async def _adopt(self, cmd: StartCommand) -> list[int] | None:
+        """Start after a snapshot restore: take over the engines restored with the container (same
+        pids, same ports, nothing spawned). None when they cannot be adopted: they are stopped then,
+        and the caller launches afresh."""
+        snap = self._snapshot_cmd
+        self._snapshot_cmd = None
+        if snap is None or not self.supervisor.running:
+            return None
+        wanted = {(e.id, e.business_port) for e in cmd.endpoints}
+        have = {(e.id, e.business_port) for e in snap.endpoints}
+        pids = {e.id: self.supervisor.pid_of(e.id) for e in cmd.endpoints}
+        if wanted != have or not all(pids.values()):
+            log.warning(
+                "restored engines cannot be adopted (endpoints/ports differ or an engine is gone): relaunching",
+                extra={"restored": sorted(have), "wanted": sorted(wanted), "pids": pids},
+            )
+            await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+            return None
+        self.states = {
+            e.id: es.with_generation(self.states[e.id], cmd.generation)
+            if e.id in self.states
+            else es.launched(e.id, generation=cmd.generation, now=self._clock(), pid=pids[e.id])
+            for e in cmd.endpoints
+        }
+        self.arbiter.reset()
+        self._held.clear()
+        if self.deaths is not None:
+            self.deaths.reset()
+        await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
+        if self.fault_reporter is not None:
+            self.fault_reporter.watch(sorted(e.id for e in cmd.endpoints))
+        self.command = cmd
+        self.restored = False
+        self.paused = False
+        out = [pids[e.id] for e in sorted(cmd.endpoints, key=lambda e: e.id)]
+        log.info("engines adopted after snapshot restore (none respawned)",
+                 extra={"instance_id": cmd.instance_id, "pids": out})  # fmt: skip
+        self.on_change()
+        return out
+
+    # --- snapshot checkpoint / restore -------------------------------------------------------------
+    async def enter_checkpoint(self) -> None:
+        """The checkpoint tool is about to freeze the container: stop polling and fault reporting so
+        nothing observed across the freeze counts (heartbeats are paused by the application)."""
+        if self.checkpointing:
+            return
+        self.checkpointing = True
+        if self.fault_reporter is not None:
+            self.fault_reporter.pause()
+        await self.poller.stop()
+        log.warning("snapshot checkpoint: health polling and fault reporting paused")
+
+    def mark_restored(self) -> None:
+        """The container was restored from a snapshot: the running engines wait to be adopted by the
+        next start command; until then the node is RESTORED and unready."""
+        self.checkpointing = False
+        self.restored = True
+        if self.command is not None:
+            self._snapshot_cmd = self.command
+        self.command = None
+        self.paused = False
+        self.arbiter.unfreeze()
+        self.on_change()
 
     async def _launch(self, cmd: StartCommand) -> list[int]:
         plans = plan_launch(cmd, self._launch_settings(), self._environ)
@@ -499,7 +584,15 @@ class Node:
 
     def readiness(self) -> tuple[bool, str]:
         if self.restored and self.command is None:
-            return False, "restored from a snapshot: waiting for a start command"
+            return False, "restored from snapshot, waiting for a start command"
+        if self.checkpointing:
+            return False, "snapshot checkpoint in progress: heartbeats paused"
+        if self.kv_store is not None:
+            ok, why = self.kv_store.healthy()
+            if not ok:
+                return False, why
+            if not self.cfg.registers:
+                return True, f"{why} (KV-store-only node)"
         if self.stopping:
             return False, "stopping"
         if self.relaunching:
@@ -512,6 +605,8 @@ class Node:
         if bad:
             desc = ", ".join(f"endpoint {s.endpoint_id} {s.status.value}" for s in bad)
             return False, f"not all endpoints NORMAL: {desc}"
+        if self.cfg.snapshot_config.enable_snapshot:
+            return True, "steady point reached: all endpoints NORMAL, ready to be checkpointed"
         return True, "all endpoints NORMAL"
 
     def heartbeat_frame(self) -> HeartbeatFrame:
