@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 from motor_common.domain import Endpoint, EngineType, Role
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_nodemanager.launch import LaunchSettings, plan_launch, visible_devices
+from motor_nodemanager.servicer import start_command_from_pb
 from motor_nodemanager.start_command import StartCommand
 
 
@@ -125,3 +128,26 @@ def test_d2d_peers_are_filtered_by_endpoint_id() -> None:
     peers = (Endpoint(0, "10.0.0.1", 8000), Endpoint(5, "10.0.0.2", 8000))
     plan = plan_launch(cmd(EngineType.VLLM, Role.DECODE, peers=peers), settings("vllm"), {})[0]
     assert plan.env["MOTOR_D2D_PEER_IPS"] == "10.0.0.2"
+
+
+def test_d2d_peers_exclude_own_endpoint_ids_whatever_their_ip_and_keep_other_ids_on_the_same_ip() -> None:
+    peers = (
+        Endpoint(1, "10.0.0.7", 8001),  # own id (1) announced from another ip: still excluded
+        Endpoint(2, "10.0.0.1", 8002),  # same ip as this node, other id: a peer
+        Endpoint(3, "10.0.0.3", 8003),
+        Endpoint(4, "10.0.0.3", 8004),  # two peers on one host: one ip in the list
+    )
+    c = cmd(EngineType.SGLANG, Role.DECODE, peers=peers)
+    assert [p.id for p in c.d2d_peers()] == [2, 3, 4]
+    for plan in plan_launch(c, settings("simulator"), {}):
+        assert plan.env["MOTOR_D2D_PEER_IPS"] == "10.0.0.1,10.0.0.3"
+    assert "MOTOR_D2D_PEER_IPS" not in plan_launch(cmd(EngineType.VLLM, Role.DECODE), settings("vllm"), {})[0].env
+
+
+def test_start_engines_request_peers_reach_the_start_command() -> None:
+    req = pb.StartEnginesRequest(
+        instance_id=1, job_name="j", role=tpb.ROLE_DECODE, engine_type=tpb.ENGINE_TYPE_VLLM, model_name="m",
+        endpoints=[tpb.Endpoint(id=0, ip="10.0.0.1", business_port=8000)],
+        peers=[tpb.Endpoint(id=0, ip="10.0.0.1", business_port=8000), tpb.Endpoint(id=9, ip="10.0.0.2", business_port=8000)],
+    )  # fmt: skip
+    assert [p.id for p in start_command_from_pb(req).d2d_peers()] == [9]
