@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+import tempfile
+from collections.abc import Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from motor_common.errors import ConfigError
 
@@ -46,3 +51,14 @@ def run(main: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
     except KeyboardInterrupt:
         return 130
     return int(code or 0)
+
+
+def write_ports_file(path: str, ports: Mapping[str, int | None]) -> None:
+    """Write the bound ports as JSON atomically (temp file + rename in the same directory), so a
+    reader (tests, ``motor up``) never sees half a file. Every program's ``--ports-file``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(orjson.dumps(dict(ports)))
+    os.replace(tmp, target)

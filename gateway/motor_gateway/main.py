@@ -21,12 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_common.logs import setup_logging
-from motor_common.runner import run, stop_event_on_signals
+from motor_common.runner import run, stop_event_on_signals, write_ports_file
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
@@ -62,13 +60,6 @@ def read_api_key(path: str | None) -> str | None:
         raise ConfigError(f"API key file {path} is empty")
     return key
 
-
-def write_ports_file(path: str, ports: dict[str, int]) -> None:
-    """Write *ports* as JSON atomically (temp file + rename), so readers never see half a file."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps(ports))
-    os.replace(tmp, target)
 
 
 def build_config(args: argparse.Namespace) -> GatewayConfig:

@@ -122,3 +122,23 @@ def test_unknown_config_key_exits_2_naming_it(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert "fault_tolerance_config.enable_engine_relunch" in out.stderr and "enable_engine_relaunch" in out.stderr
 
+
+
+async def test_ops_endpoint_serves_metrics_health_and_readiness(tmp_path: Path) -> None:
+    import json
+
+    import aiohttp
+
+    async with start_controller(tmp_path, {**CONFIG, "server": {"port": 0, "metrics_port": 0}},
+                                management_key=KEY) as proc:
+        ports = json.loads((tmp_path / "controller.ports.json").read_text())
+        assert ports["metrics"], ports
+        base = f"http://127.0.0.1:{ports['metrics']}"
+        async with open_channel(proc.address) as ch:  # one RPC so a per-RPC series exists
+            await pbgrpc.ControllerAdminServiceStub(ch).ListNodes(pb.ListNodesRequest(), metadata=call_metadata(KEY), timeout=5)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                text = await r.text()
+                assert r.status == 200 and 'method="ListNodes"' in text
+            async with http.get(f"{base}/ready", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                assert r.status == 200 and (await r.json())["ready"] is True

@@ -10,17 +10,15 @@ import argparse
 import logging
 import os
 import socket
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
-
-import orjson
 
 from motor_common.config import load_config
+from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.logs import setup_logging
-from motor_common.runner import run, stop_event_on_signals
+from motor_common.ops_http import OpsHttpServer, Readiness
+from motor_common.runner import run, stop_event_on_signals, write_ports_file
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
 from motor_controller.peers import GrpcCoordinator, GrpcNodeManagers
@@ -35,15 +33,6 @@ from motor_controller.store import open_store
 
 log = logging.getLogger("motor_controller")
 
-
-def write_ports_file(path: str, ports: dict[str, int]) -> None:
-    """Write ``{"grpc": port}`` atomically (temp file + rename in the same directory)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(orjson.dumps(ports))
-    os.replace(tmp, target)
 
 
 def build_server(
@@ -68,6 +57,19 @@ def build_server(
     return server
 
 
+async def _ready_always() -> tuple[bool, str]:
+    return True, "ok"
+
+
+async def start_ops(config: ControllerConfig, readiness: Readiness) -> OpsHttpServer | None:
+    """``/metrics``, ``/health`` and ``/ready`` over HTTP when ``server.metrics_port`` is set."""
+    if config.server.metrics_port is None:
+        return None
+    ops = OpsHttpServer(config.server.host, config.server.metrics_port, readiness)
+    await ops.start()
+    return ops
+
+
 async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     from motor_common.grpc_server import read_secret
 
@@ -88,8 +90,9 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     stop = stop_event_on_signals()
     port = await server.start()
     controller.start()
+    ops = await start_ops(config, _ready_always)
     if ports_file:
-        write_ports_file(ports_file, {"grpc": port})
+        write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
     log.info("motor-controller ready", extra={"port": port, "coordinators": config.coordinators})
     try:
         await stop.wait()
@@ -98,6 +101,8 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         await server.set_serving(False)
         await controller.close()
         await server.stop()
+        if ops is not None:
+            await ops.stop()
         await store.close()
     return 0
 
@@ -132,8 +137,17 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
                             check_interval=ha.check_interval_sec, on_change=leader.on_change,
                             call_timeout=min(1.0, st.etcd_timeout_sec))  # fmt: skip
     await election.start()
+
+    async def acting() -> tuple[bool, str]:
+        try:
+            leader.check()
+        except MotorError as exc:
+            return False, exc.message
+        return True, "ok"
+
+    ops = await start_ops(config, acting)
     if ports_file:
-        write_ports_file(ports_file, {"grpc": port})
+        write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
     log.info("motor-controller ready (etcd store, election)",
              extra={"port": port, "candidate": candidate, "election_key": ha.election_key})  # fmt: skip
     try:
@@ -144,6 +158,8 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
         await controller.close()
         await election.stop(resign=True)  # a standby takes over at once
         await server.stop()
+        if ops is not None:
+            await ops.stop()
         await store.close()
     return 0
 

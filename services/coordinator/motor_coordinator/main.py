@@ -5,16 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
-
-import orjson
 
 from motor_common.config import load_config, to_dict
 from motor_common.logs import setup_logging
-from motor_common.runner import EXIT_RESCHEDULE, run, stop_event_on_signals
+from motor_common.runner import EXIT_RESCHEDULE, run, stop_event_on_signals, write_ports_file
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
 from motor_coordinator.election import EtcdLeadership
@@ -34,13 +30,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
     return p.parse_args(argv)
 
-
-def write_ports_file(path: str, ports: dict[str, int | None]) -> None:
-    """Atomically (tmp + rename) write the bound ports."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps(ports))
-    os.replace(tmp, target)
 
 
 async def amain(args: argparse.Namespace) -> int:
