@@ -153,3 +153,38 @@ async def test_checkpoint_pauses_heartbeats_and_restore_reregisters_and_adopts_t
         _signal_tree([nm.proc.pid], signal.SIGCONT)
         await admin.close()
         assert nm.terminate() == 0
+
+
+@pytest.mark.slow
+async def test_start_after_restore_relaunches_when_a_restored_engine_is_gone(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    server, impl = controller
+    nm = await start_nodemanager(tmp_path, snapshot_cfg(server.port, key_file, tmp_path, {"job_name": "job-a"}))
+    admin = Admin(nm.address)
+    try:
+        spec = await registered(impl)
+        pids = list((await admin.call("StartEngines", start_request(spec))).pids)
+        await wait_for(lambda: all_normal(admin), timeout=15, what="engines NORMAL")
+        nm.proc.send_signal(signal.SIGUSR1)
+        await wait_for(lambda: "heartbeats paused" in nm.log_text(), timeout=5, what="heartbeats paused")
+        regs = len(impl.registrations)
+        nm.proc.send_signal(signal.SIGUSR2)
+        await wait_for(lambda: len(impl.registrations) > regs, timeout=10, what="re-registration")
+        os.killpg(pids[1], signal.SIGKILL)  # lost in the restore
+        await wait_for(lambda: "engine process exited" in nm.log_text(), timeout=5, what="the node saw it go")
+        resp = await admin.call("StartEngines", start_request(spec, instance_id=78))
+        assert set(resp.pids).isdisjoint(pids)
+        await wait_for(lambda: all_normal(admin), timeout=15, what="relaunched engines NORMAL")
+        assert "cannot be adopted" in nm.log_text()
+        assert gone_pid(pids[0])
+    finally:
+        await admin.close()
+        assert nm.terminate() == 0
+
+
+def gone_pid(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
