@@ -17,7 +17,6 @@ import signal
 import socket
 import stat
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Protocol
 
 import orjson
@@ -26,7 +25,8 @@ from motor_common.config import to_dict
 from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
-from motor_common.runner import EXIT_RESCHEDULE
+from motor_common.ops_http import OpsHttpServer
+from motor_common.runner import EXIT_RESCHEDULE, write_ports_file
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import config as nmconfig
 from motor_nodemanager.config import NodeManagerConfig
@@ -200,6 +200,10 @@ class ApiServerModule(_Base):
     def __init__(self, app: NodeManagerApp) -> None:
         self.app = app
         self.server: GrpcServer | None = None
+        self.ops: OpsHttpServer | None = None
+
+    async def _ready(self) -> tuple[bool, str]:
+        return self.app.node.readiness()
 
     async def start(self) -> None:
         cfg = self.app.config
@@ -209,10 +213,15 @@ class ApiServerModule(_Base):
         self.server = server
         self.app.admin_port = port
         self.app.node.node_id = default_node_id(cfg, os.environ, socket.gethostname())
+        if cfg.server.metrics_port is not None:
+            self.ops = OpsHttpServer(cfg.server.host, cfg.server.metrics_port, self._ready)
+            await self.ops.start()
         if self.app.ports_file:
-            write_ports_file(self.app.ports_file, {"grpc": port})
+            write_ports_file(self.app.ports_file, {"grpc": port, "metrics": self.ops.port if self.ops else None})
 
     async def stop(self) -> None:
+        if self.ops is not None:
+            await self.ops.stop()
         if self.server is not None:
             await self.server.set_serving(False)
             await self.server.stop(1.0)
@@ -314,13 +323,6 @@ def _mtime(path: str) -> float:
         return os.stat(path).st_mtime_ns / 1e9
     except OSError:
         return 0.0
-
-
-def write_ports_file(path: str, ports: Mapping[str, int]) -> None:
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_bytes(orjson.dumps(dict(ports)))
-    os.replace(tmp, p)
 
 
 class NodeManagerApp(Application):
