@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import time
@@ -72,16 +73,17 @@ class ServerConfig:
             raise ValueError("tls_cert_file and tls_key_file must be set together")
 
 
-def read_secret(path: str | None) -> str | None:
-    """Read a key file (whitespace stripped); None when *path* is None."""
+def read_secret(path: str | None, what: str = "management key") -> str | None:
+    """Read a key file (whitespace stripped); None when *path* is None. *what* names the key in
+    error messages ("cannot read API key file …")."""
     if path is None:
         return None
     try:
         key = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ConfigError(f"cannot read management key file {path}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from exc
     if not key:
-        raise ConfigError(f"management key file {path} is empty")
+        raise ConfigError(f"{what} file {path} is empty")
     return key
 
 
@@ -219,41 +221,14 @@ def _wrap(
         log.exception("unhandled error in %s/%s", service, method)
         await _abort(context, MotorError(f"internal error: {type(exc).__name__}: {exc}"))
 
-    if handler.unary_unary or handler.stream_unary:
-        inner = handler.unary_unary or handler.stream_unary
-
-        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            token = _enter()
-            start = time.perf_counter()
-            code = "OK"
-            try:
-                return await inner(_checked(request), context)
-            except MotorError as exc:
-                code = exc.code
-                await _fail(exc, context)
-            except (grpc.aio.AbortError, grpc.RpcError):
-                code = _code_of(context)
-                raise
-            except Exception as exc:
-                code = "UNIMPLEMENTED" if isinstance(exc, NotImplementedError) else "INTERNAL"
-                await _fail(exc, context)
-            finally:
-                _finish(service, method, start, code)
-                request_id_var.reset(token)
-
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(unary, des, ser)
-        return grpc.stream_unary_rpc_method_handler(unary, des, ser)
-
-    inner_stream = handler.unary_stream or handler.stream_stream
-
-    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    @contextlib.asynccontextmanager
+    async def _scope(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """Request id, metrics and error translation around one call (unary or streaming)."""
         token = _enter()
         start = time.perf_counter()
         code = "OK"
         try:
-            async for item in inner_stream(_checked(request), context):
-                yield item
+            yield
         except MotorError as exc:
             code = exc.code
             await _fail(exc, context)
@@ -266,6 +241,24 @@ def _wrap(
         finally:
             _finish(service, method, start, code)
             request_id_var.reset(token)
+
+    if handler.unary_unary or handler.stream_unary:
+        inner = handler.unary_unary or handler.stream_unary
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with _scope(context):
+                return await inner(_checked(request), context)
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+        return grpc.stream_unary_rpc_method_handler(unary, des, ser)
+
+    inner_stream = handler.unary_stream or handler.stream_stream
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with _scope(context):
+            async for item in inner_stream(_checked(request), context):
+                yield item
 
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(streaming, des, ser)

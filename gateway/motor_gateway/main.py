@@ -18,11 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from motor_common.config import load_config
 from motor_common.errors import ConfigError
+from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
 from motor_common.runner import run, stop_event_on_signals, write_ports_file
 from motor_gateway.app import Gateway, start_site
@@ -50,15 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def read_api_key(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read API key file {path}: {exc.strerror}") from exc
-    if not key:
-        raise ConfigError(f"API key file {path} is empty")
-    return key
+    return read_secret(path, "API key")
 
 
 
