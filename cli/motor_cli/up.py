@@ -331,8 +331,9 @@ async def _wait_ready(
                     _say("    " + tail.replace("\n", "\n    "))
         sup.events.clear()
         view = await fetch_view(plan.controller_address, key)
-        ok, why = await _gateway_ready(http, plan.gateway_url)
-        line = f"  waiting: {format_line(view)}; gateway {'ready' if ok else (why or 'starting')}"
+        ok, _ = await _gateway_ready(http, plan.gateway_url)
+        fleet = format_line(view) if view.ok else "controller starting"
+        line = f"  waiting: {fleet}; gateway {'ready' if ok else 'starting'}"
         if line != last:
             _say(line)
             last = line
