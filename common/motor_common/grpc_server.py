@@ -30,7 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
-from motor_common.errors import ConfigError, InvalidArgument, MotorError
+from motor_common.errors import ConfigError, InvalidArgument, MotorError, Unauthenticated
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.strict_proto import unknown_field_paths
 
@@ -122,52 +122,38 @@ def _split(method: str) -> tuple[str, str]:
 
 
 class _Interceptor(grpc.aio.ServerInterceptor):
+    """Wraps each method's handler once (cached by method name); the per-call work — request id,
+    management key, metrics, error translation, unknown-field check — happens inside the call."""
+
     def __init__(self, management_key: str | None, protected: set[str]) -> None:
         self._key = management_key
         self._protected = protected
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        wrapped = self._wrapped.get(details.method)
+        if wrapped is not None:
+            return wrapped
         handler = await continuation(details)
         if handler is None:
             return handler
         service, method = _split(details.method)
-        md = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
-        need_key = service in self._protected and self._key is not None
-        if need_key:
-            given = md.get(MANAGEMENT_KEY_HEADER)
-            if given is None or not hmac.compare_digest(given.encode(), self._key.encode()):  # type: ignore[union-attr]
-                msg = (
-                    f"missing management key: send metadata '{MANAGEMENT_KEY_HEADER}'"
-                    if given is None
-                    else "wrong management key"
-                )
-                return _deny(handler, msg, service, method)
-        return _wrap(handler, service, method, md.get(REQUEST_ID_HEADER))
+        wrapped = _wrap(handler, service, method, self._key if service in self._protected else None)
+        self._wrapped[details.method] = wrapped
+        return wrapped
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str, service: str, method: str) -> grpc.RpcMethodHandler:
-    async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        RPC_HANDLED.labels(service, method, "UNAUTHENTICATED").inc()
-        code = grpc.StatusCode.UNAUTHENTICATED
-        details = status_details(code, message, "MANAGEMENT_KEY_REQUIRED", {})
-        await context.abort(code, message, trailing_metadata=(("grpc-status-details-bin", details),))
-
-    async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        await deny(request, context)
-        yield None  # pragma: no cover - abort raises
-
-    des, ser = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(deny, des, ser)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(deny_stream, des, ser)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(deny, des, ser)
-    return grpc.stream_stream_rpc_method_handler(deny_stream, des, ser)
+def _authenticate(given: str | None, key: str) -> None:
+    if given is None:
+        raise Unauthenticated(
+            f"missing management key: send metadata '{MANAGEMENT_KEY_HEADER}'", reason="MANAGEMENT_KEY_REQUIRED"
+        )
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise Unauthenticated("wrong management key", reason="MANAGEMENT_KEY_REQUIRED")
 
 
 def _finish(service: str, method: str, start: float, code: str) -> None:
@@ -199,8 +185,9 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 def _wrap(
-    handler: grpc.RpcMethodHandler, service: str, method: str, request_id: str | None
+    handler: grpc.RpcMethodHandler, service: str, method: str, key: str | None
 ) -> grpc.RpcMethodHandler:
+    """*key*: the management key this method requires (None = open)."""
     des, ser = handler.request_deserializer, handler.response_serializer
     streaming_in = bool(handler.stream_unary or handler.stream_stream)
 
@@ -210,8 +197,6 @@ def _wrap(
         _check_known(request)
         return request
 
-    def _enter() -> Any:
-        return request_id_var.set(request_id or new_request_id())
 
     async def _fail(exc: BaseException, context: grpc.aio.ServicerContext) -> None:
         if isinstance(exc, MotorError):
@@ -223,11 +208,19 @@ def _wrap(
 
     @contextlib.asynccontextmanager
     async def _scope(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
-        """Request id, metrics and error translation around one call (unary or streaming)."""
-        token = _enter()
+        """Request id, management key, metrics and error translation around one call."""
+        request_id = given = None
+        for k, v in context.invocation_metadata() or ():
+            if k == REQUEST_ID_HEADER:
+                request_id = v
+            elif k == MANAGEMENT_KEY_HEADER:
+                given = v
+        token = request_id_var.set(request_id or new_request_id())
         start = time.perf_counter()
         code = "OK"
         try:
+            if key is not None:
+                _authenticate(given, key)
             yield
         except MotorError as exc:
             code = exc.code
