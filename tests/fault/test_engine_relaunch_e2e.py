@@ -114,7 +114,9 @@ async def test_killed_prefill_engine_is_relaunched_in_place_and_serves_again_und
             # RECOVERING while the strategy ran: PAUSED on the coordinator, then resumed.
             assert cpb.INSTANCE_STATE_RECOVERING in watch.states
             assert tpb.INSTANCE_STATUS_PAUSED in watch.coordinator
-            assert watch.coordinator[-1] == tpb.INSTANCE_STATUS_AVAILABLE
+            # The RESUME push follows the controller's ACTIVE by up to one push cycle.
+            await wait_for(lambda: watch.coordinator[-1] == tpb.INSTANCE_STATUS_AVAILABLE, timeout=5,
+                           what="instance resumed on the coordinator")
             ft = await f.ft_status(mi.instance.id)
             assert ft.strategy == "engine_relaunch" and ft.relaunch_attempts == 1
             assert ft.state == cpb.FAULT_TOLERANCE_STATE_IDLE
