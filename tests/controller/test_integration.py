@@ -72,8 +72,8 @@ async def test_nodes_assemble_start_go_active_and_reach_the_coordinator_then_lea
 
         # one node stops heartbeating: the instance leaves the coordinator within the timeout
         nms[1].heartbeating = False
-        # heartbeat timeout 0.6 s + one reconcile tick + one push
-        await wait_for(lambda: _empty(coordinator), timeout=0.6 + 1.0, what="instance removed within the timeout")
+        # heartbeat timeout 0.6 s + one reconcile tick + one push, with slack for a loaded 2-core CI box
+        await wait_for(lambda: _empty(coordinator), timeout=0.6 + 3.0, what="instance removed within the timeout")
         mi = await admin_instance(ctl, IID)
         assert mi.state == pb.INSTANCE_STATE_INACTIVE and "job-p-n1" in mi.reason
         # it comes back: the instance returns
