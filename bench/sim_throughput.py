@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,11 +21,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from motor_common.ports import free_port
 
 
 async def wait_healthy(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 20) -> None:

@@ -6,10 +6,11 @@ import asyncio
 import inspect
 import os
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
+
+from motor_common.ports import free_port as free_port
 
 T = TypeVar("T")
 
@@ -49,11 +50,6 @@ async def wait_for(
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
         await asyncio.sleep(interval)
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from motor_common.errors import ConfigError
+from motor_common.ports import host_port
 
 FLEET_SECTIONS = ("controller", "coordinator", "gateway", "nodemanager")
 # etcd key prefix of a `motor up --ha` fleet (coordinator + controller elections, controller store).
@@ -82,19 +83,16 @@ class FleetPlan:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://{_hostport(self.options.host, self.options.gateway_port)}"
+        return f"http://{host_port(self.options.host, self.options.gateway_port)}"
 
     @property
     def controller_address(self) -> str:
-        return _hostport(self.options.host, self.options.controller_port)
+        return host_port(self.options.host, self.options.controller_port)
 
     @property
     def coordinator_addresses(self) -> list[str]:
-        return [_hostport(self.options.host, p) for p in self.options.coordinator_ports]
+        return [host_port(self.options.host, p) for p in self.options.coordinator_ports]
 
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,7 +127,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         argv = (str(bin_dir / exe), "--config", str(cfg_path), "--ports-file", str(ports))
         programs.append(ProgramSpec(name, kind, argv, merged, cfg_path, ports, port, role))
 
-    coord_addrs = [_hostport(opts.host, p) for p in opts.coordinator_ports]
+    coord_addrs = [host_port(opts.host, p) for p in opts.coordinator_ports]
     for i, port in enumerate(opts.coordinator_ports):
         name = "coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
         cfg: dict[str, Any] = {
@@ -139,7 +137,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         if opts.etcd_endpoint:  # active/standby: announce a promotion to the controller
             cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint], "election_key": f"{HA_PREFIX}/coordinator/leader",
                          "advertise_address": coord_addrs[i]}  # fmt: skip
-            cfg["controller_address"] = _hostport(opts.host, opts.controller_port)
+            cfg["controller_address"] = host_port(opts.host, opts.controller_port)
         program(name, "coordinator", "motor-coordinator", cfg, port)
 
     store: dict[str, Any] = {"backend": "embedded", "path": str(sd / "controller.db")}
@@ -177,7 +175,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
                 "engine_type": opts.engine,
                 "model_name": opts.model,
                 "ip": opts.host,
-                "controller_address": _hostport(opts.host, opts.controller_port),
+                "controller_address": host_port(opts.host, opts.controller_port),
                 "server": {"host": opts.host, "port": port, "management_key_file": key},
                 "heartbeat_interval_seconds": opts.heartbeat_interval_sec,
                 "daemon_loop_interval": 1.0,

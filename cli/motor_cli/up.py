@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_common.config import read_config_file
 from motor_common.errors import ConfigError, MotorError
+from motor_common.ports import free_port, port_free
 from motor_common.procs import die_with_parent
 from motor_common.runner import EXIT_RESCHEDULE
 
@@ -65,29 +65,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan (programs and configs) and exit")
 
 
-def _port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _pick(host: str, wanted: int | None, default: int, what: str) -> int:
     if wanted is not None:
-        if wanted and not _port_free(host, wanted):
+        if wanted and not port_free(host, wanted):
             raise ConfigError(f"{what} port {wanted} on {host} is in use: pick another with --port")
-        return wanted or _free_port(host)
-    return default if _port_free(host, default) else _free_port(host)
+        return wanted or free_port(host)
+    return default if port_free(host, default) else free_port(host)
 
 
 def build_options(args: argparse.Namespace) -> FleetOptions:
@@ -95,7 +80,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
     overrides: dict[str, Any] = read_config_file(args.config) if args.config else {}
     host = args.host
     gateway = _pick(host, args.port, 8000, "gateway")
-    coordinators = (_pick(host, None, 9100, "coordinator"),) + ((_free_port(host),) if args.ha else ())
+    coordinators = (_pick(host, None, 9100, "coordinator"),) + ((free_port(host),) if args.ha else ())
     controller = _pick(host, None, 9200, "controller")
     nodes = args.prefill + args.decode + args.union
     return FleetOptions(
@@ -108,7 +93,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         gateway_port=gateway,
         coordinator_ports=coordinators,
         controller_port=controller,
-        node_ports=tuple(_free_port(host) for _ in range(nodes)),
+        node_ports=tuple(free_port(host) for _ in range(nodes)),
         state_dir=state,
         key_file=state / "management.key",
         zero_latency=args.zero_latency,
@@ -412,7 +397,7 @@ def _run_ha(args: argparse.Namespace, opts: FleetOptions) -> int:
     the controller on the etcd store (controller election), the gateway knowing both coordinators."""
     binary = etcd_binary()
     host = "127.0.0.1" if ":" not in opts.host else "::1"  # etcd stays on loopback
-    client_port, peer_port = _free_port(host), _free_port(host)
+    client_port, peer_port = free_port(host), free_port(host)
     opts = replace(opts, etcd_endpoint=f"{host}:{client_port}" if ":" not in host else f"[{host}]:{client_port}")
     plan = plan_fleet(opts, Path(sys.executable).parent)
     if args.dry_run:

@@ -10,6 +10,8 @@ import enum
 import ipaddress
 from dataclasses import dataclass, field
 
+from motor_common.ports import host_port
+
 MIN_BUSINESS_PORT = 1024
 MAX_PORT = 65535
 # Ids derived by the standalone register CLI set this bit; controller-assigned ids never do.
@@ -53,7 +55,7 @@ class Endpoint:
 
     @property
     def host_port(self) -> str:
-        return f"[{self.ip}]:{self.business_port}" if ":" in self.ip else f"{self.ip}:{self.business_port}"
+        return host_port(self.ip, self.business_port)
 
     @property
     def base_url(self) -> str:
@@ -137,7 +139,7 @@ class NodeSpec:
 
     @property
     def admin_address(self) -> str:
-        return f"[{self.ip}]:{self.admin_port}" if ":" in self.ip else f"{self.ip}:{self.admin_port}"
+        return host_port(self.ip, self.admin_port)
 
 
 @dataclass(frozen=True)

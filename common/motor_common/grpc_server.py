@@ -32,6 +32,7 @@ from prometheus_client import Counter, Histogram
 
 from motor_common.errors import ConfigError, InvalidArgument, MotorError, Unauthenticated
 from motor_common.logs import new_request_id, request_id_var
+from motor_common.ports import host_port
 from motor_common.strict_proto import unknown_field_paths
 
 log = logging.getLogger(__name__)
@@ -324,7 +325,7 @@ class GrpcServer:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        address = _address(self.config.host, self.config.port)
+        address = host_port(self.config.host, self.config.port)
         if self.config.tls_cert_file and self.config.tls_key_file:
             creds = _server_credentials(self.config.tls_key_file, self.config.tls_cert_file)
             self.port = server.add_secure_port(address, creds)
@@ -335,7 +336,7 @@ class GrpcServer:
         await server.start()
         self._server = server
         await self.set_serving(True)
-        log.info("%s gRPC server listening", self.name, extra={"address": _address(self.config.host, self.port)})
+        log.info("%s gRPC server listening", self.name, extra={"address": host_port(self.config.host, self.port)})
         return self.port
 
     async def set_serving(self, serving: bool, service: str | None = None) -> None:
@@ -373,6 +374,3 @@ async def _maybe_await(value: Any) -> None:
     if hasattr(value, "__await__"):
         await value
 
-
-def _address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

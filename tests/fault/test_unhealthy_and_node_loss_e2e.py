@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -18,15 +17,10 @@ import pytest
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from tests.fault.fleet import Fleet, Load, fleet
 from tests.fault.test_engine_relaunch_e2e import Watch
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sim_fault(port: int, mode: str) -> None:

@@ -27,6 +27,8 @@ import aiohttp
 import openai
 import pytest
 
+from tests.helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".real-engine" / "venv"
 MODEL_DIR = ROOT / ".real-engine" / "tiny-llama"
@@ -71,13 +73,6 @@ class Pair:
         return self.real, self.sim
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _status(url: str) -> int | None:
     try:
@@ -90,7 +85,7 @@ def _status(url: str) -> int | None:
 
 
 def _spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> Engine:
-    port = _free_port()
+    port = free_port()
     log_path = log_dir / f"{name}.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(port)],

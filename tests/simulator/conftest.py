@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,13 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
+
 MOTOR_SIM = str(Path(sys.executable).with_name("motor-sim"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

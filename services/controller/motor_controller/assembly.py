@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from motor_common.domain import STANDALONE_ID_BIT, Endpoint, EngineType, Instance, NodeSpec, Role
+from motor_common.ports import host_port
 
 ID_MASK = (1 << 61) - 1
 
@@ -27,10 +28,6 @@ def instance_id_for(job_name: str, incarnation: int) -> int:
     value = int.from_bytes(digest[:8], "big") & ID_MASK
     assert not value & STANDALONE_ID_BIT
     return value or 1
-
-
-def host_port(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 @dataclass(frozen=True)

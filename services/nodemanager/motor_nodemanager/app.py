@@ -26,6 +26,7 @@ from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
 from motor_common.ops_http import OpsHttpServer
+from motor_common.ports import free_port
 from motor_common.runner import EXIT_RESCHEDULE, write_ports_file
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import config as nmconfig
@@ -35,7 +36,7 @@ from motor_nodemanager.deaths import DeathReporter
 from motor_nodemanager.fault_reporter import FaultReporter
 from motor_nodemanager.heartbeat import HeartbeatSender
 from motor_nodemanager.node import Node
-from motor_nodemanager.ports import free_port, plan_endpoints
+from motor_nodemanager.ports import plan_endpoints
 from motor_nodemanager.registration import RegistrationFailed, register_with_retry
 from motor_nodemanager.servicer import add_services
 from motor_nodemanager.services import KV_CACHE_STORE, KvStoreWorker, plan_services

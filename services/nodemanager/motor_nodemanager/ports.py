@@ -8,18 +8,9 @@ controller assigns global dp ranks in the start command.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 
 from motor_common.domain import Endpoint, EngineType, Role
-
-
-def free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def plan_endpoints(
