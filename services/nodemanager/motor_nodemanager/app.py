@@ -253,7 +253,7 @@ class HeartbeatModule(_Base):
             node.heartbeat_frame,
             lambda: app.config.heartbeat_interval_seconds,
             lambda: app.register(first=False),
-            addresses=len(getattr(peer, "addresses", ())) or 1,
+            addresses=len(peer.addresses) or 1,
         )
         node.on_change = self.sender.poke
         self.tasks = TaskOwner("heartbeat")

@@ -93,6 +93,9 @@ class FaultAck:
 
 
 class ControllerPeer(Protocol):
+    # Controller addresses tried in turn (HA controllers); the heartbeat back-off grows per round.
+    addresses: list[str]
+
     async def register(self, spec: NodeSpec, timeout: float) -> Registration: ...
 
     async def report_fault(self, report: FaultReport, timeout: float) -> FaultAck: ...
