@@ -34,9 +34,11 @@ async def wait_for(
     interval: float = 0.05,
     what: str = "condition",
 ) -> Any:
-    """Poll *check* (sync or async) until it returns a truthy value (exceptions count as falsy)."""
+    """Poll *check* (sync or async) until it returns a truthy value (exceptions count as falsy).
+
+    On timeout the error names what the last poll saw: its falsy result or its exception."""
     deadline = time.monotonic() + timeout
-    last_exc: BaseException | None = None
+    last = ""
     while True:
         try:
             result = check()
@@ -44,10 +46,11 @@ async def wait_for(
                 result = await result
             if result:
                 return result
+            last = f"last result: {result!r}"
         except Exception as exc:
-            last_exc = exc
+            last = f"last error: {exc!r}"
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what} ({last})")
         await asyncio.sleep(interval)
 
 

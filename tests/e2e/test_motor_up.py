@@ -13,7 +13,6 @@ import signal
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import psutil
@@ -25,20 +24,16 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel
 from tests.conftest import tool
 from tests.helpers import wait_for
+from tests.motor_up import UpFleet, motor_up
 
 pytestmark = pytest.mark.slow
 
 
-class Fleet:
-    def __init__(self, state: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
-        self.state, self.proc, self.log = state, proc, log
-
-    @property
-    def info(self) -> dict[str, Any]:
-        return dict(json.loads((self.state / "fleet.json").read_text()))
-
+class Fleet(UpFleet):
     def client(self) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=self.info["gateway_url"] + "/v1", api_key="unused", max_retries=0, timeout=10)
+        return openai.AsyncOpenAI(
+            base_url=self.info["gateway_url"] + "/v1", api_key="unused", max_retries=0, timeout=10
+        )
 
     async def coordinator_roles(self) -> list[str]:
         key = Path(self.info["management_key_file"]).read_text().strip()
@@ -51,41 +46,37 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    state = tmp_path / "up"
-    log = tmp_path / "motor-up.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [tool("motor"), "up", "--prefill", "2", "--decode", "1", "--port", "0", "--state-dir", str(state),
-             "--restart-delay", "6", "--zero-latency"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    f = Fleet(state, proc, log)
-
-    def ready() -> bool:
-        assert proc.poll() is None, log.read_text()
-        return bool(f.info.get("ready"))
-
-    try:
-        await wait_for(ready, timeout=90, what="motor up ready")
-        yield f
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    async with motor_up(
+        tmp_path, "--prefill", "2", "--decode", "1", "--restart-delay", "6", "--zero-latency"
+    ) as up:
+        yield Fleet(up.state, up.proc, up.log)
 
 
 async def test_motor_up_serves_requests_and_survives_a_lost_node(fleet: Fleet) -> None:
     client = fleet.client()
     resp = await client.completions.create(model="tiny", prompt="Hello, Motor", max_tokens=8)
     assert resp.choices[0].text and resp.usage is not None and resp.usage.completion_tokens == 8
-    chunks = [c async for c in await client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True)]
+    chunks = [
+        c
+        async for c in await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True
+        )
+    ]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    status = subprocess.run([tool("motor"), "status", "--state-dir", str(fleet.state), "--json"],
-                            capture_output=True, text=True, timeout=30, check=True)
+    status = subprocess.run(
+        [tool("motor"), "status", "--state-dir", str(fleet.state), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     view = json.loads(status.stdout)
-    assert sorted(i["role"] for i in view["instances"] if i["state"] == "active") == ["decode", "prefill", "prefill"]
+    assert sorted(i["role"] for i in view["instances"] if i["state"] == "active") == [
+        "decode",
+        "prefill",
+        "prefill",
+    ]
     assert await fleet.coordinator_roles() == ["ROLE_DECODE", "ROLE_PREFILL", "ROLE_PREFILL"]
 
     # Kill one prefill nodemanager hard: its engine dies with it (parent-death signal).
@@ -93,8 +84,14 @@ async def test_motor_up_serves_requests_and_survives_a_lost_node(fleet: Fleet) -
     engines = [c.pid for c in psutil.Process(victim).children(recursive=True)]
     assert engines, "the nodemanager should have an engine child"
     os.kill(victim, signal.SIGKILL)
-    await wait_for(lambda: all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
-                               for p in engines), timeout=10, what="engine gone with its nodemanager")
+    await wait_for(
+        lambda: all(
+            not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
+            for p in engines
+        ),
+        timeout=10,
+        what="engine gone with its nodemanager",
+    )
 
     # The instance leaves the coordinator's set within the heartbeat timeout (3 s) + a reconcile…
     async def one_prefill_left() -> bool:
@@ -115,9 +112,22 @@ async def test_motor_up_serves_requests_and_survives_a_lost_node(fleet: Fleet) -
 
     # Ctrl-C equivalent: everything stops, nothing is left behind.
     pids = [p["pid"] for p in fleet.info["programs"].values() if p["pid"]]
-    children = [c.pid for pid in pids if psutil.pid_exists(pid) for c in psutil.Process(pid).children(recursive=True)]
+    children = [
+        c.pid
+        for pid in pids
+        if psutil.pid_exists(pid)
+        for c in psutil.Process(pid).children(recursive=True)
+    ]
     fleet.proc.send_signal(signal.SIGINT)
     assert fleet.proc.wait(40) == 0, fleet.log.read_text()[-2000:]
-    await wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                   for p in pids + children), timeout=10, what="no process left")
+    await wait_for(
+        lambda: (
+            not any(
+                psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                for p in pids + children
+            )
+        ),
+        timeout=10,
+        what="no process left",
+    )
     assert "Stopped; no process left running." in fleet.log.read_text()
