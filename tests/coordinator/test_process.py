@@ -19,6 +19,7 @@ from tests.procs import http_status, start_coordinator
         ({"scheduler": {"polcy": "round_robin"}}, "scheduler.polcy"),
         ({"scheduler": {"policy": "fastest"}}, "unknown policy 'fastest'"),
         ({"dispatch": {"prefill_retries": -1}}, "prefill_retries"),
+        ({"dispatch": {"decode_retries": -1}}, "decode_retries"),
     ],
 )
 def test_bad_config_exits_2_naming_the_problem(tmp_path: Path, config: dict[str, object], needle: str) -> None:

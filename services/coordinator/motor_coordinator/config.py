@@ -42,6 +42,9 @@ class DispatchConfig:
     request_timeout_sec: float = 600.0
     # Extra prefill attempts on other prefill endpoints after a connect error or 5xx.
     prefill_retries: int = 2
+    # Extra decode attempts on other decode endpoints after a connect error (before any byte
+    # reached the client).
+    decode_retries: int = 2
     connect_timeout_sec: float = 3.0
     # Background GET /health of every registered endpoint; 0 disables probing.
     health_probe_interval_sec: float = 1.0
@@ -59,6 +62,8 @@ class DispatchConfig:
             raise ValueError("dispatch timeouts must be > 0")
         if self.prefill_retries < 0:
             raise ValueError("dispatch.prefill_retries must be >= 0")
+        if self.decode_retries < 0:
+            raise ValueError("dispatch.decode_retries must be >= 0")
         if self.circuit_breaker_failures < 1:
             raise ValueError("dispatch.circuit_breaker_failures must be >= 1")
         if min(self.health_probe_interval_sec, self.metrics_scrape_interval_sec,

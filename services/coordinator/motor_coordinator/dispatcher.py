@@ -197,30 +197,52 @@ class Dispatcher:
             except orjson.JSONDecodeError:
                 parsed = None
             reply = parsed if isinstance(parsed, dict) else {}
+        # The decode body names the prefill (kv_transfer_params), not the decode: an unreachable
+        # decode is retried on another one with the same body, until a head was yielded.
         dbody = adapter.decode_body(req.body, pbody, reply)
-        async with self.scheduler.load_guard(d):
-            try:
-                async with self.client.post(d.endpoint, req.path, dbody, rid) as resp:
+        tried_d: list[EndpointKey] = []
+        dcand: Candidate | None = d
+        while dcand is not None and len(tried_d) <= self.cfg.decode_retries:
+            d = dcand
+            async with self.scheduler.load_guard(d):
+                try:
+                    resp = await self.client.open(d.endpoint, req.path, dbody, rid)
+                except EngineUnreachable as exc:
+                    self.scheduler.record_failure(d.endpoint)
+                    last = str(exc)
+                else:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
-                    async for frame in self._relay(resp, d, head, count_5xx=False):
-                        yield frame
-            except EngineUnreachable as exc:
-                self.scheduler.record_failure(d.endpoint)
-                raise Unavailable(f"decode {exc}", reason="DECODE_FAILED", metadata={"role": "decode"}) from exc
+                    try:
+                        async for frame in self._relay(resp, d, head, count_5xx=False):
+                            yield frame
+                    except BaseException:
+                        resp.close()
+                        raise
+                    finally:
+                        resp.release()
+                    return
+            tried_d.append(endpoint_key(d.endpoint))
+            dcand = self._next(Role.DECODE, info, route, tried_d)
+        raise self._exhausted("decode", req, len(tried_d), last)
 
     # -- both at once (SGLang) ---------------------------------------------------------------
 
     async def _concurrent(
         self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str
     ) -> AsyncIterator[Frame]:
+        """The bootstrap room ties the pair together: a failed prefill retries with the next
+        prefill, an unreachable decode with the next decode (same prefill); either way the whole
+        pair is sent again with fresh bodies, hence a fresh room."""
         adapter = self.adapters[route.engine]
         p, d = route.prefill, route.decode
         assert p is not None and d is not None
         tried: list[EndpointKey] = []
+        tried_d: list[EndpointKey] = []
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             dbody = adapter.decode_body(req.body, pbody, None)
             failure: str | None = None
+            d_failure: str | None = None
             async with self.scheduler.load_guard(p, d):
                 p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid))
                 d_task = asyncio.ensure_future(self.client.open(d.endpoint, req.path, dbody, rid))
@@ -239,19 +261,20 @@ class Dispatcher:
                             yield answer.body
                             return
                         else:
-                            await d_task
+                            await asyncio.wait({d_task})
                     if failure is None:
                         try:
                             resp = await d_task
-                        except EngineUnreachable as exc:
+                        except EngineUnreachable as exc:  # no byte reached the client yet
                             self.scheduler.record_failure(d.endpoint)
-                            raise Unavailable(f"decode {exc}", reason="DECODE_FAILED",
-                                              metadata={"role": "decode"}) from exc
+                            d_failure = str(exc)
+                    if failure is None and d_failure is None:
+                        assert resp is not None
                         if resp.status >= 500:  # was it the prefill's fault? then retry elsewhere
                             await asyncio.wait({p_task}, timeout=self.cfg.connect_timeout_sec)
                             if p_task.done() and isinstance(p_task.exception(), _PrefillFailed):
                                 failure = str(p_task.exception())
-                    if failure is None:
+                    if failure is None and d_failure is None:
                         assert resp is not None
                         head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
                                     p.instance.id, d.instance.id)
@@ -274,6 +297,13 @@ class Dispatcher:
                         unused = d_task.result()
                         if unused is not resp:
                             unused.close()
+            if d_failure is not None:
+                tried_d.append(endpoint_key(d.endpoint))
+                nxt = self._next(Role.DECODE, info, route, tried_d)
+                if nxt is None or len(tried_d) > self.cfg.decode_retries:
+                    raise self._exhausted("decode", req, len(tried_d), d_failure)
+                d = nxt
+                continue
             tried.append(endpoint_key(p.endpoint))
             nxt = self._next(Role.PREFILL, info, route, tried)
             if nxt is None or len(tried) > self.cfg.prefill_retries:
