@@ -30,6 +30,9 @@ class TaskOwner:
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if task.cancelled():
+            if not self._closed:  # nobody asked: e.g. a grpc.aio call whose channel was closed under it
+                log.error("background task ended cancelled while its owner runs",
+                          extra={"owner": self.name, "task": task.get_name()})
             return
         exc = task.exception()
         if exc is not None:

@@ -7,13 +7,15 @@ has a timeout. The management key from ``server.management_key_file`` is the fle
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import grpc
 
 from motor_common.convert import instance_from_pb, instance_to_pb
 from motor_common.domain import Instance
+from motor_common.errors import Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
@@ -135,11 +137,29 @@ class GrpcCoordinator:
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """gRPC errors as MotorErrors. A call cut short by :meth:`reconnect` closing its channel
+        surfaces from grpc.aio as ``CancelledError`` although *our* task was not cancelled: that is
+        a failed call (UNAVAILABLE), not a cancellation, or it would silently end the caller's loop."""
+        try:
+            yield
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, f"coordinator {self.address}") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            raise Unavailable(
+                f"coordinator {self.address}: call cut short because the connection was re-opened",
+                reason="CONNECTION_REOPENED",
+            ) from None
+
     async def apply(self, op: Op) -> int:
         insts = [instance_to_pb(i) for i in op.instances]
         ids = [i.id for i in op.instances]
         md = call_metadata(self._key)
-        try:
+        with self._errors():
             if op.kind is OpKind.SET:
                 r1 = await self._stub.SetInstances(
                     cpb.SetInstancesRequest(instances=insts, generation=op.generation), metadata=md, timeout=self._timeout
@@ -164,14 +184,12 @@ class GrpcCoordinator:
                 cpb.ResumeInstancesRequest(instance_ids=ids, generation=op.generation), metadata=md, timeout=self._timeout
             )
             return int(r5.generation)
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"coordinator {self.address}") from exc
 
     async def list_instances(self) -> tuple[int, dict[int, Instance]]:
         out: dict[int, Instance] = {}
         token = ""
         generation = 0
-        try:
+        with self._errors():
             while True:
                 resp = await self._stub.ListInstances(
                     cpb.ListInstancesRequest(page_size=1000, page_token=token),
@@ -185,18 +203,14 @@ class GrpcCoordinator:
                 token = resp.next_page_token
                 if not token:
                     return generation, out
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"coordinator {self.address}") from exc
 
     async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None:
-        try:
+        with self._errors():
             await self._stub.ClearPrecisionAlarms(
                 cpb.ClearPrecisionAlarmsRequest(instance_ids=list(instance_ids)),
                 metadata=call_metadata(self._key),
                 timeout=self._timeout,
             )
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc, f"coordinator {self.address}") from exc
 
     async def close(self) -> None:
         await self._channel.close()

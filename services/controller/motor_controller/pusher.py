@@ -116,14 +116,14 @@ class CoordinatorPusher:
     async def run(self) -> None:
         while True:
             self._wake.clear()  # pokes during this round make the wait below return at once
-            now = self._clock()
-            if now >= self._next_check:
-                self._next_check = now + self._sync_interval
-                try:
-                    await self.check_now()
-                except MotorError as exc:
-                    log.debug("coordinator check failed", extra={"coordinator": self.client.address, "error": exc.message})
-            await self.flush()
+            try:
+                await self._round()
+            except Exception:  # a bug must not end pushes to this coordinator for good
+                log.exception("push round failed; checking again after the retry interval",
+                              extra={"coordinator": self.client.address})
+                self._next_check = 0.0  # re-learn the coordinator's list before pushing again
+                await asyncio.sleep(self._set_retry)
+                continue
             now = self._clock()
             wait = self._next_check - now
             if self.state.full_set_pending:
@@ -131,3 +131,13 @@ class CoordinatorPusher:
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    async def _round(self) -> None:
+        now = self._clock()
+        if now >= self._next_check:
+            self._next_check = now + self._sync_interval
+            try:
+                await self.check_now()
+            except MotorError as exc:
+                log.debug("coordinator check failed", extra={"coordinator": self.client.address, "error": exc.message})
+        await self.flush()
