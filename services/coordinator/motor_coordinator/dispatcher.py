@@ -243,7 +243,7 @@ class Dispatcher:
             dbody = adapter.decode_body(req.body, pbody, None)
             failure: str | None = None
             d_failure: str | None = None
-            async with self.scheduler.load_guard(p, d):
+            async with self.scheduler.load_guard(d):  # the prefill counts itself while it runs (_prefill)
                 p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid))
                 d_task = asyncio.ensure_future(self.client.open(d.endpoint, req.path, dbody, rid))
                 resp: aiohttp.ClientResponse | None = None
