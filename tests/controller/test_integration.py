@@ -218,3 +218,49 @@ async def test_precision_alarm_auto_recovery_terminates_the_group_and_clears_wit
         for nm in nms:
             await nm.close()
         await ctl.stop()
+
+
+async def test_a_restarted_controller_resumes_the_auto_recovery_of_an_active_precision_alarm(
+    tmp_path: Path, coordinator: str
+) -> None:
+    """The alarm is raised while recovery is off (as if the controller died before acting on it);
+    the controller restarts on the same store with recovery on: it terminates the group and
+    records the CLEAR with the raise's identity, without a new RAISE."""
+    from dataclasses import replace
+
+    from motor_controller.config import FaultToleranceConfig
+
+    off = FaultToleranceConfig(enable_fault_tolerance=True, enable_precision_recovery=False)
+    config = controller_config(tmp_path, [coordinator], fault_tolerance_config=off)
+    ctl = await start_controller_inproc(config)
+    nms = await nodes_for(ctl)
+    md = call_metadata(KEY)
+    try:
+        await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
+        async with open_channel(ctl.address) as ch:
+            alarm = pb.Alarm(kind=pb.ALARM_KIND_PRECISION, action=pb.ALARM_ACTION_RAISE,
+                             source="coordinator@x", instance_ids=[IID, 42])  # fmt: skip
+            req = pb.ReportAlarmRequest(alarm=alarm)
+            assert (await pbgrpc.ControllerServiceStub(ch).ReportAlarm(req, metadata=md, timeout=2)).accepted
+        assert not any(nm.stops for nm in nms)
+        await ctl.stop()
+
+        on = replace(off, enable_precision_recovery=True)
+        ctl = await start_controller_inproc(replace(config, fault_tolerance_config=on), port=ctl.port)
+        await wait_for(lambda: all(nm.stops for nm in nms), timeout=10, what="the group's nodes stopped")
+        async with open_channel(ctl.address) as ch:
+            admin = pbgrpc.ControllerAdminServiceStub(ch)
+
+            async def history() -> list[pb.Alarm]:
+                resp = await admin.ListAlarms(pb.ListAlarmsRequest(), metadata=md, timeout=2)
+                got = list(resp.alarms)
+                return got if got and all(a.action == pb.ALARM_ACTION_CLEAR for a in got) else []
+
+            cleared = await wait_for(history, timeout=5, what="the CLEAR after the restart")
+            assert [(a.source, sorted(a.instance_ids)) for a in cleared] == [("coordinator@x", sorted([42, IID]))]
+            mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md, timeout=2)).instance
+            assert mi.state == pb.INSTANCE_STATE_DELETED
+    finally:
+        for nm in nms:
+            await nm.close()
+        await ctl.stop()

@@ -183,6 +183,9 @@ class Controller:
                 log.warning("resuming interrupted DP scale-down", extra={"instance_id": rec.instance_id,
                                                                        "phase": rec.phase.value})
                 self.fault_manager.resume(rec.instance_id, DP_SCALE_DOWN)
+        for alarm in self.alarms.active():  # raised before a restart or takeover: recover now
+            if self._start_precision_recovery(alarm):
+                log.warning("resumed precision alarm recovery", extra={"instance_ids": list(alarm.instance_ids)})
         for pusher in self.pushers:
             self._tasks.spawn(pusher.run(), name=f"pusher:{pusher.client.address}")
 
@@ -429,13 +432,8 @@ class Controller:
             await self.store.delete(key)
         if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
             self.on_coordinator_promoted(alarm.address)
-        ft = self.config.fault_tolerance_config
-        if (alarm.kind is AlarmKind.PRECISION and alarm.action is AlarmAction.RAISE and changed is not None
-                and ft.enable_fault_tolerance and ft.enable_precision_recovery):
-            group = changed.key[2]
-            if group not in self._precision_recoveries:
-                self._precision_recoveries.add(group)
-                self._tasks.spawn(self._recover_precision(changed), name=f"precision-recovery:{group}")
+        if alarm.action is AlarmAction.RAISE and changed is not None:
+            self._start_precision_recovery(changed)
         log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
                                                             "instance_ids": list(alarm.instance_ids)})
         return True
@@ -495,6 +493,19 @@ class Controller:
             await self._clear_precision(instance_id)
         log.info("instance terminated", extra={"instance_id": instance_id, "stopped": stopped})
         return sorted(stopped)
+
+    def _start_precision_recovery(self, alarm: Alarm) -> bool:
+        """Auto-recover *alarm* in the background when it is an active precision alarm and recovery
+        is on; one recovery per P/D group at a time. Returns whether a recovery started."""
+        ft = self.config.fault_tolerance_config
+        if alarm.kind is not AlarmKind.PRECISION or not (ft.enable_fault_tolerance and ft.enable_precision_recovery):
+            return False
+        group = alarm.key[2]
+        if group in self._precision_recoveries:
+            return False
+        self._precision_recoveries.add(group)
+        self._tasks.spawn(self._recover_precision(alarm), name=f"precision-recovery:{group}")
+        return True
 
     async def _recover_precision(self, alarm: Alarm) -> None:
         """Auto-recovery of a precision alarm (SPEC §3.5 path 1): terminate every instance of the
