@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TypeVar, cast
 
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role, normalize_ip
 from motor_common.errors import NotFound, Unavailable
 from motor_coordinator.breaker import Breaker
 from motor_coordinator.policies import Candidate, EngineLoad, Policy, RequestInfo
-from motor_coordinator.policies.base import score
+from motor_coordinator.policies.base import LiveSet, candidate_key, score
 from motor_coordinator.registry import RegistryState
 
 EndpointKey = tuple[str, int]
@@ -35,16 +36,22 @@ def endpoint_key(ep: Endpoint) -> EndpointKey:
 
 
 _Entry = tuple[Instance, Endpoint, EndpointKey]
+_T = TypeVar("_T")
 
 
 class _Live:
     """The schedulable (available, breaker closed) endpoints of one (model, role) in index order,
     with a load index: score per position, positions per score (ascending), a lazy heap of scores.
-    Rebuilt when the snapshot or a breaker changes; updated in O(log n) per load change."""
+    Rebuilt when the snapshot or a breaker changes; updated in O(log n) per load change. Policies'
+    derived indexes (``memo``) live and die with it."""
 
-    __slots__ = ("buckets", "engine", "entries", "heap", "in_heap", "positions", "scores")
+    __slots__ = (
+        "buckets", "engine", "entries", "heap", "in_heap", "memos", "model", "positions", "role", "scores",
+    )
 
-    def __init__(self, entries: list[_Entry], scores: list[float]) -> None:
+    def __init__(self, model: str, role: Role, entries: list[_Entry], scores: list[float]) -> None:
+        self.model = model
+        self.role = role
         self.entries = entries
         engines = {e[0].engine_type for e in entries}
         self.engine: EngineType | None = engines.pop() if len(engines) == 1 else None
@@ -57,10 +64,25 @@ class _Live:
         self.heap = list(self.buckets)
         heapq.heapify(self.heap)
         self.in_heap = set(self.heap)
+        self.memos: dict[Callable[[LiveSet], object], object] = {}
 
     @property
     def size(self) -> int:
         return len(self.entries)
+
+    def key_at(self, i: int) -> str:
+        inst, ep, _ = self.entries[i]
+        return candidate_key(inst, ep)
+
+    def score_at(self, i: int) -> float:
+        return self.scores[i]
+
+    def memo(self, build: Callable[[LiveSet], _T]) -> _T:
+        try:
+            return cast(_T, self.memos[build])
+        except KeyError:
+            value = self.memos[build] = build(self)
+            return value
 
     def tied(self) -> list[int]:
         heap, buckets = self.heap, self.buckets
@@ -279,7 +301,7 @@ class Scheduler:
                 b = breakers.get(e[2])
                 if b is None or not b.is_open:
                     entries.append(e)
-            live = _Live(entries, [score(inflight.get(k, 0), loads.get(k), w) for _, _, k in entries])
+            live = _Live(model, role, entries, [score(inflight.get(k, 0), loads.get(k), w) for _, _, k in entries])
             self._live[(model, role)] = live
             for k in live.positions:
                 self._live_of.setdefault(k, []).append(live)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from motor_common.domain import Endpoint, Instance, Role
 
@@ -29,7 +29,12 @@ class Candidate:
 
     @property
     def key(self) -> str:
-        return f"{self.instance.id}/{self.endpoint.host_port}"
+        return candidate_key(self.instance, self.endpoint)
+
+
+def candidate_key(instance: Instance, endpoint: Endpoint) -> str:
+    """:attr:`Candidate.key`: what hashing policies hash an endpoint by."""
+    return f"{instance.id}/{endpoint.host_port}"
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,19 @@ class RequestInfo:
     prefix: str = ""
 
 
+_T = TypeVar("_T")
+
+
 class LiveSet(Protocol):
     """The scheduler's prebuilt view of one (model, role)'s schedulable endpoints, in the same
     stable order as the candidates ``select`` would get, with an incrementally kept load index
     (see ``Scheduler``): lets a policy decide without building every candidate."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def role(self) -> Role: ...
 
     @property
     def size(self) -> int: ...
@@ -54,12 +68,28 @@ class LiveSet(Protocol):
         """Positions with the lowest :func:`load_score`, ascending."""
         ...
 
+    def key_at(self, i: int) -> str:
+        """:attr:`Candidate.key` of position *i*."""
+        ...
+
+    def score_at(self, i: int) -> float:
+        """The current :func:`load_score` of position *i*."""
+        ...
+
+    def memo(self, build: Callable[[LiveSet], _T]) -> _T:
+        """``build(self)``, computed once per live set and kept with it: an index a policy derives
+        from the endpoints (e.g. a hash ring). The scheduler builds a new live set whenever the
+        schedulable endpoints change (snapshot, breaker), so a memo never outlives its endpoints;
+        load changes keep the set and its memos."""
+        ...
+
 
 class Policy(Protocol):
     name: str
 
     def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
-        """Pick one of *candidates* (non-empty, in a stable order). Must not mutate anything."""
+        """Pick one of *candidates* (non-empty, in a stable order). Must not mutate anything
+        (memoised indexes derived from the candidates aside)."""
         ...
 
     # Optional: ``select_index(role, live: LiveSet, req) -> int | None`` — the same choice as
