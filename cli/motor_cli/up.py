@@ -41,7 +41,15 @@ from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_common.config import read_config_file
 from motor_common.errors import ConfigError, MotorError
-from motor_common.ports import free_port, port_free
+from motor_common.ports import (
+    CONTROLLER_GRPC,
+    COORDINATOR_GRPC,
+    GATEWAY_HTTP,
+    NODEMANAGER_GRPC,
+    free_port,
+    port_free,
+    scan_free_port,
+)
 from motor_common.procs import die_with_parent
 from motor_common.runner import EXIT_RESCHEDULE
 
@@ -67,21 +75,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 
-def _pick(host: str, wanted: int | None, default: int, what: str) -> int:
-    if wanted is not None:
-        if wanted and not port_free(host, wanted):
+def _pick(host: str, wanted: int | None, default: int, what: str, taken: set[int]) -> int:
+    """*wanted* (checked free), else the first free port from *default* up outside the kernel's
+    ephemeral range (so no engine's or test's free-port pick can take it before the program binds)."""
+    if wanted:
+        if not port_free(host, wanted):
             raise ConfigError(f"{what} port {wanted} on {host} is in use: pick another with --port")
-        return wanted or free_port(host)
-    return default if port_free(host, default) else free_port(host)
+        port = wanted
+    else:
+        port = scan_free_port(host, default, taken)
+    taken.add(port)
+    return port
 
 
 def build_options(args: argparse.Namespace) -> FleetOptions:
     state = Path(args.state_dir)
     overrides: dict[str, Any] = read_config_file(args.config) if args.config else {}
     host = args.host
-    gateway = _pick(host, args.port, 8000, "gateway")
-    coordinators = (_pick(host, None, 9100, "coordinator"),) + ((free_port(host),) if args.ha else ())
-    controller = _pick(host, None, 9200, "controller")
+    taken: set[int] = set()
+    gateway = _pick(host, args.port, GATEWAY_HTTP, "gateway", taken)
+    coordinators = tuple(_pick(host, None, COORDINATOR_GRPC, "coordinator", taken) for _ in range(2 if args.ha else 1))
+    controller = _pick(host, None, CONTROLLER_GRPC, "controller", taken)
     nodes = args.prefill + args.decode + args.union
     return FleetOptions(
         prefill=args.prefill,
@@ -93,7 +107,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         gateway_port=gateway,
         coordinator_ports=coordinators,
         controller_port=controller,
-        node_ports=tuple(free_port(host) for _ in range(nodes)),
+        node_ports=tuple(_pick(host, None, NODEMANAGER_GRPC, "nodemanager", taken) for _ in range(nodes)),
         state_dir=state,
         key_file=state / "management.key",
         zero_latency=args.zero_latency,

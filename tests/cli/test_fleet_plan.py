@@ -70,3 +70,29 @@ def test_plan_without_etcd_has_no_ha_and_the_embedded_store() -> None:
     assert "ha" not in plan.of_kind("coordinator")[0].config
     assert plan.of_kind("controller")[0].config["store"]["backend"] == "embedded"
     assert "ha" not in plan.of_kind("controller")[0].config
+
+
+def test_motor_up_places_program_ports_outside_the_ephemeral_range_and_never_twice() -> None:
+    """Engines and tests pick ports from the kernel's ephemeral range; `motor up` reserves its
+    programs' ports outside it, so nothing can take one before its program binds it."""
+    import argparse
+    import socket
+
+    from motor_cli.up import build_options, configure
+    from motor_common.ports import ephemeral_range
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    low, high = ephemeral_range()
+    with socket.socket() as held:  # the default coordinator port is busy
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", 9100))
+            held.listen()
+        except OSError:
+            pass  # already busy: what the test needs anyway
+        o = build_options(parser.parse_args(["--ha", "--port", "0", "--prefill", "2", "--decode", "1"]))
+    ports = [o.gateway_port, *o.coordinator_ports, o.controller_port, *o.node_ports]
+    assert len(set(ports)) == len(ports) == 7
+    assert not any(low <= p <= high for p in ports), (ports, (low, high))
+    assert 9100 not in o.coordinator_ports

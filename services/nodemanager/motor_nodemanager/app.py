@@ -372,6 +372,8 @@ class NodeManagerApp(Application):
             engine_type=cfg.engine_type_enum,
             role=cfg.role_enum,
             pick=lambda: free_port(cfg.ip),
+            # Not yet bound (the servers start later): an OS pick could return them.
+            avoid={p for p in (cfg.server.port, cfg.server.metrics_port) if p},
         )
         self._node = Node(lambda: self.config, planned)
         services = plan_services(cfg.kv_cache_store_config)

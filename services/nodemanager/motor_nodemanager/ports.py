@@ -22,8 +22,10 @@ def plan_endpoints(
     role: Role,
     node_id: str = "",
     pick: Callable[[], int] | None = None,
+    avoid: set[int] | frozenset[int] = frozenset(),
 ) -> tuple[Endpoint, ...]:
-    taken: set[int] = set()
+    """*avoid*: ports a pick must not return (this process's own, not yet bound)."""
+    taken: set[int] = set(avoid)
 
     def fresh() -> int:
         assert pick is not None

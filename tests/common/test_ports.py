@@ -1,0 +1,34 @@
+"""Port helpers: scanning for a program's port outside the kernel's ephemeral range."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from motor_common.ports import ephemeral_range, free_port, port_free, scan_free_port
+
+
+def test_scan_skips_bound_and_avoided_ports() -> None:
+    low, _ = ephemeral_range()
+    start = 21000 if low > 22000 else 1500  # below the ephemeral range on any sane kernel
+    while not port_free("127.0.0.1", start):
+        start += 10
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", start))
+        held.listen()
+        got = scan_free_port("127.0.0.1", start, avoid={start + 1})
+    assert got not in (start, start + 1) and got >= start + 2
+
+
+def test_scan_never_returns_a_port_in_the_ephemeral_range() -> None:
+    low, high = ephemeral_range()
+    if high >= 65535:
+        pytest.skip(f"ephemeral range {low}-{high} reaches the top: nothing above it")
+    got = scan_free_port("127.0.0.1", low)
+    assert got > high
+
+
+def test_free_port_is_an_os_pick_from_the_ephemeral_range() -> None:
+    low, high = ephemeral_range()
+    assert low <= free_port() <= high

@@ -1,0 +1,24 @@
+"""Engine port planning: OS picks never return this nodemanager's own (not yet bound) ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from motor_common.domain import EngineType, Role
+from motor_nodemanager.ports import plan_endpoints
+
+
+def picks(*ports: int) -> Iterator[int]:
+    yield from ports
+
+
+def test_free_picks_skip_the_nodemanagers_own_ports_and_each_other() -> None:
+    it = picks(9300, 40000, 40000, 9301, 40001)
+    eps = plan_endpoints(ip="127.0.0.1", count=1, base_port=0, engine_type=EngineType.VLLM, role=Role.PREFILL,
+                         pick=lambda: next(it), avoid={9300, 9301})  # fmt: skip
+    assert [(e.business_port, e.kv_port) for e in eps] == [(40000, 40001)]
+
+
+def test_a_base_port_lays_out_business_kv_and_bootstrap_ports() -> None:
+    eps = plan_endpoints(ip="h", count=2, base_port=20000, engine_type=EngineType.SGLANG, role=Role.PREFILL)
+    assert [(e.business_port, e.kv_port, e.bootstrap_port) for e in eps] == [(20000, 0, 20004), (20001, 0, 20005)]
