@@ -30,8 +30,9 @@ class TaskOwner:
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if task.cancelled():
-            if not self._closed:  # nobody asked: e.g. a grpc.aio call whose channel was closed under it
-                log.error("background task ended cancelled while its owner runs",
+            if task.cancelling() == 0:  # nobody called cancel(): a stray CancelledError ended it
+                # (e.g. grpc.aio raises one in a call whose channel was closed under it)
+                log.error("background task ended by a CancelledError nobody requested",
                           extra={"owner": self.name, "task": task.get_name()})
             return
         exc = task.exception()
