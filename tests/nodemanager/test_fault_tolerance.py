@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
@@ -127,18 +129,25 @@ async def test_restart_engine_refuses_when_not_started_restoring_or_already_rela
 
 
 # --- the real process -----------------------------------------------------------------------------
+@asynccontextmanager
 async def started(
     tmp_path: Path, controller: Ctl, key_file: str, **over: object
-) -> tuple[NodeManagerProc, Admin, list[int]]:
+) -> AsyncIterator[tuple[NodeManagerProc, Admin, list[int]]]:
+    """A nodemanager with its engine NORMAL; stopped (with its admin channel) on exit, also when
+    the start itself fails."""
     server, impl = controller
     over.setdefault("fault_tolerance_config", {"report_retry_interval_sec": 0.1, "report_timeout_sec": 1.0})
     cfg = nm_config(server.port, key_file, tmp_path, endpoints_per_node=1, **over)
     nm = await start_nodemanager(tmp_path, cfg)
     admin = Admin(nm.address)
-    spec = await registered(impl)
-    resp = await admin.call("StartEngines", start_request(spec))
-    await wait_for(lambda: all_normal(admin), timeout=20, what="NORMAL")
-    return nm, admin, list(resp.pids)
+    try:
+        spec = await registered(impl)
+        resp = await admin.call("StartEngines", start_request(spec))
+        await wait_for(lambda: all_normal(admin), timeout=20, what="NORMAL")
+        yield nm, admin, list(resp.pids)
+    finally:
+        await admin.close()
+        nm.terminate()
 
 
 async def frozen(admin: Admin) -> bool:
@@ -156,8 +165,7 @@ async def test_engine_exit_is_reported_once_retried_until_accepted_then_frozen_a
     _, impl = controller
     impl.relaunch_expected = True
     impl.fail_faults = 2  # the first two reports fail: retried, and nothing freezes before success
-    nm, admin, pids = await started(tmp_path, controller, key_file)
-    try:
+    async with started(tmp_path, controller, key_file) as (nm, admin, pids):
         os.killpg(pids[0], signal.SIGKILL)
         await wait_for(lambda: impl.faults, timeout=10, what="accepted fault report")
         await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
@@ -170,9 +178,6 @@ async def test_engine_exit_is_reported_once_retried_until_accepted_then_frozen_a
         await admin.call("RestartEngine", pb.RestartEngineRequest(action=pb.RESTART_ACTION_ABORT))
         assert not await frozen(admin)
         assert await exited(nm, 10) == EXIT_RESCHEDULE  # unfrozen: the arbiter terminates the node
-    finally:
-        await admin.close()
-        nm.terminate()
 
 
 @pytest.mark.slow
@@ -181,18 +186,14 @@ async def test_freeze_expires_by_itself_and_self_termination_resumes(
 ) -> None:
     _, impl = controller
     impl.relaunch_expected = True
-    nm, admin, pids = await started(
+    async with started(
         tmp_path, controller, key_file,
         fault_tolerance_config={"engine_restart_freeze_sec": 1.5, "report_retry_interval_sec": 0.1},
-    )  # fmt: skip
-    try:
+    ) as (nm, admin, pids):  # fmt: skip
         os.killpg(pids[0], signal.SIGKILL)
         await wait_for(lambda: frozen(admin), timeout=5, what="freeze")
         assert await exited(nm, 10) == EXIT_RESCHEDULE
         assert "self-termination freeze expired" in nm.log_text()
-    finally:
-        await admin.close()
-        nm.terminate()
 
 
 @pytest.mark.slow
@@ -200,15 +201,11 @@ async def test_no_freeze_when_the_controller_does_not_expect_a_relaunch(
     tmp_path: Path, controller: Ctl, key_file: str
 ) -> None:
     _, impl = controller
-    nm, admin, pids = await started(tmp_path, controller, key_file)
-    try:
+    async with started(tmp_path, controller, key_file) as (nm, admin, pids):
         os.killpg(pids[0], signal.SIGKILL)
         await wait_for(lambda: impl.faults, timeout=5, what="fault report")
         assert not await frozen(admin)
         assert await exited(nm, 10) == EXIT_RESCHEDULE
-    finally:
-        await admin.close()
-        nm.terminate()
 
 
 @pytest.mark.slow
@@ -217,8 +214,7 @@ async def test_hung_engine_is_reported_once_by_the_health_probe(tmp_path: Path, 
 
     _, impl = controller
     impl.relaunch_expected = True
-    nm, admin, pids = await started(tmp_path, controller, key_file)
-    try:
+    async with started(tmp_path, controller, key_file) as (_, admin, pids):
         st = await admin.call("GetStatus", pb.GetStatusRequest())
         assert st.endpoints[0].pid == pids[0]
         spec = impl.registrations[-1]
@@ -235,9 +231,6 @@ async def test_hung_engine_is_reported_once_by_the_health_probe(tmp_path: Path, 
         assert await all_normal(admin)  # RestartEngine answers once the relaunched engines are NORMAL
         await wait_for(lambda: unfrozen(admin), timeout=5, what="unfreeze once NORMAL")
         assert len(impl.faults) == 1
-    finally:
-        await admin.close()
-        nm.terminate()
 
 
 @pytest.mark.slow
@@ -246,8 +239,7 @@ async def test_relaunch_failure_is_internal_unfreezes_and_the_node_terminates(
 ) -> None:
     _, impl = controller
     impl.relaunch_expected = True
-    nm, admin, pids = await started(tmp_path, controller, key_file)
-    try:
+    async with started(tmp_path, controller, key_file) as (nm, admin, pids):
         cfg = yaml.safe_load(nm.config_path.read_text())
         cfg["engine"]["env"]["MOTOR_SIM_FAULT"] = "refuse_start"
         nm.config_path.write_text(yaml.safe_dump(cfg))
@@ -259,9 +251,6 @@ async def test_relaunch_failure_is_internal_unfreezes_and_the_node_terminates(
         assert code_of(err.value) == grpc.StatusCode.INTERNAL and "Failed to relaunch engine" in (err.value.details() or "")
         assert not await frozen(admin)
         assert await exited(nm, 10) == EXIT_RESCHEDULE
-    finally:
-        await admin.close()
-        nm.terminate()
 
 
 
@@ -272,11 +261,10 @@ async def test_a_relaunch_not_normal_within_the_wait_timeout_is_internal_and_unf
 ) -> None:
     _, impl = controller
     impl.relaunch_expected = True
-    nm, admin, pids = await started(
+    async with started(
         tmp_path, controller, key_file,
         fault_tolerance_config={"engine_restart_wait_timeout_sec": 1.0, "report_retry_interval_sec": 0.1},
-    )  # fmt: skip
-    try:
+    ) as (nm, admin, pids):  # fmt: skip
         cfg = yaml.safe_load(nm.config_path.read_text())
         cfg["engine"]["env"]["MOTOR_SIM_FAULT"] = "health_503"  # the relaunched engine runs but is never NORMAL
         nm.config_path.write_text(yaml.safe_dump(cfg))
@@ -291,9 +279,6 @@ async def test_a_relaunch_not_normal_within_the_wait_timeout_is_internal_and_unf
         assert 1.0 <= time.monotonic() - t0 < 8.0
         assert not await frozen(admin)
         assert await exited(nm, 10) == EXIT_RESCHEDULE  # nothing NORMAL runs: the arbiter restarts the node
-    finally:
-        await admin.close()
-        nm.terminate()
 
 
 def test_a_probe_failure_is_unhealthy_not_dead_when_the_engine_publishes_its_own_faults() -> None:
