@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +51,33 @@ async def nodes_for(ctl: RunningController, job: str = "job-p", n: int = 2) -> l
     return [await FakeNodeManager(f"{job}-n{r}", job, r, n, ctl.address).start() for r in range(n)]
 
 
+class Fleet:
+    """An in-process controller with its fake nodemanagers; :meth:`restart` swaps the controller."""
+
+    def __init__(self, ctl: RunningController, nms: list[FakeNodeManager]) -> None:
+        self.ctl, self.nms = ctl, nms
+
+    async def restart(self, config: Any) -> RunningController:
+        """Stop the controller, start one on the same port with *config* (same store file)."""
+        port = self.ctl.port
+        await self.ctl.stop()
+        self.ctl = await start_controller_inproc(config, port=port)
+        return self.ctl
+
+
+@asynccontextmanager
+async def fleet(config: Any) -> AsyncIterator[Fleet]:
+    ctl = await start_controller_inproc(config)
+    f = Fleet(ctl, [])
+    try:
+        f.nms = await nodes_for(ctl)
+        yield f
+    finally:
+        for nm in f.nms:
+            await nm.close()
+        await f.ctl.stop()
+
+
 @pytest.fixture
 async def coordinator(tmp_path: Path) -> AsyncIterator[str]:
     port = free_port()
@@ -59,15 +88,16 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[str]:
 async def test_nodes_assemble_start_go_active_and_reach_the_coordinator_then_leave_and_return(
     tmp_path: Path, coordinator: str
 ) -> None:
-    ctl = await start_controller_inproc(controller_config(tmp_path, [coordinator]))
-    nms = await nodes_for(ctl)
-    try:
+    async with fleet(controller_config(tmp_path, [coordinator])) as f:
+        ctl, nms = f.ctl, f.nms
         await wait_for(lambda: all(nm.starts for nm in nms), timeout=10, what="StartEngines on every node")
         start1 = nms[1].starts[0]
         assert start1.instance_id == IID and [e.dp_rank for e in start1.endpoints] == [2, 3]
         assert (start1.node_rank, start1.num_nodes, start1.dp_size) == (1, 2, 4)
         assert start1.master_address == "127.0.0.1" and all(e.node_id == "job-p-n1" for e in start1.endpoints)
         await wait_for(lambda: ctl.controller.instances[IID].state.value == "active", timeout=10, what="ACTIVE")
+        # the push follows the state change (asynchronously): wait for it, then check what arrived
+        await wait_for(lambda: _has(coordinator, IID), timeout=5, what="instance pushed to the coordinator")
         assert (await coordinator_ids(coordinator)) == {IID: 4}
 
         # one node stops heartbeating: the instance leaves the coordinator within the timeout
@@ -80,10 +110,6 @@ async def test_nodes_assemble_start_go_active_and_reach_the_coordinator_then_lea
         nms[1].heartbeating = True
         await wait_for(lambda: _has(coordinator, IID), timeout=5, what="instance back")
         assert len(nms[0].starts) == 1  # the surviving node was never restarted
-    finally:
-        for nm in nms:
-            await nm.close()
-        await ctl.stop()
 
 
 async def _empty(address: str) -> bool:
@@ -97,32 +123,24 @@ async def _has(address: str, iid: int) -> bool:
 async def test_restarted_coordinator_gets_the_instance_set_within_one_sync_period(tmp_path: Path) -> None:
     port = free_port()
     address = f"127.0.0.1:{port}"
-    ctl = await start_controller_inproc(controller_config(tmp_path, [address], sync_interval_sec=1.0))
-    nms = await nodes_for(ctl)
-    try:
+    async with fleet(controller_config(tmp_path, [address], sync_interval_sec=1.0)) as f:
+        ctl = f.ctl
         async with start_coordinator(tmp_path / "c1", management_key=KEY, extra_args=["--port", str(port)]):
             await wait_for(lambda: _has(address, IID), timeout=10, what="instance on coordinator")
         # the coordinator is down; nothing changes meanwhile; then it comes back empty on the same port
         async with start_coordinator(tmp_path / "c2", management_key=KEY, extra_args=["--port", str(port)]):
             await wait_for(lambda: _has(address, IID), timeout=1.0 + 2.0, what="full SET after restart")
             assert set(await coordinator_ids(address)) == set(ctl.controller.desired_view())
-    finally:
-        for nm in nms:
-            await nm.close()
-        await ctl.stop()
 
 
 async def test_restarted_controller_resumes_instances_without_restarting_healthy_engines(
     tmp_path: Path, coordinator: str
 ) -> None:
     config = controller_config(tmp_path, [coordinator])
-    ctl = await start_controller_inproc(config)
-    port = ctl.port
-    nms = await nodes_for(ctl)
-    try:
+    async with fleet(config) as f:
+        nms = f.nms
         await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
-        await ctl.stop()
-        ctl = await start_controller_inproc(config, port=port)
+        ctl = await f.restart(config)
         assert ctl.controller.instances[IID].state.value == "active"
         await wait_for(lambda: all(nm.instance_id == IID for nm in nms), timeout=5)
         # heartbeats confirm the running instance; a few timeouts later still one start per node
@@ -136,18 +154,13 @@ async def test_restarted_controller_resumes_instances_without_restarting_healthy
         assert ctl.controller.starts_sent == []
         assert all(nm.reregister_commands == 0 for nm in nms)
         assert await _has(coordinator, IID)
-    finally:
-        for nm in nms:
-            await nm.close()
-        await ctl.stop()
 
 
 async def test_terminate_stops_nodes_deletes_instance_and_clears_precision_alarms(
     tmp_path: Path, coordinator: str
 ) -> None:
-    ctl = await start_controller_inproc(controller_config(tmp_path, [coordinator]))
-    nms = await nodes_for(ctl)
-    try:
+    async with fleet(controller_config(tmp_path, [coordinator])) as f:
+        ctl, nms = f.ctl, f.nms
         await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
         async with open_channel(ctl.address) as ch:
             node = pbgrpc.ControllerServiceStub(ch)
@@ -167,10 +180,6 @@ async def test_terminate_stops_nodes_deletes_instance_and_clears_precision_alarm
             mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md)).instance
             assert mi.state == pb.INSTANCE_STATE_DELETED
         await wait_for(lambda: _empty(coordinator), timeout=5, what="DEL on coordinator")
-    finally:
-        for nm in nms:
-            await nm.close()
-        await ctl.stop()
 
 
 @pytest.mark.parametrize("recovery", [True, False])
@@ -180,9 +189,8 @@ async def test_precision_alarm_auto_recovery_terminates_the_group_and_clears_wit
     from motor_controller.config import FaultToleranceConfig
 
     ft = FaultToleranceConfig(enable_fault_tolerance=True, enable_precision_recovery=recovery)
-    ctl = await start_controller_inproc(controller_config(tmp_path, [coordinator], fault_tolerance_config=ft))
-    nms = await nodes_for(ctl)
-    try:
+    async with fleet(controller_config(tmp_path, [coordinator], fault_tolerance_config=ft)) as f:
+        ctl, nms = f.ctl, f.nms
         await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
         async with open_channel(ctl.address) as ch:
             node = pbgrpc.ControllerServiceStub(ch)
@@ -214,10 +222,6 @@ async def test_precision_alarm_auto_recovery_terminates_the_group_and_clears_wit
             mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md)).instance
             assert mi.state == pb.INSTANCE_STATE_DELETED
         await wait_for(lambda: _empty(coordinator), timeout=5, what="DEL on coordinator")
-    finally:
-        for nm in nms:
-            await nm.close()
-        await ctl.stop()
 
 
 async def test_a_restarted_controller_resumes_the_auto_recovery_of_an_active_precision_alarm(
@@ -232,10 +236,9 @@ async def test_a_restarted_controller_resumes_the_auto_recovery_of_an_active_pre
 
     off = FaultToleranceConfig(enable_fault_tolerance=True, enable_precision_recovery=False)
     config = controller_config(tmp_path, [coordinator], fault_tolerance_config=off)
-    ctl = await start_controller_inproc(config)
-    nms = await nodes_for(ctl)
     md = call_metadata(KEY)
-    try:
+    async with fleet(config) as f:
+        ctl, nms = f.ctl, f.nms
         await wait_for(lambda: _has(coordinator, IID), timeout=10, what="instance on coordinator")
         async with open_channel(ctl.address) as ch:
             alarm = pb.Alarm(kind=pb.ALARM_KIND_PRECISION, action=pb.ALARM_ACTION_RAISE,
@@ -243,10 +246,9 @@ async def test_a_restarted_controller_resumes_the_auto_recovery_of_an_active_pre
             req = pb.ReportAlarmRequest(alarm=alarm)
             assert (await pbgrpc.ControllerServiceStub(ch).ReportAlarm(req, metadata=md, timeout=2)).accepted
         assert not any(nm.stops for nm in nms)
-        await ctl.stop()
 
         on = replace(off, enable_precision_recovery=True)
-        ctl = await start_controller_inproc(replace(config, fault_tolerance_config=on), port=ctl.port)
+        ctl = await f.restart(replace(config, fault_tolerance_config=on))
         await wait_for(lambda: all(nm.stops for nm in nms), timeout=10, what="the group's nodes stopped")
         async with open_channel(ctl.address) as ch:
             admin = pbgrpc.ControllerAdminServiceStub(ch)
@@ -260,7 +262,3 @@ async def test_a_restarted_controller_resumes_the_auto_recovery_of_an_active_pre
             assert [(a.source, sorted(a.instance_ids)) for a in cleared] == [("coordinator@x", sorted([42, IID]))]
             mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md, timeout=2)).instance
             assert mi.state == pb.INSTANCE_STATE_DELETED
-    finally:
-        for nm in nms:
-            await nm.close()
-        await ctl.stop()
