@@ -236,7 +236,7 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 async def _gateway_ready(session: aiohttp.ClientSession, url: str) -> tuple[bool, str]:
     try:
-        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+        async with session.get(f"{url}/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
             body = await resp.json(content_type=None)
             return resp.status == 200, str(body.get("error", {}).get("message", "") if isinstance(body, dict) else "")
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:

@@ -3,7 +3,11 @@
 :class:`GrpcServer` is a ``grpc.aio`` server with, on by default:
 
 - ``grpc.health.v1.Health`` (overall ``""`` and one status per registered service) and server
-  reflection, so ``grpcurl -plaintext HOST:PORT list`` works with no .proto files at hand;
+  reflection, so ``grpcurl -plaintext HOST:PORT list`` works with no .proto files at hand. Health
+  service ``"liveness"`` (:data:`LIVENESS_SERVICE`) is SERVING from start to graceful stop whatever
+  :meth:`GrpcServer.set_serving` says: the liveness check (Kubernetes' gRPC probe with ``service:
+  liveness``); ``""`` is the program's readiness (a standby coordinator or controller is NOT_SERVING
+  there and stays alive);
 - a management-key check for protected services (metadata ``x-motor-management-key``; missing or
   wrong key → UNAUTHENTICATED before the handler runs, so no state changes);
 - translation of :class:`~motor_common.errors.MotorError` raised by handlers into a status with a
@@ -52,6 +56,11 @@ RPC_SECONDS = Histogram(
     ["service", "method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+
+
+# gRPC health service name of the liveness check: SERVING while the server runs, never toggled by
+# readiness (the overall "" service is readiness).
+LIVENESS_SERVICE = "liveness"
 
 
 @dataclass(frozen=True)
@@ -336,6 +345,7 @@ class GrpcServer:
         await server.start()
         self._server = server
         await self.set_serving(True)
+        await _maybe_await(self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING))
         log.info("%s gRPC server listening", self.name, extra={"address": host_port(self.config.host, self.port)})
         return self.port
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-Request-Id"
 _JSON = "application/json"
 _SSE = "text/event-stream"
-_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
+_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"}
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
@@ -73,6 +73,7 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
         return app
 
@@ -183,6 +184,12 @@ class Gateway:
     # -- ops -------------------------------------------------------------------------------------
 
     async def _health(self, _: web.Request) -> web.Response:
+        """Liveness: the process answers. Never asks the coordinator, so a gateway whose
+        coordinators are down is not restarted (its ``/ready`` says why it cannot serve)."""
+        return web.Response(body=b'{"status":"ok"}', headers={"Content-Type": _JSON})
+
+    async def _ready(self, _: web.Request) -> web.Response:
+        """Readiness: 503 with the reason when no coordinator can schedule a request."""
         state = await self.client.readiness()
         if state.ready:
             body: dict[str, Any] = {"status": "ok"}

@@ -18,7 +18,7 @@ from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as ctlgrpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
-from motor_common.grpc_server import GrpcServer, ServerConfig, error_reason
+from motor_common.grpc_server import LIVENESS_SERVICE, GrpcServer, ServerConfig, error_reason
 from motor_common.logs import request_id_var
 from tests.conftest import tool
 
@@ -60,6 +60,29 @@ async def test_health_reports_serving_for_server_and_each_service(served: tuple[
         for name in ("", REGISTRY, DISPATCH):
             resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_liveness_stays_serving_when_readiness_goes_not_serving(tmp_path: Path) -> None:
+    server = GrpcServer("test", ServerConfig())
+    server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(cgrpc.DispatchServiceServicer(), s))
+    port = await server.start()
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+
+            async def status(name: str) -> int:
+                resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+                return int(resp.status)
+
+            assert await status(LIVENESS_SERVICE) == health_pb2.HealthCheckResponse.SERVING
+            await server.set_serving(False)  # a standby: not ready, but alive
+            assert await status("") == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await status(DISPATCH) == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await status(LIVENESS_SERVICE) == health_pb2.HealthCheckResponse.SERVING
+            await server.set_serving(True)
+            assert await status("") == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await server.stop(0)
 
 
 async def test_missing_or_wrong_management_key_is_unauthenticated_and_changes_nothing(

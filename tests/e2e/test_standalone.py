@@ -43,7 +43,7 @@ class Stack:
 
 
 async def gateway_health(url: str) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as s, s.get(f"{url}/health") as r:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/ready") as r:
         return r.status, await r.json()
 
 

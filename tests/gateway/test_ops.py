@@ -20,8 +20,8 @@ from tests.gateway.fakes import chunk, failing, fake_coordinator, head, replay, 
 from tests.helpers import free_port, wait_for
 
 
-async def test_health_is_ok_when_coordinator_is_ready(rig: Rig) -> None:
-    async with rig.http.get(f"{rig.url}/health") as resp:
+async def test_ready_is_ok_when_coordinator_is_ready(rig: Rig) -> None:
+    async with rig.http.get(f"{rig.url}/ready") as resp:
         assert resp.status == 200
         assert await resp.json() == {"status": "ok"}
 
@@ -30,19 +30,25 @@ async def test_health_is_ok_when_coordinator_is_ready(rig: Rig) -> None:
     "reason",
     ["no schedulable prefill+decode pair or union instance", "Coordinator is not master", "isolated"],
 )
-async def test_health_is_503_with_the_coordinators_reason(rig: Rig, reason: str) -> None:
+async def test_ready_is_503_with_the_coordinators_reason_while_health_stays_200(rig: Rig, reason: str) -> None:
     rig.fake.ready, rig.fake.reason = False, reason
-    async with rig.http.get(f"{rig.url}/health") as resp:
+    async with rig.http.get(f"{rig.url}/ready") as resp:
         assert resp.status == 503
         assert (await resp.json())["reason"] == reason
+    # liveness never depends on the coordinator: a probe on /health must not restart this gateway
+    async with rig.http.get(f"{rig.url}/health") as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"status": "ok"}
 
 
-async def test_health_is_503_coordinator_unreachable(tmp_path: Path) -> None:
+async def test_ready_is_503_coordinator_unreachable_health_is_200(tmp_path: Path) -> None:
     cfg = GatewayConfig(coordinators=(f"127.0.0.1:{free_port()}",), control_timeout_sec=0.5)
     async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http:
-        async with http.get(f"{url}/health") as resp:
+        async with http.get(f"{url}/ready") as resp:
             assert resp.status == 503
             assert (await resp.json())["reason"] == "coordinator unreachable"
+        async with http.get(f"{url}/health") as resp:
+            assert resp.status == 200
 
 
 async def test_pool_prefers_the_first_ready_coordinator(tmp_path: Path) -> None:
@@ -50,7 +56,7 @@ async def test_pool_prefers_the_first_ready_coordinator(tmp_path: Path) -> None:
         fake_a.ready, fake_a.reason = False, "Coordinator is not master"
         cfg = GatewayConfig(coordinators=(a, b), probe_interval_sec=0.1)
         async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http:
-            async with http.get(f"{url}/health") as resp:
+            async with http.get(f"{url}/ready") as resp:
                 assert resp.status == 200
             await wait_for(lambda: fake_b.requests or _post(http, url), timeout=5, what="dispatch to b")
             assert fake_a.requests == []

@@ -59,10 +59,20 @@ def test_role_is_required_from_config_or_env(tmp_path: Path) -> None:
 
 
 def test_ip_defaults_to_pod_ip_and_env_overrides_apply(tmp_path: Path) -> None:
-    env = {"POD_IP": "10.0.0.7", "MOTOR_NODEMANAGER__HEALTH__ABNORMAL_THRESHOLD": "3", "ROLE": "union"}
+    env = {"POD_IP": "10.0.0.7", "MOTOR_NODEMANAGER__HEALTH__ABNORMAL_THRESHOLD": "3", "ROLE": "union",
+           "MOTOR_NODEMANAGER__SERVER__HOST": "0.0.0.0"}
     cfg = nmconfig.load(write(tmp_path, "job_name: j\n"), environ=env)
-    assert cfg.ip == "10.0.0.7"
+    assert cfg.ip == "10.0.0.7" and cfg.server.host == "0.0.0.0"
     assert cfg.health.abnormal_threshold == 3
+
+
+def test_advertising_a_pod_ip_while_bound_to_loopback_is_a_config_error(tmp_path: Path) -> None:
+    env = {"POD_IP": "10.0.0.7", "ROLE": "union"}  # server.host left at its default 127.0.0.1
+    with pytest.raises(ConfigError, match=r"server.host 127.0.0.1 is a loopback address but this node advertises ip 10.0.0.7"):
+        nmconfig.load(write(tmp_path, "job_name: j\n"), environ=env)
+    cfg = nmconfig.load(write(tmp_path, "job_name: j\nserver: {host: 10.0.0.7}\n"), environ=env)
+    assert (cfg.server.host, cfg.ip) == ("10.0.0.7", "10.0.0.7")
+    assert nmconfig.load(write(tmp_path, "job_name: j\n"), environ={"ROLE": "union"}).ip == "127.0.0.1"
 
 
 def test_bad_enum_and_bad_ranges_are_config_errors(tmp_path: Path) -> None:

@@ -100,12 +100,19 @@ class NodeRestartConfig:
 
     backend: Literal["local", "kubernetes"] = "local"
     namespace: str = "default"
+    # kubernetes: kubeconfig file used out of cluster; "" = the pod's ServiceAccount when in a
+    # cluster (KUBERNETES_SERVICE_HOST set), else $KUBECONFIG, else ~/.kube/config.
+    kubeconfig: str = ""
+    # kubernetes: timeout of one call to the API server.
+    api_timeout_sec: float = 10.0
     # How long a node restart waits for the restarted nodes to be gone before it reports FAILED.
     wait_timeout_sec: float = 30.0
 
     def __post_init__(self) -> None:
         if self.wait_timeout_sec <= 0:
             raise ValueError("node_restart.wait_timeout_sec must be > 0")
+        if self.api_timeout_sec <= 0:
+            raise ValueError("node_restart.api_timeout_sec must be > 0")
         if self.backend == "kubernetes" and not self.namespace:
             raise ValueError("node_restart.namespace is required for the kubernetes backend")
 

@@ -21,6 +21,7 @@ from motor_common.ops_http import OpsHttpServer, Readiness
 from motor_common.runner import run, stop_event_on_signals, write_ports_file
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
+from motor_controller.node_restarter import build_restarter
 from motor_controller.peers import GrpcCoordinator, GrpcNodeManagers
 from motor_controller.scale_down_client import GrpcScaleDown
 from motor_controller.service import (
@@ -76,12 +77,15 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     key = read_secret(config.server.management_key_file)
     if config.store.backend == "etcd":
         return await serve_ha(config, ports_file, key)
+    nms = GrpcNodeManagers(key, config.rpc_timeout_sec)
+    restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = await open_store(config.store.backend, config.store.path)
     controller = Controller(
         config,
         store,
-        GrpcNodeManagers(key, config.rpc_timeout_sec),
+        nms,
         [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
+        restarter=restarter,
         coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
         scale_down_peers=GrpcScaleDown(key),
     )
@@ -93,7 +97,8 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     ops = await start_ops(config, _ready_always)
     if ports_file:
         write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
-    log.info("motor-controller ready", extra={"port": port, "coordinators": config.coordinators})
+    log.info("motor-controller ready", extra={"port": port, "coordinators": config.coordinators,
+                                              "node_restart": restarter.name})
     try:
         await stop.wait()
     finally:
@@ -114,12 +119,15 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
     from motor_controller.etcd_store import EtcdStore
 
     ha, st = config.ha, config.store
+    nms = GrpcNodeManagers(key, config.rpc_timeout_sec)
+    restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = EtcdStore(st.etcd_endpoints, st.etcd_prefix, timeout=st.etcd_timeout_sec)
     controller = Controller(
         config,
         store,
-        GrpcNodeManagers(key, config.rpc_timeout_sec),
+        nms,
         [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
+        restarter=restarter,
         coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
         scale_down_peers=GrpcScaleDown(key),
     )

@@ -13,6 +13,7 @@ Environment overrides: ``MOTOR_NODEMANAGER__SECTION__KEY=value``.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -234,6 +235,12 @@ def resolve(cfg: NodeManagerConfig, environ: Mapping[str, str]) -> NodeManagerCo
     if role not in ("prefill", "decode", "union"):
         raise ConfigError(f"role: {role!r} is not one of 'prefill', 'decode', 'union'")
     ip = cfg.ip or environ.get("POD_IP") or "127.0.0.1"
+    if _loopback(cfg.server.host) and not _loopback(ip):
+        raise ConfigError(
+            f"server.host {cfg.server.host} is a loopback address but this node advertises ip {ip} "
+            "(from 'ip' or POD_IP): the controller could not reach it; set server.host to 0.0.0.0 "
+            f"or {ip} (MOTOR_NODEMANAGER__SERVER__HOST)"
+        )
     section: RoleSection | None = getattr(cfg, role)
     changes: dict[str, object] = {"role": role, "ip": ip}
     if section is not None:
@@ -245,6 +252,13 @@ def resolve(cfg: NodeManagerConfig, environ: Mapping[str, str]) -> NodeManagerCo
         return dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
     except ValueError as exc:
         raise ConfigError(f"role section '{role}': {exc}") from exc
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def config_path(cli_path: str | None, environ: Mapping[str, str]) -> str | None:
