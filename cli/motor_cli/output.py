@@ -26,7 +26,7 @@ def instance_dict(inst: Instance) -> dict[str, Any]:
     return {
         "id": inst.id,
         "role": inst.role.value,
-        "job_name": inst.job_name,
+        "job": inst.job_name,
         "model": inst.model_name,
         "engine": inst.engine_type.value,
         "status": inst.status.value,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +22,7 @@ from typing import Any, Literal
 
 import grpc
 
-from motor_cli import health, output
+from motor_cli import health, output, target
 from motor_cli.registration import (
     EndpointSpec,
     build_instance,
@@ -68,10 +67,13 @@ class RegistrationFile:
 
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--coordinator", default=os.environ.get("MOTOR_COORDINATOR", DEFAULT_COORDINATOR),
-                   metavar="ADDR", help="coordinator gRPC address (env MOTOR_COORDINATOR; default %(default)s)")
-    p.add_argument("--management-key-file", default=os.environ.get("MOTOR_MANAGEMENT_KEY_FILE"), metavar="F",
-                   help="file holding the management key (env MOTOR_MANAGEMENT_KEY_FILE)")
+    p.add_argument("--coordinator", metavar="ADDR",
+                   help="coordinator gRPC address (env MOTOR_COORDINATOR; default: the fleet in --state-dir, "
+                   f"else {DEFAULT_COORDINATOR})")
+    p.add_argument("--management-key-file", metavar="FILE",
+                   help="file holding the management key (env MOTOR_MANAGEMENT_KEY_FILE; default: the fleet's)")
+    p.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR,
+                   help="a fleet started by `motor up` (default %(default)s)")
     p.add_argument("--tls-ca-file", default=None, help="CA bundle for TLS to the coordinator")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable JSON output")
@@ -147,10 +149,11 @@ async def check_health(instances: Sequence[Instance], timeout: float) -> list[st
 
 class Registry:
     def __init__(self, args: argparse.Namespace) -> None:
-        self.address = args.coordinator
+        self.address = target.coordinator_address(args.coordinator, args.state_dir, DEFAULT_COORDINATOR)
         self.timeout = args.timeout
-        self.metadata = call_metadata(read_secret(args.management_key_file))
-        self.channel = open_channel(args.coordinator, tls_ca_file=args.tls_ca_file)
+        self.metadata = call_metadata(read_secret(target.management_key_file(args.management_key_file,
+                                                                            args.state_dir)))
+        self.channel = open_channel(self.address, tls_ca_file=args.tls_ca_file)
         self.stub = cgrpc.InstanceRegistryServiceStub(self.channel)
 
     async def list(self) -> tuple[list[Instance], cpb.ListInstancesResponse]:

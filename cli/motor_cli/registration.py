@@ -7,8 +7,9 @@ Errors (all :class:`motor_common.errors.MotorError`, so the CLI prints one line 
     NotFound            ``del`` of an id or endpoint that is not registered
     FailedPrecondition  ``set`` would drop instances the controller manages (without --force)
 
-Instance ids live in the namespace ``STANDALONE_ID_BIT`` (bit 62) that controller-assigned ids
-never use: ``id = STANDALONE_ID_BIT | blake2b(role, sorted endpoint group) & (2**62 - 1)``. The
+Instance ids live in the namespace ``STANDALONE_ID_BIT`` (bit 52) that controller-assigned ids
+never use: ``id = STANDALONE_ID_BIT | blake2b(role, sorted endpoint group) & (2**52 - 1)``, so
+every id is at most 2^53 - 1 and exact as a JSON/JavaScript number. The
 endpoint group is sorted before hashing and endpoint ids are assigned in that sorted order, so
 the order in which an operator lists endpoints changes neither the instance id, nor the default
 job name, nor any endpoint id.
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from motor_common.domain import (
+    INSTANCE_HASH_MASK,
     MAX_PORT,
     MIN_BUSINESS_PORT,
     STANDALONE_ID_BIT,
@@ -33,7 +35,7 @@ from motor_common.domain import (
 )
 from motor_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-_HASH_MASK = STANDALONE_ID_BIT - 1  # the 62 bits below the namespace bit
+_HASH_MASK = INSTANCE_HASH_MASK  # the 52 bits below the namespace bit
 
 
 @dataclass(frozen=True, order=True)
@@ -101,7 +103,7 @@ def sorted_group(endpoints: Iterable[EndpointSpec]) -> tuple[EndpointSpec, ...]:
 
 
 def derive_instance_id(role: Role, endpoints: Iterable[EndpointSpec]) -> int:
-    """A stable 64-bit id with bit 62 set, from *role* and the sorted full endpoint group."""
+    """A stable id with bit 52 set (at most 2^53 - 1), from *role* and the sorted full endpoint group."""
     group = sorted_group(endpoints)
     if not group:
         raise InvalidArgument("an instance needs at least one endpoint", reason="NO_ENDPOINTS")
@@ -111,7 +113,7 @@ def derive_instance_id(role: Role, endpoints: Iterable[EndpointSpec]) -> int:
 
 
 def default_job_name(role: Role, instance_id: int) -> str:
-    return f"standalone-{role.value}-{instance_id & _HASH_MASK:016x}"
+    return f"standalone-{role.value}-{instance_id & _HASH_MASK:013x}"
 
 
 def build_instance(

@@ -1,8 +1,8 @@
 """``motor status``: nodes and instances of a managed fleet, from the controller.
 
-    motor status                      # the fleet started by `motor up` (reads .motor/up/fleet.json)
+    motor status                      # the fleet `motor up` runs in ./.motor/up
     motor status --controller 10.0.0.5:9200 --management-key-file key
-    motor status --json
+    motor status --json | jq '.instances[].id'
 
 Shows every node (role, state, instance, endpoint health, heartbeat age) and every instance
 (role, state, endpoints, reason).
@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from motor_cli import output
+from motor_cli import output, target
+from motor_common.errors import MotorError
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
@@ -122,26 +121,23 @@ def format_line(view: FleetView) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=".motor/up", help="fleet started by `motor up` (default .motor/up)")
-    parser.add_argument("--controller", help="controller address (default: from the state dir)")
-    parser.add_argument("--management-key-file", help="management key (default: from the state dir)")
+    parser.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR,
+                        help="fleet started by `motor up` (default %(default)s)")
+    parser.add_argument("--controller", metavar="ADDR",
+                        help="controller address (env MOTOR_CONTROLLER; default: the fleet in --state-dir)")
+    parser.add_argument("--management-key-file", metavar="FILE",
+                        help="management key (env MOTOR_MANAGEMENT_KEY_FILE; default: the fleet's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def _resolve(args: argparse.Namespace) -> tuple[str, str | None]:
-    fleet_file = Path(args.state_dir) / "fleet.json"
-    fleet: dict[str, Any] = {}
-    if fleet_file.exists():
-        fleet = json.loads(fleet_file.read_text())
-    address = args.controller or os.environ.get("MOTOR_CONTROLLER") or fleet.get("controller")
-    if not address:
-        raise SystemExit(f"error: no controller address: pass --controller, or run `motor up` ({fleet_file} not found)")
-    key_file = args.management_key_file or os.environ.get("MOTOR_MANAGEMENT_KEY_FILE") or fleet.get("management_key_file")
-    return str(address), read_secret(key_file) if key_file else None
-
-
 def run(args: argparse.Namespace) -> int:
-    address, key = _resolve(args)
+    try:
+        address = target.controller_address(args.controller, args.state_dir)
+        key_file = target.management_key_file(args.management_key_file, args.state_dir)
+        key = read_secret(key_file) if key_file else None
+    except MotorError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
     view = asyncio.run(fetch_view(address, key))
     if not view.ok:
         print(f"error: {view.error}", file=sys.stderr)

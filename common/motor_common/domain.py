@@ -14,8 +14,13 @@ from motor_common.ports import host_port
 
 MIN_BUSINESS_PORT = 1024
 MAX_PORT = 65535
-# Ids derived by the standalone register CLI set this bit; controller-assigned ids never do.
-STANDALONE_ID_BIT = 1 << 62
+# Instance ids are at most MAX_INSTANCE_ID = 2^53 - 1, so they survive every language's default
+# number type (a JSON number read by JavaScript or jq, a double): the wire type stays uint64.
+# Ids derived by the standalone register CLI set STANDALONE_ID_BIT (bit 52) over a 52-bit hash;
+# controller-assigned ids are a 52-bit hash that never sets it.
+MAX_INSTANCE_ID = (1 << 53) - 1
+STANDALONE_ID_BIT = 1 << 52
+INSTANCE_HASH_MASK = STANDALONE_ID_BIT - 1
 
 
 class Role(enum.Enum):

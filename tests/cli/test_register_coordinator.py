@@ -65,7 +65,7 @@ def test_add_registers_the_derived_identity_and_readd_is_idempotent(
     expected = build_instance(Role.PREFILL, "tiny", EngineType.VLLM, [parse_endpoint(e) for e in eps])
     assert add(coordinator, "prefill", *eps) == 0
     got = listed(coordinator, capsys)[expected.id]
-    assert got["job_name"] == expected.job_name
+    assert got["job"] == expected.job_name
     assert got["role"] == "prefill"
     assert [(e["id"], e["port"], e["kv_port"]) for e in got["endpoints"]] == [(0, a, 7000), (1, b, 7001)]
     # the same endpoints in another order are the same instance: nothing new is added

@@ -16,7 +16,7 @@ from motor_cli.registration import (
     plan_set,
     resolve_delete,
 )
-from motor_common.domain import STANDALONE_ID_BIT, EngineType, Instance, Role
+from motor_common.domain import MAX_INSTANCE_ID, STANDALONE_ID_BIT, EngineType, Instance, Role
 from motor_common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 EPS = ["10.0.0.1:8100,kv=5600", "10.0.0.2:8100,kv=5601", "10.0.0.1:8101,bootstrap=8998"]
@@ -56,7 +56,8 @@ def test_id_is_in_the_standalone_namespace() -> None:
     for role in Role:
         iid = inst(role, *EPS).id
         assert iid & STANDALONE_ID_BIT
-        assert iid < 1 << 63  # fits a signed 64-bit too
+        assert iid <= MAX_INSTANCE_ID  # exact as a JSON/JavaScript number (a double)
+        assert float(iid) == iid
 
 
 def test_id_is_stable_across_releases() -> None:
@@ -64,10 +65,10 @@ def test_id_is_stable_across_releases() -> None:
     iid = derive_instance_id(Role.PREFILL, [parse_endpoint("127.0.0.1:8100")])
     assert iid == derive_instance_id(Role.PREFILL, [EndpointSpec("127.0.0.1", 8100)])
     assert iid == PINNED_PREFILL_ID
-    assert default_job_name(Role.PREFILL, iid) == f"standalone-prefill-{iid - STANDALONE_ID_BIT:016x}"
+    assert default_job_name(Role.PREFILL, iid) == f"standalone-prefill-{iid - STANDALONE_ID_BIT:013x}"
 
 
-PINNED_PREFILL_ID = 6620966582111179506  # blake2b-64 of 'prefill|127.0.0.1:8100,bootstrap=0,kv=0'
+PINNED_PREFILL_ID = 5178729503920882  # bit 52 | blake2b-64 of 'prefill|127.0.0.1:8100,bootstrap=0,kv=0' & (2^52 - 1)
 
 
 def test_id_depends_on_role_and_full_endpoint_group() -> None:

@@ -1,16 +1,17 @@
 from __future__ import annotations
 
-from motor_common.domain import STANDALONE_ID_BIT, Capabilities, Role
+from motor_common.domain import MAX_INSTANCE_ID, STANDALONE_ID_BIT, Capabilities, Role
 from motor_controller.assembly import assemble, instance_id_for, start_commands
 from tests.controller.factories import spec
 
 
-def test_instance_id_is_deterministic_below_2_62_and_never_sets_bit_62() -> None:
+def test_instance_id_is_deterministic_below_2_52_and_never_sets_the_standalone_bit() -> None:
     for job in ("a", "job-p", "x" * 200):
         for inc in range(5):
             iid = instance_id_for(job, inc)
             assert iid == instance_id_for(job, inc)
-            assert 0 < iid < 1 << 62 and not iid & STANDALONE_ID_BIT
+            assert 0 < iid < 1 << 52 and not iid & STANDALONE_ID_BIT
+            assert iid <= MAX_INSTANCE_ID and float(iid) == iid  # exact in JSON/JavaScript
     assert instance_id_for("a", 0) != instance_id_for("a", 1) != instance_id_for("b", 0)
 
 

@@ -149,15 +149,18 @@ async def test_readiness_and_health_follow_the_instance_set(coord: tuple[Coordin
 
     r = await s.readiness()
     assert not r.ready and r.reason == "no schedulable prefill+decode pair or union instance"
-    assert r.role == cpb.COORDINATOR_ROLE_STANDALONE
+    assert r.role == cpb.COORDINATOR_ROLE_STANDALONE and r.available_instances == 0
     assert not await serving()
     await s.set(P)  # prefill alone is not enough
-    assert not (await s.readiness()).ready
+    r = await s.readiness()
+    assert not r.ready and r.available_instances == 1
     await s.add(D)
-    assert (await s.readiness()).ready and (await s.readiness()).generation == 2
+    r = await s.readiness()
+    assert r.ready and r.generation == 2 and r.available_instances == 2
     await wait_for(serving, timeout=5, what="SERVING")
     await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
-    assert not (await s.readiness()).ready
+    r = await s.readiness()
+    assert not r.ready and r.available_instances == 1  # the paused one is not available
     await wait_for(lambda: _not(serving), timeout=5, what="NOT_SERVING")
     await s.set(replace(U, status=InstanceStatus.AVAILABLE))
     assert (await s.readiness()).ready

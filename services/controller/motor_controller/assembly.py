@@ -1,8 +1,9 @@
 """Instance assembly (pure): the nodes of one job become one instance.
 
 - The instance id is derived from the job name and the job's incarnation (bumped each time an
-  instance of the job is retired), hashed into 61 bits: below 2^62 and never with bit 62 (the
-  standalone CLI's namespace). A retried apply computes the same id, so it is a no-op.
+  instance of the job is retired), hashed into 52 bits: below 2^52, never with bit 52 (the
+  standalone CLI's namespace), so every id is exact as a JSON/JavaScript number (<= 2^53 - 1). A
+  retried apply computes the same id, so it is a no-op.
 - Endpoints carry **global** DP ranks: ``node_rank * endpoints_per_node + local_rank``; the
   endpoint id equals the global rank (engines and the DP scale-down protocol rely on it).
 - The DP master is the rank-0 node's ip plus the configured DP RPC port.
@@ -16,14 +17,22 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from motor_common.domain import STANDALONE_ID_BIT, Endpoint, EngineType, Instance, NodeSpec, Role
+from motor_common.domain import (
+    INSTANCE_HASH_MASK,
+    STANDALONE_ID_BIT,
+    Endpoint,
+    EngineType,
+    Instance,
+    NodeSpec,
+    Role,
+)
 from motor_common.ports import host_port
 
-ID_MASK = (1 << 61) - 1
+ID_MASK = INSTANCE_HASH_MASK  # 52 bits
 
 
 def instance_id_for(job_name: str, incarnation: int) -> int:
-    """Deterministic controller instance id (1 <= id < 2^61)."""
+    """Deterministic controller instance id (1 <= id < 2^52)."""
     digest = hashlib.sha256(f"motor-instance\x00{job_name}\x00{incarnation}".encode()).digest()
     value = int.from_bytes(digest[:8], "big") & ID_MASK
     assert not value & STANDALONE_ID_BIT

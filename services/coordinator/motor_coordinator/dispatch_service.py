@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from motor_common.domain import Role
+from motor_common.domain import InstanceStatus, Role
 from motor_common.errors import DeadlineExceeded, InvalidArgument
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
@@ -86,6 +86,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             isolated=lead.isolated,
             generation=self.app.state.generation,
             store_available=lead.store_available,
+            available_instances=sum(i.status is InstanceStatus.AVAILABLE for i in self.app.observed_instances()),
         )
 
 

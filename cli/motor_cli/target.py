@@ -1,0 +1,92 @@
+"""Which fleet a command talks to, and with which management key: one lookup for every command.
+
+Order, for every ``motor`` command that calls a program: the flag (``--controller``,
+``--coordinator``, ``--management-key-file``), then the environment (``MOTOR_CONTROLLER``,
+``MOTOR_COORDINATOR``, ``MOTOR_MANAGEMENT_KEY_FILE``), then the fleet ``motor up`` runs in
+``--state-dir`` (its ``fleet.json``), then the key ``motor up`` left in the state dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from motor_common.errors import FailedPrecondition
+
+DEFAULT_STATE_DIR = ".motor/up"
+FLEET_FILE = "fleet.json"
+KEY_FILE = "management.key"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class RunningFleet:
+    """What ``motor up`` wrote into ``fleet.json`` (``alive`` = its process still runs)."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        return int(self.data.get("pid", 0))
+
+    @property
+    def alive(self) -> bool:
+        return self.pid > 0 and pid_alive(self.pid)
+
+
+def running_fleet(state_dir: str | Path) -> RunningFleet | None:
+    """The fleet file of *state_dir*, or None when there is none (or it is unreadable)."""
+    path = Path(state_dir) / FLEET_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return RunningFleet(path, data) if isinstance(data, dict) else None
+
+
+def no_fleet_message(state_dir: str | Path, flag: str) -> str:
+    """The sentence a command prints when it needs a running ``motor up`` and there is none."""
+    fleet = running_fleet(state_dir)
+    if fleet is not None and not fleet.alive:
+        return (f"the `motor up` (pid {fleet.pid}) that wrote {fleet.path} is no longer running; "
+                f"start the fleet again with `motor up`, or pass {flag}")
+    return f"no fleet is running in {state_dir} (no {FLEET_FILE}); start one with `motor up`, or pass {flag}"
+
+
+def _live(state_dir: str | Path) -> dict[str, Any]:
+    fleet = running_fleet(state_dir)
+    return fleet.data if fleet is not None and fleet.alive else {}
+
+
+def controller_address(flag: str | None, state_dir: str | Path) -> str:
+    address = flag or os.environ.get("MOTOR_CONTROLLER") or _live(state_dir).get("controller")
+    if not address:
+        raise FailedPrecondition(no_fleet_message(state_dir, "--controller ADDR"), reason="NO_FLEET")
+    return str(address)
+
+
+def coordinator_address(flag: str | None, state_dir: str | Path, default: str) -> str:
+    coordinators = _live(state_dir).get("coordinators") or []
+    return str(flag or os.environ.get("MOTOR_COORDINATOR") or (coordinators[0] if coordinators else default))
+
+
+def management_key_file(flag: str | None, state_dir: str | Path) -> str | None:
+    """The key file to use, or None (then calls carry no key)."""
+    found = flag or os.environ.get("MOTOR_MANAGEMENT_KEY_FILE") or _live(state_dir).get("management_key_file")
+    if found:
+        return str(found)
+    left = Path(state_dir) / KEY_FILE
+    return str(left) if left.is_file() else None
