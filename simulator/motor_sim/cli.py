@@ -79,6 +79,7 @@ def _json_arg(text: str) -> dict[str, Any]:
     return val
 
 
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 VLLM_VERSION = "0.32.0"  # the release the vLLM flavour is checked against (tests/realengine)
 
 
@@ -172,6 +173,11 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         if ktc.get("kv_role") not in roles:
             p.error(f"argument --kv-transfer-config: unsupported kv_role {ktc.get('kv_role')!r}")
         role = roles[ktc["kv_role"]]
+        policy = ktc.get("kv_load_failure_policy", "fail")
+        if policy not in KV_LOAD_FAILURE_POLICIES:
+            # vLLM 0.32: a pydantic error on KVTransferConfig at start-up
+            p.error(f"argument --kv-transfer-config: kv_load_failure_policy must be one of "
+                    f"{', '.join(repr(x) for x in KV_LOAD_FAILURE_POLICIES)}, got {policy!r}")
     if ns.data_parallel_rank is not None and ns.data_parallel_size <= 1:
         # vLLM 0.32 refuses this too (a pydantic error from ParallelConfig at start-up)
         p.error("data_parallel_external_lb can only be set when data_parallel_size > 1")
@@ -197,7 +203,9 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         block_size=ns.block_size,
         enable_prefix_caching=ns.enable_prefix_caching and not ns.sim_no_prefix_caching,
         side_channel_host=sc_host, side_channel_port=base_port + dp_rank, kv_lease_s=lease,
-        kv_fetch_timeout_s=ns.sim_kv_fetch_timeout_s, cost=_cost(ns),
+        kv_fetch_timeout_s=ns.sim_kv_fetch_timeout_s,
+        kv_load_failure_policy=str(ktc.get("kv_load_failure_policy", "fail")) if ktc else "fail",
+        cost=_cost(ns),
         initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s,
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
         version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,

@@ -50,6 +50,9 @@ class SimConfig:
     side_channel_port: int = 5600
     kv_lease_s: float = 480.0
     kv_fetch_timeout_s: float = 5.0
+    # vLLM's kv_transfer_config.kv_load_failure_policy: "fail" (default: the request errors, 500)
+    # or "recompute" (the decode computes the prompt itself)
+    kv_load_failure_policy: str = "fail"
     # SGLang bootstrap
     bootstrap_port: int = 8998
     transfer_backend: str = "mooncake"

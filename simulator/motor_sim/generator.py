@@ -4,6 +4,11 @@ A generated token is a pure function of (model, prompt token ids, sampling key, 
 position): a BLAKE2b digest picks a word from a fixed vocabulary. The same prompt, seed and
 sampling parameters therefore give identical text whether a request is served whole or split
 across a prefill and a decode process.
+
+Like a real engine, which samples in float32, the floating-point sampling parameters are rounded
+to float32 before they are hashed: a router that re-sends ``temperature: 0.8`` as
+``0.800000011920929`` (its float32 value printed as a double) gets the same text. Log-probabilities
+are float32 values too (a real engine's logits are float32).
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ VOCAB: tuple[str, ...] = tuple(
 _ID_TO_WORD: dict[int, str] = {token_id(w): w for w in VOCAB}
 _WORD_IDS: tuple[int, ...] = tuple(token_id(w) for w in VOCAB)
 _POS = struct.Struct("<II")
+_F32 = struct.Struct("<f")
+
+
+def f32(x: float) -> float:
+    """*x* rounded to the nearest float32 (as a Python float)."""
+    return float(_F32.unpack(_F32.pack(x))[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +83,7 @@ def sequence_digest(
     h.update(model.encode())
     h.update(b"\0")
     h.update(array("I", prompt_ids).tobytes())
-    h.update(repr((key.seed, key.temperature, key.top_p, key.top_k, salt)).encode())
+    h.update(repr((key.seed, f32(key.temperature), f32(key.top_p), key.top_k, salt)).encode())
     return h.digest()
 
 
@@ -87,8 +98,8 @@ def token_at(digest: bytes, choice: int, position: int) -> int:
 
 
 def logprob_of(digest: bytes, choice: int, position: int) -> float:
-    """A deterministic fake log-probability in (-4.0, -0.01]."""
-    return -0.01 - ((_h(digest, choice, position) >> 20) % 3990) / 1000.0
+    """A deterministic fake log-probability in (-4.0, -0.01], a float32 value."""
+    return f32(-0.01 - ((_h(digest, choice, position) >> 20) % 3990) / 1000.0)
 
 
 def top_alternatives(digest: bytes, choice: int, position: int, k: int) -> list[tuple[int, float]]:
@@ -101,7 +112,7 @@ def top_alternatives(digest: bytes, choice: int, position: int, k: int) -> list[
     while len(out) < k:
         alt = _WORD_IDS[(h + i * 7919) % len(_WORD_IDS)]
         if all(alt != t for t, _ in out):
-            out.append((alt, lp - 0.5 * len(out)))
+            out.append((alt, f32(lp - 0.5 * len(out))))
         i += 1
     return out
 

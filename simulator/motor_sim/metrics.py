@@ -39,6 +39,12 @@ class _SimCollector(Collector):
             yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", blocks.prefix_hits, lb)
             yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens, lb)
             yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.", st.generation_tokens, lb)
+            src = CounterMetricFamily("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                                      labels=["model_name", "engine", "source"])
+            src.add_metric([model, "0", "local_compute"], st.prompt_tokens_local_compute)
+            src.add_metric([model, "0", "local_cache_hit"], st.prompt_tokens_local_cache_hit)
+            src.add_metric([model, "0", "external_kv_transfer"], st.prompt_tokens_external_kv_transfer)
+            yield src
             c = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                     labels=["model_name", "engine", "finished_reason"])
             c.add_metric([model, "0", "length"], st.finished_length)
@@ -57,6 +63,7 @@ class _SimCollector(Collector):
         lb = {"model_name": model}
         yield self._counter("motor_sim:kv_transfers", "KV transfers served to decode engines.", st.kv_transfers, lb)
         yield self._counter("motor_sim:kv_transfer_fallbacks", "Decode requests that recomputed the prefill because the KV transfer failed.", st.kv_transfer_fallbacks, lb)
+        yield self._counter("motor_sim:kv_load_failures", "Decode requests failed because the KV load failed (kv_load_failure_policy fail).", st.kv_load_failures, lb)
         yield self._counter("motor_sim:kv_lease_expirations", "Pinned KV leases that expired unfetched.", st.kv_lease_expirations, lb)
         yield self._counter("motor_sim:requests_aborted", "Requests aborted before finishing (client disconnect).", st.requests_aborted, lb)
         yield self._gauge("motor_sim:kv_leases_pinned", "KV leases pinned for remote decode.", len(svc.leases), lb)

@@ -37,6 +37,11 @@ class Stats:
     generation_tokens: int = 0
     kv_transfers: int = 0
     kv_transfer_fallbacks: int = 0
+    kv_load_failures: int = 0
+    # vLLM's vllm:prompt_tokens_by_source: computed here, prefix-cache hits, loaded from a prefill
+    prompt_tokens_local_compute: int = 0
+    prompt_tokens_local_cache_hit: int = 0
+    prompt_tokens_external_kv_transfer: int = 0
     kv_lease_expirations: int = 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -132,6 +133,8 @@ class SimServer:
             headers["x-motor-sim-kv-fallback"] = "1"
         run = Run(rid, job, plan)
         ids = responses.Ids(fl.response_id(rid, kind), svc.cfg.primary_name)
+        if plan.kv_load_failed is not None:
+            return await self._kv_load_failed(request, run, ids, headers)
         gen = svc.generate(run)
         async with contextlib.aclosing(gen):
             try:
@@ -174,6 +177,32 @@ class SimServer:
             await resp.write(tail)
             await resp.write_eof()
             return resp
+
+    async def _kv_load_failed(self, request: web.Request, run: Run, ids: responses.Ids,
+                              headers: dict[str, str]) -> web.StreamResponse:
+        """vLLM 0.32, kv_load_failure_policy "fail": the request finishes with reason ``error``;
+        the API server answers 500 "Internal server error", or, streamed (headers already sent),
+        chat's role chunk, then the error object as an event, then ``[DONE]``."""
+        err = {"error": {"message": "Internal server error", "type": "InternalServerError",
+                         "param": None, "code": 500}}
+        text = json.dumps(err).encode()  # vLLM renders it with json.dumps (", " and ": ")
+        if not run.job.stream:
+            return web.Response(body=text, status=500, content_type=_JSON, headers=headers)
+        resp = web.StreamResponse(headers=headers)
+        resp.content_type = "text/event-stream"
+        resp.charset = "utf-8"
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        out = b""
+        if run.job.kind == "chat":
+            for i in range(run.job.n):
+                role = {"id": ids.response_id, "object": "chat.completion.chunk", "created": run.created,
+                        "model": ids.model, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None}]}  # fmt: skip
+                out += _sse(self.flavour.shape(self.svc, run, role, "role"))
+        await resp.write(out + b"data: " + text + b"\n\n" + _DONE)
+        await resp.write_eof()
+        return resp
 
     async def models(self, request: web.Request) -> web.Response:
         data = [self.flavour.model_card(self.svc, n) for n in self.cfg.served_model_names]

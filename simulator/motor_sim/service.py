@@ -51,6 +51,7 @@ class Plan:
     pin_lease: bool = False  # vLLM producer: pin blocks for a remote decode
     publish_room: int | None = None  # SGLang prefill: hand the KV to the decode on this room
     fallback_reason: str | None = None  # decode recomputed the prefill locally
+    kv_load_failed: str | None = None  # decode could not load the KV (policy "fail"): answer an error
 
 
 @dataclass
@@ -184,10 +185,14 @@ class SimService:
         finished = False
         try:
             run.cached_tokens = alloc.cached_tokens
+            st = engine.stats
+            st.prompt_tokens_local_cache_hit += alloc.cached_tokens
             if plan.remote_kv is not None:
                 await engine.transfer(plan.remote_kv.num_blocks)
+                st.prompt_tokens_external_kv_transfer += len(job.prompt_ids) - alloc.cached_tokens
             else:
                 await engine.prefill(len(job.prompt_ids) - alloc.cached_tokens)
+                st.prompt_tokens_local_compute += len(job.prompt_ids) - alloc.cached_tokens
             model = self.cfg.primary_name
             run.digest = sequence_digest(model, job.prompt_ids, job.key, self.salt)
             greedy = job.key.temperature == 0.0
@@ -248,13 +253,20 @@ class SimService:
         self.leases.put(
             Lease(run.rid, block_ids, payload, time.monotonic() + self.cfg.kv_lease_s)
         )
+        # NixlConnector (pull mode) of vLLM 0.32, request_finished() on the producer: block ids
+        # per KV cache group (one group here), the tokens whose KV is pinned, the parallel sizes.
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": list(block_ids),
+            "remote_block_ids": [list(block_ids)],
             "remote_engine_id": self.engine_id,
             "remote_request_id": run.rid,
             "remote_host": self.cfg.side_channel_host,
             "remote_port": self.cfg.side_channel_port,
             "tp_size": self.cfg.tp_size,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": len(run.job.prompt_ids),
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
         }

@@ -3,7 +3,7 @@
 Wire (see ``framing``): one length-prefixed JSON frame each way per TCP connection.
 
     request  {"op": "nixl_fetch", "remote_engine_id": str, "remote_request_id": str,
-              "remote_block_ids": [int, ...]}
+              "remote_block_ids": [int, ...]}     (the decode flattens vLLM's per-group lists)
     reply    {"ok": true, "kv": {"prompt_token_ids": [...], "first_token_id": int,
               "engine_id": str, "num_blocks": int}}
            | {"ok": false, "error": str}
@@ -45,6 +45,15 @@ def make_handler(svc: SimService) -> framing.Handler:
     return handle
 
 
+def flat_block_ids(groups: Any) -> list[int]:
+    """vLLM 0.32 names the blocks per KV cache group (``[[1, 2]]``); one group here."""
+    if (not isinstance(groups, list) or len(groups) != 1 or not isinstance(groups[0], list)
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in groups[0])):
+        raise TransferError(f"remote_block_ids must hold one list of block ids per KV cache group, "
+                            f"got {groups!r}")
+    return list(groups[0])
+
+
 async def fetch(params: Mapping[str, Any], timeout_s: float) -> KVPayload:
     """Decode side: pull the KV named by ``kv_transfer_params``; raises ``TransferError``."""
     missing = [k for k in REQUIRED if params.get(k) in (None, "")]
@@ -58,7 +67,7 @@ async def fetch(params: Mapping[str, Any], timeout_s: float) -> KVPayload:
         "op": "nixl_fetch",
         "remote_engine_id": params["remote_engine_id"],
         "remote_request_id": params["remote_request_id"],
-        "remote_block_ids": params["remote_block_ids"],
+        "remote_block_ids": flat_block_ids(params["remote_block_ids"]),
     }
     try:
         reply = await framing.request(str(params["remote_host"]), port, msg, timeout_s)

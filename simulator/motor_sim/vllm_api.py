@@ -2,10 +2,15 @@
 
 Prefill (kv_producer/kv_both) given ``kv_transfer_params.do_remote_decode``: runs the request,
 pins its KV blocks under a lease (``--sim-kv-lease-s`` / VLLM_NIXL_ABORT_REQUEST_TIMEOUT) and
-returns NixlConnector's ``kv_transfer_params``. Decode (kv_consumer/kv_both) given
-``do_remote_prefill``: fetches the blocks over the side channel; on any failure it recomputes the
-prefill locally, logs a warning, counts ``motor_sim:kv_transfer_fallbacks_total`` and answers with
-``x-motor-sim-kv-fallback: 1``.
+returns NixlConnector's ``kv_transfer_params`` (vLLM 0.32's fields, block ids per cache group).
+Decode (kv_consumer/kv_both) given ``do_remote_prefill``: fetches the blocks over the side channel.
+A failed load follows vLLM's ``kv_transfer_config.kv_load_failure_policy``:
+
+* ``fail`` (vLLM's default): the request errors — HTTP 500 ``InternalServerError`` "Internal
+  server error"; streamed, a 200 whose first event (after chat's role chunk) is that error object,
+  then ``[DONE]``; counted in ``motor_sim:kv_load_failures_total``.
+* ``recompute``: the decode recomputes the prefill locally, logs a warning, counts
+  ``motor_sim:kv_transfer_fallbacks_total`` and answers with ``x-motor-sim-kv-fallback: 1``.
 """
 
 from __future__ import annotations
@@ -128,10 +133,15 @@ class VLLMFlavour:
                 if kv.prompt_token_ids != job.prompt_ids:
                     raise TransferError("transferred KV belongs to a different prompt")
             except TransferError as exc:
-                svc.stats.kv_transfer_fallbacks += 1
-                log.warning("KV transfer for request %s failed (%s); recomputing prefill locally",
-                            rid, exc)
-                return Plan(fallback_reason=str(exc))
+                if svc.cfg.kv_load_failure_policy == "recompute":
+                    svc.stats.kv_transfer_fallbacks += 1
+                    log.warning("KV transfer for request %s failed (%s); recomputing prefill locally",
+                                rid, exc)
+                    return Plan(fallback_reason=str(exc))
+                svc.stats.kv_load_failures += 1
+                log.error("KV load for request %s failed (%s); failing the request "
+                          "(kv_load_failure_policy=fail)", rid, exc)
+                return Plan(kv_load_failed=str(exc))
             return Plan(remote_kv=kv)
         return Plan()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,13 +102,16 @@ class SimFactory:
         return sim
 
     def vllm(self, *extra: str, model: str = "sim-model", role: str | None = None,
-             env: dict[str, str] | None = None) -> SimProc:
+             env: dict[str, str] | None = None, policy: str | None = None) -> SimProc:
+        """*policy*: vLLM's kv_transfer_config.kv_load_failure_policy (unset: vLLM's default)."""
         args = ["vllm", "serve", model, *extra]
         ports: dict[str, int] = {}
         if role is not None:
             ports["side_channel"] = free_port()
-            args += ["--kv-transfer-config",
-                     f'{{"kv_connector":"NixlConnector","kv_role":"{role}"}}',
+            ktc = {"kv_connector": "NixlConnector", "kv_role": role}
+            if policy is not None:
+                ktc["kv_load_failure_policy"] = policy
+            args += ["--kv-transfer-config", json.dumps(ktc),
                      "--sim-side-channel-port", str(ports["side_channel"])]
         return self.start(*args, env=env, ports=ports)
 
