@@ -9,7 +9,16 @@ import pytest
 from motor_sim import tokenizer
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import FaultMode, InvalidFault, parse_fault
-from motor_sim.generator import Decoder, SamplingKey, sequence_digest, token_at, token_text
+from motor_sim.generator import (
+    Decoder,
+    SamplingKey,
+    f32,
+    logprob_of,
+    sequence_digest,
+    token_at,
+    token_text,
+    top_alternatives,
+)
 from motor_sim.kvcache import BlockManager, NoFreeBlocks, block_hashes
 from motor_sim.kvtransfer import KVPayload, Lease, LeaseTable, RoomTable, TransferError
 from motor_sim.params import InvalidRequest, parse
@@ -53,6 +62,27 @@ def test_generator_same_inputs_same_text_and_seed_changes_it() -> None:
 def test_generator_token_is_a_pure_function_of_position() -> None:
     digest = sequence_digest("m", [1, 2, 3], SamplingKey())
     assert [token_at(digest, 0, i) for i in range(5)] == [token_at(digest, 0, i) for i in range(5)]
+
+
+def test_sampling_parameters_count_as_float32_like_a_real_engine() -> None:
+    """A router that re-sends temperature 0.8 as its float32 value (0.800000011920929) gets the
+    same sampled text; a genuinely different temperature does not."""
+    ids = tokenizer.encode("a prompt")
+    exact = sequence_digest("m", ids, SamplingKey(seed=3, temperature=0.8, top_p=0.9))
+    widened = sequence_digest("m", ids, SamplingKey(seed=3, temperature=0.800000011920929,
+                                                     top_p=0.8999999761581421))
+    other = sequence_digest("m", ids, SamplingKey(seed=3, temperature=0.81, top_p=0.9))
+    assert exact == widened != other
+
+
+def test_logprobs_are_float32_values() -> None:
+    digest = sequence_digest("m", [1, 2, 3], SamplingKey())
+    for pos in range(20):
+        lp = logprob_of(digest, 0, pos)
+        assert f32(lp) == lp and -4.0 < lp <= -0.01
+        alts = top_alternatives(digest, 0, pos, 5)
+        assert all(f32(v) == v for _, v in alts)
+        assert [v for _, v in alts] == sorted((v for _, v in alts), reverse=True)
 
 
 def test_generated_words_retokenize_to_their_ids() -> None:
