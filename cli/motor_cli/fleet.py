@@ -39,6 +39,9 @@ class FleetOptions:
     heartbeat_timeout_sec: float = 3.0
     zero_latency: bool = False
     etcd_endpoint: str | None = None
+    # Mutual TLS on every gRPC channel and HTTPS on the gateway, with certificates from a
+    # throw-away CA in state_dir/tls (written by `motor up --tls`).
+    tls: bool = False
     # Per-program overrides from --config (deep-merged into the generated configuration).
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -83,7 +86,13 @@ class FleetPlan:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://{host_port(self.options.host, self.options.gateway_port)}"
+        scheme = "https" if self.options.tls else "http"
+        return f"{scheme}://{host_port(self.options.host, self.options.gateway_port)}"
+
+    @property
+    def tls_names(self) -> list[str]:
+        """Who gets a certificate with --tls: every program and the CLI (`cli`)."""
+        return [p.name for p in self.programs] + ["cli"]
 
     @property
     def controller_address(self) -> str:
@@ -103,6 +112,11 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
         else:
             out[key] = value
     return out
+
+
+def tls_dir(opts: FleetOptions) -> Path:
+    """Where `motor up --tls` writes its CA and certificates."""
+    return opts.state_dir / "tls"
 
 
 def node_names(opts: FleetOptions) -> list[tuple[str, str]]:
@@ -127,11 +141,23 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         argv = (str(bin_dir / exe), "--config", str(cfg_path), "--ports-file", str(ports))
         programs.append(ProgramSpec(name, kind, argv, merged, cfg_path, ports, port, role))
 
+    def tls(name: str, *, mutual: bool = True) -> dict[str, Any]:
+        """The `tls` section of program *name* (motor_common.tls.TlsConfig) under --tls."""
+        d = tls_dir(opts)
+        return {"cert_file": str(d / f"{name}.pem"), "key_file": str(d / f"{name}.key"),
+                "ca_file": str(d / "ca.pem"), "require_client_cert": mutual}
+
+    def server(port: int, name: str) -> dict[str, Any]:
+        section: dict[str, Any] = {"host": opts.host, "port": port, "management_key_file": key}
+        if opts.tls:
+            section["tls"] = tls(name)
+        return section
+
     coord_addrs = [host_port(opts.host, p) for p in opts.coordinator_ports]
     for i, port in enumerate(opts.coordinator_ports):
         name = "coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
         cfg: dict[str, Any] = {
-            "server": {"host": opts.host, "port": port, "management_key_file": key},
+            "server": server(port, name),
             "log": {"format": "text"},
         }
         if opts.etcd_endpoint:  # active/standby: announce a promotion to the controller
@@ -151,7 +177,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         "controller",
         "motor-controller",
         {
-            "server": {"host": opts.host, "port": opts.controller_port, "management_key_file": key},
+            "server": server(opts.controller_port, "controller"),
             "coordinators": coord_addrs,
             "heartbeat_interval_sec": opts.heartbeat_interval_sec,
             "heartbeat_timeout_sec": opts.heartbeat_timeout_sec,
@@ -176,7 +202,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
                 "model_name": opts.model,
                 "ip": opts.host,
                 "controller_address": host_port(opts.host, opts.controller_port),
-                "server": {"host": opts.host, "port": port, "management_key_file": key},
+                "server": server(port, name),
                 "heartbeat_interval_seconds": opts.heartbeat_interval_sec,
                 "daemon_loop_interval": 1.0,
                 "health": {"poll_interval_sec": 0.5, "timeout_sec": 2.0, "startup_grace_sec": 60.0},
@@ -188,11 +214,10 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             role,
         )
 
-    program(
-        "gateway",
-        "gateway",
-        "motor-gateway",
-        {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs, "log": {"format": "text"}},
-        opts.gateway_port,
-    )
+    gateway: dict[str, Any] = {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs,
+                               "log": {"format": "text"}}
+    if opts.tls:
+        gateway["tls"] = {k: v for k, v in tls("gateway").items() if k != "require_client_cert"}
+        gateway["https"] = tls("gateway", mutual=False)
+    program("gateway", "gateway", "motor-gateway", gateway, opts.gateway_port)
     return FleetPlan(opts, tuple(programs))

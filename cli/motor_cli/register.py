@@ -32,6 +32,7 @@ from motor_cli.registration import (
     plan_set,
     resolve_delete,
 )
+from motor_cli.tls_args import add_tls_flags, tls_from_args
 from motor_common.config import load_config
 from motor_common.convert import instance_from_pb, instance_to_pb
 from motor_common.domain import EngineType, Instance, InstanceStatus, Role
@@ -74,7 +75,7 @@ def _common() -> argparse.ArgumentParser:
                    help="file holding the management key (env MOTOR_MANAGEMENT_KEY_FILE; default: the fleet's)")
     p.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR,
                    help="a fleet started by `motor up` (default %(default)s)")
-    p.add_argument("--tls-ca-file", default=None, help="CA bundle for TLS to the coordinator")
+    add_tls_flags(p)
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable JSON output")
     return p
@@ -153,7 +154,7 @@ class Registry:
         self.timeout = args.timeout
         self.metadata = call_metadata(read_secret(target.management_key_file(args.management_key_file,
                                                                             args.state_dir)))
-        self.channel = open_channel(self.address, tls_ca_file=args.tls_ca_file)
+        self.channel = open_channel(self.address, tls=tls_from_args(args, {"tls": target.tls_section(args.state_dir)}))
         self.stub = cgrpc.InstanceRegistryServiceStub(self.channel)
 
     async def list(self) -> tuple[list[Instance], cpb.ListInstancesResponse]:

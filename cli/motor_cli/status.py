@@ -21,12 +21,14 @@ from typing import Any
 import grpc
 
 from motor_cli import output, target
+from motor_cli.tls_args import add_tls_flags, tls_from_args
 from motor_common.errors import MotorError
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.grpc_server import read_secret
+from motor_common.tls import TlsConfig
 
 EXIT_FAILED = 1
 
@@ -56,10 +58,10 @@ class FleetView:
         return node_count
 
 
-async def fetch_view(address: str, key: str | None, timeout: float = 2.0) -> FleetView:
+async def fetch_view(address: str, key: str | None, timeout: float = 2.0, tls: TlsConfig | None = None) -> FleetView:
     md = call_metadata(key)
     try:
-        async with open_channel(address) as channel:
+        async with open_channel(address, tls=tls) as channel:
             stub = pbg.ControllerAdminServiceStub(channel)
             nodes = await stub.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=timeout)
             insts = await stub.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=timeout)
@@ -128,6 +130,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--management-key-file", metavar="FILE",
                         help="management key (env MOTOR_MANAGEMENT_KEY_FILE; default: the fleet's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_tls_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,10 +138,11 @@ def run(args: argparse.Namespace) -> int:
         address = target.controller_address(args.controller, args.state_dir)
         key_file = target.management_key_file(args.management_key_file, args.state_dir)
         key = read_secret(key_file) if key_file else None
+        tls = tls_from_args(args, {"tls": target.tls_section(args.state_dir)})
     except MotorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
-    view = asyncio.run(fetch_view(address, key))
+    view = asyncio.run(fetch_view(address, key, tls=tls))
     if not view.ok:
         print(f"error: {view.error}", file=sys.stderr)
         return EXIT_FAILED

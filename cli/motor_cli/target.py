@@ -90,3 +90,9 @@ def management_key_file(flag: str | None, state_dir: str | Path) -> str | None:
         return str(found)
     left = Path(state_dir) / KEY_FILE
     return str(left) if left.is_file() else None
+
+
+def tls_section(state_dir: str | Path) -> dict[str, Any]:
+    """The CLI's TLS files recorded by a running ``motor up --tls`` (empty otherwise)."""
+    tls = _live(state_dir).get("tls")
+    return dict(tls) if isinstance(tls, dict) else {}

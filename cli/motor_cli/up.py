@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import secrets
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -37,7 +39,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet
+from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_common.config import read_config_file
 from motor_common.errors import ConfigError, MotorError
@@ -52,6 +54,7 @@ from motor_common.ports import (
 )
 from motor_common.procs import die_with_parent
 from motor_common.runner import EXIT_RESCHEDULE
+from motor_common.tls import TlsConfig
 
 EXIT_FAILED = 1
 
@@ -71,6 +74,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart-delay", type=float, default=2.0, help="seconds before a program that exited is restarted")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the fleet to be ready")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (programs and configs) and exit")
+    parser.add_argument("--tls", action="store_true",
+                        help="mutual TLS on every gRPC channel and HTTPS on the gateway, with a throw-away CA "
+                             "and per-program certificates in STATE_DIR/tls")
 
 
 
@@ -112,6 +118,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         key_file=state / "management.key",
         zero_latency=args.zero_latency,
         overrides=overrides,
+        tls=args.tls,
     )
 
 
@@ -206,8 +213,37 @@ def _write_configs(plan: FleetPlan) -> None:
     if not opts.key_file.exists():
         opts.key_file.write_text(secrets.token_hex(24) + "\n")
         opts.key_file.chmod(0o600)
+    if opts.tls:
+        _write_certificates(plan)
     for spec in plan.programs:
         spec.config_path.write_text(yaml.safe_dump(dict(spec.config), sort_keys=False))
+
+
+def _write_certificates(plan: FleetPlan) -> None:
+    """A fresh throw-away CA and one certificate per program (and `cli`) for this run."""
+    from motor_common import certs  # cryptography: only needed with --tls
+
+    d = tls_dir(plan.options)
+    hosts = sorted({plan.options.host, "127.0.0.1", "localhost"})
+    ca = certs.make_ca(d)
+    for name in plan.tls_names:
+        certs.issue(ca, d, name, hosts)
+
+
+def cli_tls(plan: FleetPlan) -> TlsConfig | None:
+    """The CLI's own TLS identity in a --tls fleet (for status polling and fleet.json)."""
+    if not plan.options.tls:
+        return None
+    d = tls_dir(plan.options)
+    return TlsConfig(cert_file=str((d / "cli.pem").resolve()), key_file=str((d / "cli.key").resolve()),
+                     ca_file=str((d / "ca.pem").resolve()))
+
+
+def _client_ssl(tls: TlsConfig | None) -> ssl.SSLContext | bool:
+    """What aiohttp needs to reach the gateway: the fleet CA under --tls, else plain HTTP."""
+    if tls is None or tls.ca_file is None:
+        return True
+    return ssl.create_default_context(cafile=tls.ca_file)
 
 
 def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
@@ -219,6 +255,7 @@ def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
         "controller": plan.controller_address,
         "coordinators": plan.coordinator_addresses,
         "management_key_file": str(opts.key_file.resolve()),
+        "tls": dataclasses.asdict(tls) if (tls := cli_tls(plan)) else None,
         "model": opts.model,
         "programs": {c.spec.name: {"pid": c.pid, "port": c.spec.port, "kind": c.spec.kind, "role": c.spec.role,
                                     "starts": c.starts, "log": str(c.log_path)} for c in sup.children},
@@ -234,9 +271,11 @@ def _tail(path: Path, lines: int = 8) -> str:
     return ""
 
 
-async def _gateway_ready(session: aiohttp.ClientSession, url: str) -> tuple[bool, str]:
+async def _gateway_ready(session: aiohttp.ClientSession, url: str,
+                         tls: TlsConfig | None = None) -> tuple[bool, str]:
     try:
-        async with session.get(f"{url}/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+        async with session.get(f"{url}/ready", timeout=aiohttp.ClientTimeout(total=2),
+                               ssl=_client_ssl(tls)) as resp:
             body = await resp.json(content_type=None)
             return resp.status == 200, str(body.get("error", {}).get("message", "") if isinstance(body, dict) else "")
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
@@ -258,6 +297,11 @@ def _banner(plan: FleetPlan) -> str:
     url = plan.gateway_url
     body = json.dumps({"model": o.model, "prompt": "Hello, Motor", "max_tokens": 16})
     coord = plan.coordinator_addresses[0]
+    curl, grpcurl = "curl", "-plaintext"
+    if o.tls:
+        d = tls_dir(o)
+        curl = f"curl --cacert {d}/ca.pem"
+        grpcurl = f"-cacert {d}/ca.pem -cert {d}/cli.pem -key {d}/cli.key"
     return "\n".join(
         [
             "",
@@ -268,11 +312,11 @@ def _banner(plan: FleetPlan) -> str:
             f"  state        {o.state_dir}  (configs, logs/, management.key, controller.db)",
             "",
             "Try:",
-            f"  curl -s {url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
-            f"  curl -sN {url}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"  {curl} -s {url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",
+            f"  {curl} -sN {url}/v1/chat/completions -H 'Content-Type: application/json' "
             f"-d '{json.dumps({'model': o.model, 'messages': [{'role': 'user', 'content': 'Hi'}], 'stream': True})}'",
             f"  .venv/bin/motor status --state-dir {o.state_dir}",
-            f"  .venv/bin/grpcurl -plaintext {coord} list",
+            f"  .venv/bin/grpcurl {grpcurl} {coord} list",
             "",
             "Ctrl-C stops everything.",
             "",
@@ -329,8 +373,8 @@ async def _wait_ready(
                 if tail:
                     _say("    " + tail.replace("\n", "\n    "))
         sup.events.clear()
-        view = await fetch_view(plan.controller_address, key)
-        ok, _ = await _gateway_ready(http, plan.gateway_url)
+        view = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
+        ok, _ = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
         fleet = format_line(view) if view.ok else "controller starting"
         line = f"  waiting: {fleet}; gateway {'ready' if ok else 'starting'}"
         if line != last:
@@ -356,8 +400,8 @@ async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, 
         if sup.events:
             _write_fleet_file(plan, sup, ready=True)
         sup.events.clear()
-        view: FleetView = await fetch_view(plan.controller_address, key)
-        ok, why = await _gateway_ready(http, plan.gateway_url)
+        view: FleetView = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
+        ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
         line = f"{format_line(view)}; gateway {'ready' if ok else 'NOT ready: ' + (why or '?')}"
         if line != last or time.monotonic() - last_print > 60:
             _say(f"[{time.strftime('%H:%M:%S')}] {line}")

@@ -23,7 +23,7 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from motor_common.errors import ConfigError, InvalidArgument, MotorError, Unauth
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import host_port
 from motor_common.strict_proto import unknown_field_paths
+from motor_common.tls import TlsConfig, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,14 @@ LIVENESS_SERVICE = "liveness"
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Listen address and security of a gRPC server (a section of each service's config)."""
+    """Listen address and security of a gRPC server (a section of each service's config).
+
+    ``tls`` is the program's TLS identity (motor_common.tls): its server and its outbound channels.
+    ``tls_cert_file``/``tls_key_file`` are the older spelling of ``tls.cert_file``/``tls.key_file``."""
 
     host: str = "127.0.0.1"
     port: int = 0
+    tls: TlsConfig = field(default_factory=TlsConfig)
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     management_key_file: str | None = None
@@ -81,6 +86,10 @@ class ServerConfig:
             raise ValueError(f"port {self.port} is outside [0, 65535]")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
+        if self.tls_cert_file is not None:
+            if self.tls.cert_file is not None:
+                raise ValueError("set tls.cert_file/key_file or the older tls_cert_file/tls_key_file, not both")
+            object.__setattr__(self, "tls", replace(self.tls, cert_file=self.tls_cert_file, key_file=self.tls_key_file))
 
 
 def read_secret(path: str | None, what: str = "management key") -> str | None:
@@ -335,9 +344,8 @@ class GrpcServer:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
         address = host_port(self.config.host, self.config.port)
-        if self.config.tls_cert_file and self.config.tls_key_file:
-            creds = _server_credentials(self.config.tls_key_file, self.config.tls_cert_file)
-            self.port = server.add_secure_port(address, creds)
+        if self.config.tls.serves_tls:
+            self.port = server.add_secure_port(address, server_credentials(self.config.tls))
         else:
             self.port = server.add_insecure_port(address)
         if self.port == 0:
@@ -370,10 +378,6 @@ class GrpcServer:
     async def wait_for_termination(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
-
-
-def _server_credentials(key_file: str, cert_file: str) -> grpc.ServerCredentials:
-    return grpc.ssl_server_credentials([(Path(key_file).read_bytes(), Path(cert_file).read_bytes())])
 
 
 def _health_servicer() -> Any:

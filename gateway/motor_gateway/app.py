@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -203,13 +204,16 @@ class Gateway:
 
 
 async def start_site(app: web.Application, host: str, port: int, *, shutdown_timeout: float,
-                     reuse_port: bool = False) -> tuple[web.AppRunner, int]:
-    """Serve *app* on host:port (0 = any); returns the runner (``await runner.cleanup()``) and the
-    bound port. Raises ``ConfigError`` when the address cannot be bound."""
+                     reuse_port: bool = False,
+                     ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Serve *app* on host:port (0 = any), HTTPS with *ssl_context*; returns the runner
+    (``await runner.cleanup()``) and the bound port. Raises ``ConfigError`` when the address
+    cannot be bound."""
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
+        site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None,
+                           ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from motor_common.logs import LogConfig
+from motor_common.tls import TlsConfig
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 
@@ -23,8 +24,14 @@ class GatewayConfig:
     control_timeout_sec: float = 3.0
     # File holding the inference API key; when set, /v1/* needs `Authorization: Bearer <key>`.
     api_key_file: str | None = None
-    # CA bundle for TLS to the coordinators; plaintext when unset.
+    # TLS to the coordinators (motor_common.tls): ca_file verifies them (TLS on when set),
+    # cert_file/key_file are presented as the client certificate (mutual TLS).
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # Older spelling of tls.ca_file.
     tls_ca_file: str | None = None
+    # HTTPS on the OpenAI front: cert_file/key_file served (reloaded when they change); with
+    # require_client_cert, HTTP clients need a certificate signed by ca_file. Plain HTTP when unset.
+    https: TlsConfig = field(default_factory=TlsConfig)
     # Seconds between readiness probes of the coordinators (only with more than one; all are
     # probed concurrently, each bounded by probe_timeout_sec). See docs/ha.md.
     probe_interval_sec: float = 0.25

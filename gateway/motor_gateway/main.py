@@ -25,6 +25,7 @@ from motor_common.errors import ConfigError
 from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
 from motor_common.runner import run, stop_event_on_signals, write_ports_file
+from motor_common.tls import https_context
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
@@ -72,7 +73,7 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
 async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                 stop: asyncio.Event | None = None, *, reuse_port: bool = False) -> int:
     api_key = read_api_key(cfg.api_key_file)
-    pool = CoordinatorPool(cfg.coordinators, tls_ca_file=cfg.tls_ca_file,
+    pool = CoordinatorPool(cfg.coordinators, tls=cfg.tls, tls_ca_file=cfg.tls_ca_file,
                            timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
                            probe_timeout=cfg.probe_timeout_sec, failover_timeout=cfg.failover_timeout_sec,
                            dispatch_attempts=cfg.dispatch_attempts)
@@ -80,7 +81,8 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                                 control_timeout=cfg.control_timeout_sec)
     try:
         runner, port = await start_site(Gateway(client, api_key=api_key).make_app(), cfg.host, cfg.port,
-                                        shutdown_timeout=cfg.shutdown_grace_sec, reuse_port=reuse_port)
+                                        shutdown_timeout=cfg.shutdown_grace_sec, reuse_port=reuse_port,
+                                        ssl_context=https_context(cfg.https) if cfg.https.serves_tls else None)
     except BaseException:
         await pool.close()
         raise

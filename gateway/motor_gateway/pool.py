@@ -23,6 +23,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.leadership import LeaderRole
 from motor_common.tasks import TaskOwner
+from motor_common.tls import TlsConfig
 from motor_gateway.routing import UNREACHABLE, CoordinatorView, Route, choose
 
 __all__ = ["UNREACHABLE", "CoordinatorPool", "Readiness"]
@@ -44,9 +45,9 @@ class Readiness:
 
 
 class _Member:
-    def __init__(self, address: str, tls_ca_file: str | None) -> None:
+    def __init__(self, address: str, tls: TlsConfig | None, tls_ca_file: str | None) -> None:
         self.address = address
-        self.channel = open_channel(address, tls_ca_file=tls_ca_file)
+        self.channel = open_channel(address, tls=tls, tls_ca_file=tls_ca_file)
         self.stub = cgrpc.DispatchServiceStub(self.channel)
 
     async def view(self, timeout: float) -> CoordinatorView:
@@ -74,6 +75,7 @@ class CoordinatorPool:
         self,
         addresses: tuple[str, ...] | list[str],
         *,
+        tls: TlsConfig | None = None,
         tls_ca_file: str | None = None,
         timeout: float = 3.0,
         probe_interval: float = 0.25,
@@ -83,7 +85,7 @@ class CoordinatorPool:
     ) -> None:
         if not addresses:
             raise ValueError("CoordinatorPool needs at least one address")
-        self._members = {a: _Member(a, tls_ca_file) for a in addresses}
+        self._members = {a: _Member(a, tls, tls_ca_file) for a in addresses}
         self._order = list(self._members)
         self._timeout = timeout
         self._probe_interval = probe_interval

@@ -77,17 +77,18 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     key = read_secret(config.server.management_key_file)
     if config.store.backend == "etcd":
         return await serve_ha(config, ports_file, key)
-    nms = GrpcNodeManagers(key, config.rpc_timeout_sec)
+    tls = config.server.tls
+    nms = GrpcNodeManagers(key, config.rpc_timeout_sec, tls)
     restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = await open_store(config.store.backend, config.store.path)
     controller = Controller(
         config,
         store,
         nms,
-        [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
+        [GrpcCoordinator(a, key, config.rpc_timeout_sec, tls) for a in config.coordinators],
         restarter=restarter,
-        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
-        scale_down_peers=GrpcScaleDown(key),
+        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec, tls),
+        scale_down_peers=GrpcScaleDown(key, tls),
     )
     await controller.load()
     server = build_server(config, controller, key)
@@ -119,17 +120,18 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
     from motor_controller.etcd_store import EtcdStore
 
     ha, st = config.ha, config.store
-    nms = GrpcNodeManagers(key, config.rpc_timeout_sec)
+    tls = config.server.tls
+    nms = GrpcNodeManagers(key, config.rpc_timeout_sec, tls)
     restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = EtcdStore(st.etcd_endpoints, st.etcd_prefix, timeout=st.etcd_timeout_sec)
     controller = Controller(
         config,
         store,
         nms,
-        [GrpcCoordinator(a, key, config.rpc_timeout_sec) for a in config.coordinators],
+        [GrpcCoordinator(a, key, config.rpc_timeout_sec, tls) for a in config.coordinators],
         restarter=restarter,
-        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec),
-        scale_down_peers=GrpcScaleDown(key),
+        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec, tls),
+        scale_down_peers=GrpcScaleDown(key, tls),
     )
     server = build_server(config, controller, key, gate=lambda: leader.check())
     leader = ControllerLeader(controller, server, "controller")

@@ -21,6 +21,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_common.tls import TlsConfig
 from motor_controller.assembly import StartCommand
 from motor_controller.convert import node_status_from_pb, start_request
 from motor_controller.model import NodeStatus
@@ -55,15 +56,16 @@ class CoordinatorClient(Protocol):
 class GrpcNodeManagers:
     """One channel per nodemanager address, opened lazily."""
 
-    def __init__(self, management_key: str | None, timeout: float) -> None:
+    def __init__(self, management_key: str | None, timeout: float, tls: TlsConfig | None = None) -> None:
         self._key = management_key
         self._timeout = timeout
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _stub(self, address: str) -> ngrpc.NodeManagerServiceStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = open_channel(address)
+            ch = self._channels[address] = open_channel(address, tls=self._tls)
         return ngrpc.NodeManagerServiceStub(ch)
 
     async def start_engines(self, cmd: StartCommand) -> None:
@@ -117,8 +119,10 @@ class GrpcCoordinator:
     froze or lost the lock, even behind a Service address. ``epoch`` counts the swaps so a caller
     can tell a failure caused by the swap from a real one."""
 
-    def __init__(self, address: str, management_key: str | None, timeout: float) -> None:
+    def __init__(self, address: str, management_key: str | None, timeout: float,
+                 tls: TlsConfig | None = None) -> None:
         self.address = address
+        self._tls = tls
         self._key = management_key
         self._timeout = timeout
         self.epoch = 0
@@ -126,7 +130,7 @@ class GrpcCoordinator:
         self._open()
 
     def _open(self) -> None:
-        self._channel = open_channel(self.address)
+        self._channel = open_channel(self.address, tls=self._tls)
         self._stub = cgrpc.InstanceRegistryServiceStub(self._channel)
 
     def reconnect(self) -> None:

@@ -9,6 +9,7 @@ import grpc
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_common.tls import TlsConfig
 
 _STATES = {
     npb.SCALE_DOWN_STATE_DISABLED: "disabled",
@@ -21,14 +22,15 @@ _STATES = {
 
 
 class GrpcScaleDown:
-    def __init__(self, management_key: str | None) -> None:
+    def __init__(self, management_key: str | None, tls: TlsConfig | None = None) -> None:
         self._key = management_key
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def _stub(self, address: str) -> ngrpc.ScaleDownServiceStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = open_channel(address)
+            ch = self._channels[address] = open_channel(address, tls=self._tls)
         return ngrpc.ScaleDownServiceStub(ch)
 
     async def guard(self, address: str, request_id: str, instance_id: int, lease_sec: float,

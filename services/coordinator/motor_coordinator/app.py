@@ -12,6 +12,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.ops_http import OpsHttpServer
 from motor_common.tasks import TaskOwner
+from motor_common.tls import https_context
 from motor_coordinator.adapters import default_adapters
 from motor_coordinator.config import CoordinatorConfig
 from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH_SERVICE
@@ -156,7 +157,7 @@ class Coordinator:
         self._dirty = asyncio.Event()
         await self._apply_readiness()
         await self._start_election()
-        self.precision.start(self.address, self.server.management_key)
+        self.precision.start(self.address, self.server.management_key, self.cfg.server.tls)
         self.tasks.spawn(self._readiness_loop(), name="readiness")
         d = self.cfg.dispatch
         if d.health_probe_interval_sec > 0:
@@ -170,7 +171,8 @@ class Coordinator:
         if h.enabled:
             assert h.port is not None
             self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=d.request_timeout_sec,
-                                  api_key=read_api_key(h.api_key_file), shutdown_timeout=h.shutdown_grace_sec)
+                                  api_key=read_api_key(h.api_key_file), shutdown_timeout=h.shutdown_grace_sec,
+                                  ssl_context=https_context(h.tls) if h.tls.serves_tls else None)
             await self.http.start()
         return port
 
@@ -181,7 +183,7 @@ class Coordinator:
             return
         if self.cfg.controller_address:
             sink = ControllerAlarms(self.cfg.controller_address, management_key=self.server.management_key,
-                                    timeout=2.0, tls_ca_file=None)
+                                    timeout=2.0, tls=self.cfg.server.tls)
             announcer = self.announcer = PromotionAnnouncer(sink, self.address)
             lead.on_promoted(lambda view: announcer.promoted(view.term))
             lead.on_demoted(lambda _: announcer.cancel())

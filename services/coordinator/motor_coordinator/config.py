@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
 from motor_common.logs import LogConfig
+from motor_common.tls import TlsConfig
 from motor_coordinator.precision_config import PrecisionConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
@@ -112,6 +113,8 @@ class HttpConfig:
     api_key_file: str | None = None
     # Seconds in-flight HTTP requests get to finish on shutdown.
     shutdown_grace_sec: float = 10.0
+    # HTTPS (motor_common.tls): cert_file/key_file served and reloaded on change; plain HTTP when unset.
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     @property
     def enabled(self) -> bool:

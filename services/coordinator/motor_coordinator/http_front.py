@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -142,18 +143,21 @@ class HttpFront:
     """The gateway app on ``http.host:http.port`` with the in-process client."""
 
     def __init__(self, backend: DispatchBackend, host: str, port: int, *, request_timeout: float,
-                 api_key: str | None = None, shutdown_timeout: float = 10.0) -> None:
+                 api_key: str | None = None, shutdown_timeout: float = 10.0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.app = Gateway(InProcessDispatchClient(backend, request_timeout=request_timeout),
                            api_key=api_key).make_app()
         self.host = host
         self._port = port
         self._shutdown_timeout = shutdown_timeout
+        self._ssl = ssl_context
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
     async def start(self) -> int:
         self._runner, self.port = await start_site(self.app, self.host, self._port,
-                                                   shutdown_timeout=self._shutdown_timeout)
+                                                   shutdown_timeout=self._shutdown_timeout,
+                                                   ssl_context=self._ssl)
         return self.port
 
     async def stop(self) -> None:

@@ -27,6 +27,7 @@ from prometheus_client import Counter, Gauge
 from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2 as ctl
 from motor_common.tasks import TaskOwner
+from motor_common.tls import TlsConfig
 from motor_coordinator.dispatcher import Dispatcher, Head
 from motor_coordinator.policies import Candidate
 from motor_coordinator.precision import (
@@ -153,12 +154,12 @@ class PrecisionMonitor:
 
     # -- life cycle --------------------------------------------------------------------------
 
-    def start(self, address: str, management_key: str | None) -> None:
+    def start(self, address: str, management_key: str | None, tls: TlsConfig | None = None) -> None:
         """Start probing (when enabled) and reporting (when a controller is configured)."""
         self.tracker = PrecisionTracker(f"coordinator@{address}", self.clear_threshold)
         if self.controller_address:
             sink = ControllerAlarms(self.controller_address, management_key=management_key,
-                                    timeout=self.cfg.report_timeout_sec)
+                                    timeout=self.cfg.report_timeout_sec, tls=tls)
             self.outbox = AlarmOutbox(sink, address, self.cfg.report_retry_interval_sec)
             self._tasks.spawn(self.outbox.run(), name="precision-reports")
         if self.cfg.enabled:

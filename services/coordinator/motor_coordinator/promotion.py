@@ -19,6 +19,7 @@ from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as ctl_grpc
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.logs import new_request_id
 from motor_common.tasks import TaskOwner
+from motor_common.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,9 @@ class ControllerAlarms:
     """``ControllerService.ReportAlarm`` over one channel (management key as metadata)."""
 
     def __init__(self, address: str, *, management_key: str | None, timeout: float,
-                 tls_ca_file: str | None = None) -> None:
+                 tls: TlsConfig | None = None) -> None:
         self.address = address
-        self._channel = open_channel(address, tls_ca_file=tls_ca_file)
+        self._channel = open_channel(address, tls=tls)
         self._stub = ctl_grpc.ControllerServiceStub(self._channel)
         self._key = management_key
         self._timeout = timeout

@@ -388,6 +388,7 @@ class NodeManagerApp(Application):
             self.peer = GrpcController(
                 cfg.controller_address,
                 self._management_key(),
+                tls=cfg.server.tls,
                 tls_ca_file=cfg.controller_tls_ca_file,
             )
             peer = self.peer

@@ -22,6 +22,7 @@ from motor_common.errors import DeadlineExceeded, MotorError, Unavailable
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_common.tls import TlsConfig
 
 
 class NodeState(enum.Enum):
@@ -118,11 +119,12 @@ class GrpcController:
     others answer UNAVAILABLE ``NOT_MASTER``): a call that fails UNAVAILABLE or DEADLINE_EXCEEDED
     moves the next call to the next address."""
 
-    def __init__(self, address: str, management_key: str | None, *, tls_ca_file: str | None = None) -> None:
+    def __init__(self, address: str, management_key: str | None, *, tls: TlsConfig | None = None,
+                 tls_ca_file: str | None = None) -> None:
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self.address = self.addresses[0]
         self._key = management_key
-        self._channels = {a: open_channel(a, tls_ca_file=tls_ca_file) for a in self.addresses}
+        self._channels = {a: open_channel(a, tls=tls, tls_ca_file=tls_ca_file) for a in self.addresses}
         self._stubs = {a: cgrpc.ControllerServiceStub(ch) for a, ch in self._channels.items()}
 
     @property

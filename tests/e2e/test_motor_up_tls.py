@@ -1,0 +1,93 @@
+"""`motor up --tls`: the whole managed fleet with mutual TLS on every gRPC channel and HTTPS on the
+gateway, from a throw-away CA made at start-up.
+
+The fleet becoming ready proves every channel works with mTLS (nodemanagers → controller register
+and heartbeat, controller → nodemanagers start engines, controller → coordinator pushes instances,
+gateway → coordinator dispatches). Then: the openai SDK over HTTPS, `motor status` against it, and
+gRPC clients without a certificate, with one from another CA, or in plaintext are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import openai
+import pytest
+
+from motor_common import certs
+from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
+from motor_common.grpc_client import call_metadata, open_channel
+from motor_common.tls import TlsConfig
+from tests.conftest import tool
+from tests.motor_up import UpFleet, motor_up
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[UpFleet]:
+    async with motor_up(tmp_path, "--tls", "--zero-latency", timeout=120) as up:
+        yield up
+
+
+async def _list_nodes(address: str, key: str, tls: TlsConfig | None) -> int:
+    async with open_channel(address, tls=tls) as ch:
+        resp = await pbg.ControllerAdminServiceStub(ch).ListNodes(
+            pb.ListNodesRequest(), metadata=call_metadata(key), timeout=5)
+        return len(resp.nodes)
+
+
+async def test_motor_up_tls_runs_the_fleet_with_mutual_tls(fleet: UpFleet, tmp_path: Path) -> None:
+    info = fleet.info
+    assert info["gateway_url"].startswith("https://")
+    tls = TlsConfig(**info["tls"])
+    assert tls.ca_file and tls.cert_file
+    for spec in (fleet.state / "controller.yaml", fleet.state / "coordinator.yaml"):
+        assert "require_client_cert: true" in spec.read_text()
+
+    # The OpenAI front over HTTPS, verified against the fleet CA.
+    verify = ssl.create_default_context(cafile=tls.ca_file)
+    async with openai.DefaultAsyncHttpxClient(verify=verify) as http:
+        client = openai.AsyncOpenAI(base_url=info["gateway_url"] + "/v1", api_key="unused",
+                                    max_retries=0, timeout=10, http_client=http)
+        resp = await client.completions.create(model="tiny", prompt="Hello over TLS", max_tokens=4)
+        assert resp.choices[0].text and resp.usage is not None and resp.usage.completion_tokens == 4
+    # Without the fleet CA the SDK refuses the gateway's certificate.
+    untrusting = openai.AsyncOpenAI(base_url=info["gateway_url"] + "/v1", api_key="unused", max_retries=0, timeout=10)
+    with pytest.raises(openai.APIConnectionError):
+        await untrusting.completions.create(model="tiny", prompt="x", max_tokens=1)
+    # Plain HTTP to the HTTPS port gets no completion.
+    plain = info["gateway_url"].replace("https://", "http://")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await session.post(plain + "/v1/completions", json={"model": "tiny", "prompt": "x"},
+                               timeout=aiohttp.ClientTimeout(total=5))
+
+    # `motor status` finds the CLI certificate through fleet.json.
+    status = subprocess.run([tool("motor"), "status", "--state-dir", str(fleet.state), "--json"],
+                            capture_output=True, text=True, timeout=30, check=True)
+    view = json.loads(status.stdout)
+    assert sorted(i["role"] for i in view["instances"] if i["state"] == "active") == ["decode", "prefill"]
+
+    key = Path(info["management_key_file"]).read_text().strip()
+    assert await _list_nodes(info["controller"], key, tls) == 2
+    stranger_ca = certs.make_ca(tmp_path / "stranger")
+    stranger = certs.issue(stranger_ca, tmp_path / "stranger", "intruder")
+    refused = {
+        "plaintext": None,
+        "no client certificate": TlsConfig(ca_file=tls.ca_file),
+        "certificate from another CA": TlsConfig(cert_file=str(stranger.cert_file), key_file=str(stranger.key_file),
+                                                 ca_file=tls.ca_file),
+    }
+    for who, creds in refused.items():
+        for address in (info["controller"], info["coordinators"][0]):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _list_nodes(address, key, creds)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE, (who, address)
