@@ -1,0 +1,72 @@
+"""The PreStop hook of an engine pod (``python -m motor_nodemanager.prestop``) against the real
+motor-nodemanager process, started the way the Kubernetes manifests start it (node id from
+POD_NAME, config file from the same path)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
+from motor_common.grpc_server import GrpcServer
+from tests.helpers import free_port, wait_for
+from tests.nodemanager.conftest import Admin, nm_config
+from tests.nodemanager.fake_controller import FakeController
+from tests.nodemanager.test_nodemanager_process import all_normal, registered, start_request
+from tests.procs import start_nodemanager
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def prestop(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "motor_nodemanager.prestop", "--config", str(config), *args],
+                          capture_output=True, text=True, timeout=30, env=env)  # fmt: skip
+
+
+async def test_prestop_pauses_the_node_it_runs_beside(
+    tmp_path: Path, controller: tuple[GrpcServer, FakeController], key_file: str
+) -> None:
+    server, impl = controller
+    port = free_port()
+    cfg = nm_config(server.port, key_file, tmp_path, server={"port": port})
+    nm = await start_nodemanager(tmp_path, cfg, env={"POD_NAME": "motor-vllm-decode-0"})
+    admin = Admin(nm.address)
+    try:
+        spec = await registered(impl)
+        assert spec.node_id == "motor-vllm-decode-0"  # node id = pod name
+        await admin.call("StartEngines", start_request(spec))
+        await wait_for(lambda: all_normal(admin), timeout=20, what="engines NORMAL")
+        assert (await admin.call("GetReadiness", pb.GetReadinessRequest())).ready
+
+        # a wrong key: exit 1 with the reason, nothing paused
+        bad_key = tmp_path / "bad.key"
+        bad_key.write_text("wrong\n")
+        bad_cfg = tmp_path / "bad.yaml"
+        bad_cfg.write_text(yaml.safe_dump({**cfg, "server": {**cfg["server"], "management_key_file": str(bad_key)}}))
+        out = prestop(bad_cfg, "--drain-sec", "0")
+        assert out.returncode == 1 and "PauseNode on 127.0.0.1:" in out.stderr and "UNAUTHENTICATED" in out.stderr
+        assert (await admin.call("GetStatus", pb.GetStatusRequest())).state != cpb.NODE_STATE_PAUSED
+
+        out = prestop(nm.config_path, "--drain-sec", "0")
+        assert out.returncode == 0, out.stderr
+        assert "node paused" in out.stderr
+        assert (await admin.call("GetStatus", pb.GetStatusRequest())).state == cpb.NODE_STATE_PAUSED
+        ready = await admin.call("GetReadiness", pb.GetReadinessRequest())
+        assert not ready.ready
+    finally:
+        await admin.close()
+        assert nm.terminate() == 0
+
+
+def test_prestop_with_a_bad_config_or_arguments_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "nm.yaml"
+    cfg.write_text("role: decode\nserver: {management_key_file: /nonexistent/key}\n")
+    out = prestop(cfg, "--drain-sec", "0")
+    assert out.returncode == 2 and "cannot read management key file /nonexistent/key" in out.stderr
+    out = prestop(cfg, "--drain-sec", "-1")
+    assert out.returncode == 2 and "--drain-sec must be in [0, 3600]" in out.stderr
