@@ -1,4 +1,10 @@
-"""``motor down``: stop the fleet started by ``motor up`` (same as Ctrl-C in its terminal)."""
+"""motor down: stop the fleet started by motor up (the same as Ctrl-C in its terminal).
+
+  motor down                          # the fleet in ./.motor/up
+  motor down --state-dir /srv/motor   # the fleet started with motor up --state-dir /srv/motor
+
+Waits until motor up has stopped every program (--timeout). Exits 1 when no fleet runs there.
+"""
 
 from __future__ import annotations
 

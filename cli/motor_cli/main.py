@@ -1,7 +1,8 @@
 """``motor``: the operator CLI. Each sub-command lives in its own module.
 
 A command module provides ``configure(parser)`` (adds its arguments) and ``run(args) -> int``;
-register it with one line in :data:`COMMANDS`.
+register it with one line in :data:`COMMANDS`. Its module docstring is its ``--help`` text, so it
+is written for the terminal (plain text, no markup); :data:`EPILOG` says where the docs are.
 """
 
 from __future__ import annotations
@@ -14,17 +15,30 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "register": ("motor_cli.register", "register native engines with a standalone coordinator"),
     "up": ("motor_cli.up", "run a whole fleet on this machine (simulated engines by default)"),
-    "down": ("motor_cli.down", "stop the fleet started by `motor up`"),
+    "down": ("motor_cli.down", "stop the fleet started by motor up"),
     "status": ("motor_cli.status", "nodes and instances of a managed fleet, from the controller"),
 }
 
 
+DESCRIPTION = """Motor operator CLI: run a local Motor fleet, look at a managed one, register engines
+with a standalone coordinator.
+
+  motor up                               # a local PD fleet (simulated engines), ready for curl
+  motor status                           # its nodes and instances (--json for tools)
+  motor down                             # stop it (or Ctrl-C in the terminal of motor up)
+  motor register list --coordinator 10.0.0.5:9100 --management-key-file key
+"""
+EPILOG = ("Docs: README.md and docs/ in the Motor repository (docs/standalone.md for motor register). "
+          "Each command has its own --help.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="motor", description="Motor operator CLI")
+    parser = argparse.ArgumentParser(prog="motor", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (module, help_) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_, description=importlib.import_module(module).__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
+                             epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         cmd.set_defaults(_module=module)
         importlib.import_module(module).configure(cmd)
     return parser

@@ -1,14 +1,15 @@
-"""``motor register``: register native engines with a standalone coordinator (SPEC §3.2).
+"""motor register: register native engines (vLLM, SGLang) with a standalone coordinator.
 
-    motor register add  --role prefill --model M --engine vllm --endpoint 10.0.0.1:8100,kv=5600
-    motor register set  --file instances.yaml          # replaces the whole instance set
-    motor register del  --id 4611686018427387905      # or --endpoint 10.0.0.1:8100
-    motor register list [--json]
+  motor register add  --role prefill --model M --engine vllm --endpoint 10.0.0.1:8100,kv=5600
+  motor register set  --file instances.yaml          # replaces the whole instance set
+  motor register del  --id 7209446036682503          # or --endpoint 10.0.0.1:8100
+  motor register list [--json]
 
-Every command talks to ``--coordinator`` (env ``MOTOR_COORDINATOR``) with the management key from
-``--management-key-file`` (env ``MOTOR_MANAGEMENT_KEY_FILE``). Before add/set the engines are
-health-checked (``GET /v1/models`` must list a model; ``--no-health-check`` skips) and the
-coordinator's instances are listed so that conflicts are refused before anything is submitted.
+Every command talks to the coordinator given by --coordinator (env MOTOR_COORDINATOR; default:
+the fleet motor up runs in --state-dir, else 127.0.0.1:9100) with the management key from
+--management-key-file (env MOTOR_MANAGEMENT_KEY_FILE; default: that fleet's key). Before add/set
+the engines are health-checked (GET /v1/models must list a model; --no-health-check skips) and
+the coordinator's instances are listed, so conflicts are refused before anything is submitted.
 """
 
 from __future__ import annotations

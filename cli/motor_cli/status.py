@@ -1,4 +1,4 @@
-"""``motor status``: nodes and instances of a managed fleet, from the controller.
+"""motor status: nodes and instances of a managed fleet, from the controller.
 
     motor status                      # the fleet `motor up` runs in ./.motor/up
     motor status --controller 10.0.0.5:9200 --management-key-file key

@@ -1,19 +1,21 @@
-"""``motor up``: run a whole Motor fleet on this machine.
+"""motor up: run a whole Motor fleet on this machine.
 
-    motor up                          # 1 prefill + 1 decode node, simulated vLLM engines
-    motor up --prefill 2 --decode 1 --engine sglang
-    motor up --config fleet.yaml      # per-program overrides, e.g. real engines on a GPU machine
+  motor up                            # 1 prefill + 1 decode node, simulated vLLM engines
+  motor up --prefill 2 --decode 1 --engine sglang
+  motor up --config fleet.yaml        # per-program overrides, e.g. real engines on a GPU machine
+  motor up --config fleet.yaml --dry-run   # validate the config and show what would run
 
 Starts the coordinator, the controller, one nodemanager per node (each launches its engines) and
 the gateway, shows progress while the engines come up, prints the gateway URL and a curl to paste,
 then prints a status line whenever something changes. Like a kubelet, it restarts a program that
-exits (a nodemanager that terminates itself for rescheduling comes back and re-registers).
-Ctrl-C (or ``motor down``) stops everything; every child dies with this process, so nothing is
-left behind even after a SIGKILL.
+exits (a nodemanager that terminates itself for rescheduling comes back and re-registers); a
+program that rejects its configuration (exit 2) is not restarted: motor up stops and says why.
+Ctrl-C (or motor down) stops everything; every child dies with this process, so nothing is left
+behind even after a SIGKILL. One fleet per state dir (--state-dir, default .motor/up).
 
-The fleet config file (YAML/JSON) may hold the sections ``controller``, ``coordinator``,
-``gateway`` and ``nodemanager``; each is deep-merged into that program's generated configuration
-(the program itself rejects unknown keys).
+The fleet config file (YAML/JSON) may hold the sections controller, coordinator, gateway and
+nodemanager; each is deep-merged into that program's generated configuration and checked by the
+program's own loader (unknown keys are rejected with a suggestion).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import logging
 import time
@@ -36,7 +37,7 @@ from prometheus_client import Counter, Histogram
 
 from motor_common.errors import ConfigError, InvalidArgument, MotorError, Unauthenticated
 from motor_common.logs import new_request_id, request_id_var
-from motor_common.ports import host_port
+from motor_common.ports import bind_error, bind_failure, host_port
 from motor_common.strict_proto import unknown_field_paths
 from motor_common.tls import TlsConfig, server_credentials
 
@@ -301,6 +302,8 @@ class GrpcServer:
         self._server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else _health_servicer()
         self.port = 0
+        # What the operator can do when the port is taken (the programs' flag).
+        self.bind_hint = "pass --port or free it"
 
     @property
     def management_key(self) -> str | None:
@@ -344,12 +347,19 @@ class GrpcServer:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
         address = host_port(self.config.host, self.config.port)
-        if self.config.tls.serves_tls:
-            self.port = server.add_secure_port(address, server_credentials(self.config.tls))
-        else:
-            self.port = server.add_insecure_port(address)
+        early = bind_error(self.config.host, self.config.port) if self.config.port else None
+        if early is not None and early.errno == errno.EADDRINUSE:
+            # Say it before gRPC's own bind logs a C-core error line and raises a bare RuntimeError.
+            raise ConfigError(bind_failure(self.config.host, self.config.port, self.bind_hint))
+        try:
+            if self.config.tls.serves_tls:
+                self.port = server.add_secure_port(address, server_credentials(self.config.tls))
+            else:
+                self.port = server.add_insecure_port(address)
+        except RuntimeError:  # grpcio: "Failed to bind to address …"
+            self.port = 0
         if self.port == 0:
-            raise ConfigError(f"{self.name}: cannot listen on {address}")
+            raise ConfigError(bind_failure(self.config.host, self.config.port, self.bind_hint))
         await server.start()
         self._server = server
         await self.set_serving(True)

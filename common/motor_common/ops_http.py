@@ -8,6 +8,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from motor_common.errors import ConfigError
+from motor_common.ports import bind_failure
+
 log = logging.getLogger(__name__)
 
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
@@ -31,7 +34,13 @@ class OpsHttpServer:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            self._runner = None
+            raise ConfigError(bind_failure(self.host, self.port, "set server.metrics_port or free it",
+                                           exc.strerror or "")) from exc
         sockets = getattr(site._server, "sockets", None)
         if sockets:
             self.port = int(sockets[0].getsockname()[1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 
 GATEWAY_HTTP = 8000
@@ -62,3 +63,51 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def listener_pid(port: int) -> tuple[int, str] | None:
+    """(pid, process name) of the process listening on TCP *port*, when the OS lets us see it."""
+    import psutil  # type: ignore[import-untyped]  # lazy: only needed when a bind fails
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for conn in conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return conn.pid, psutil.Process(conn.pid).name()
+            except psutil.Error:
+                return conn.pid, "?"
+    return None
+
+
+def port_in_use_message(port: int, hint: str = "pass --port or free it") -> str:
+    """"port 9100 is in use (by pid 1234, motor-coordinator); pass --port or free it"."""
+    who = listener_pid(port)
+    by = f" (by pid {who[0]}, {who[1]})" if who else ""
+    return f"port {port} is in use{by}; {hint}"
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why *host*:*port* cannot be bound the way the servers bind it (SO_REUSEADDR, so connections
+    in TIME_WAIT do not count), or None when it can."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as exc:
+            return exc
+    return None
+
+
+def bind_failure(host: str, port: int, hint: str = "pass --port or free it", detail: str = "") -> str:
+    """The operator's sentence for a failed bind of *host*:*port*: a busy port names its holder
+    (:func:`port_in_use_message`); anything else (an address not on this machine, no permission)
+    says what the OS said."""
+    exc = bind_error(host, port)
+    if exc is not None and exc.errno == errno.EADDRINUSE:
+        return port_in_use_message(port, hint)
+    if exc is not None:
+        return f"cannot listen on {host_port(host, port)}: {exc.strerror}"
+    return f"cannot listen on {host_port(host, port)}" + (f": {detail}" if detail else "")

@@ -62,3 +62,19 @@ def write_ports_file(path: str, ports: Mapping[str, int | None]) -> None:
     with os.fdopen(fd, "wb") as fh:
         fh.write(orjson.dumps(dict(ports)))
     os.replace(tmp, target)
+
+
+def check_config(load: Callable[[], object]) -> int:
+    """``--check-config`` of every program: load the configuration with the program's own loader
+    (file, environment overrides, flags), print ``configuration OK`` and return 0, or print the
+    error and return 2 (:data:`EXIT_CONFIG`). Nothing is started."""
+    try:
+        load()
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_CONFIG
+    print("configuration OK")
+    return 0
+
+
+DOCS_HINT = "Docs: README.md and docs/ in the Motor repository; `motor --help` for the operator CLI."

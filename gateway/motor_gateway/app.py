@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
+from motor_common.ports import bind_failure
 from motor_gateway import metrics
 from motor_gateway.client import DispatchClient, DispatchFailed
 from motor_gateway.openai import HttpError, error_from_motor, validate_body
@@ -205,10 +206,11 @@ class Gateway:
 
 async def start_site(app: web.Application, host: str, port: int, *, shutdown_timeout: float,
                      reuse_port: bool = False,
-                     ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+                     ssl_context: ssl.SSLContext | None = None,
+                     bind_hint: str = "pass --port or free it") -> tuple[web.AppRunner, int]:
     """Serve *app* on host:port (0 = any), HTTPS with *ssl_context*; returns the runner
     (``await runner.cleanup()``) and the bound port. Raises ``ConfigError`` when the address
-    cannot be bound."""
+    cannot be bound (*bind_hint*: what the operator can do about a busy port)."""
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
@@ -217,7 +219,7 @@ async def start_site(app: web.Application, host: str, port: int, *, shutdown_tim
         try:
             await site.start()
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+            raise ConfigError(bind_failure(host, port, bind_hint, exc.strerror or "")) from exc
     except BaseException:
         await runner.cleanup()
         raise

@@ -1,7 +1,10 @@
-"""``motor-gateway``: the OpenAI-compatible HTTP front of a Motor deployment.
+"""motor-gateway: the OpenAI-compatible HTTP front of a Motor deployment (/v1/completions,
+/v1/chat/completions, /v1/models, SSE), over the coordinators' Dispatch RPC. /health is liveness,
+/ready readiness (503 with the reason while no coordinator can schedule).
 
-    motor-gateway --coordinator 127.0.0.1:9100 --port 8000
-    motor-gateway --config gateway.yaml --ports-file /tmp/gw.ports   # writes {"http": <port>}
+  motor-gateway --coordinator 127.0.0.1:9100 --port 8000
+  motor-gateway --coordinator 10.0.0.1:9100 --coordinator 10.0.0.2:9100   # active/standby pair
+  motor-gateway --config gateway.yaml --check-config
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
-from motor_common.runner import run, stop_event_on_signals, write_ports_file
+from motor_common.ports import bind_failure
+from motor_common.runner import (
+    DOCS_HINT,
+    check_config,
+    run,
+    stop_event_on_signals,
+    write_ports_file,
+)
 from motor_common.tls import https_context
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import GrpcDispatchClient
@@ -36,6 +46,8 @@ log = logging.getLogger("motor_gateway")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="motor-gateway", description=__doc__,
+                                epilog="Config keys: the GatewayConfig fields in gateway/motor_gateway/config.py; "
+                                "HA: docs/ha.md. " + DOCS_HINT,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML or JSON config file (keys of GatewayConfig)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -46,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
     p.add_argument("--workers", type=int, help="HTTP worker processes sharing the port via SO_REUSEPORT "
                    "(default 1 = this process serves)")
+    p.add_argument("--check-config", action="store_true",
+                   help="validate the configuration and exit (0 valid, 2 invalid); starts nothing")
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for workers
     return p.parse_args(argv)
 
@@ -119,7 +133,7 @@ def _reserve_port(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+        raise ConfigError(bind_failure(host, port, detail=exc.strerror or "")) from exc
     return sock
 
 
@@ -191,6 +205,8 @@ def _strip(argv: list[str], flags: tuple[str, ...]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(raw)
+    if args.check_config:
+        return check_config(lambda: build_config(args))
     if not args.reuse_port:
         try:
             cfg = build_config(args)

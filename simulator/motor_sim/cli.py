@@ -1,4 +1,4 @@
-"""Command line: ``motor-sim vllm serve <model> [flags]`` and ``motor-sim sglang [flags]``.
+"""Command line: ``motor-sim vllm serve <model> [flags]`` and ``motor-sim sglang [flags]`` (``--help``: ``_HELP``).
 
 Accepts the subset of each engine's own flags that Motor uses (plus a few harmless ones); an
 unknown flag exits with code 2 and an argparse error, as the engines do. Simulator-only knobs are
@@ -242,6 +242,21 @@ def config_from_sglang(argv: Sequence[str]) -> SimConfig:
 
 
 _USAGE = "usage: motor-sim {vllm serve <model> | sglang} [flags]  (see --help of each)"
+_HELP = f"""{_USAGE}
+
+motor-sim: an LLM engine simulator that speaks vLLM's and SGLang's real HTTP APIs (OpenAI
+completions and chat, SSE, /health, /metrics) and their prefill/decode hand-off protocols, with
+deterministic output and a cost model instead of a GPU. Motor's nodemanager launches it the way it
+launches vLLM; use it for tests, demos and benchmarks.
+
+  motor-sim vllm serve tiny --port 8100                                  # a vLLM-like engine
+  motor-sim vllm serve tiny --port 8100 --kv-transfer-config '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}'
+  motor-sim sglang --model-path tiny --port 8200 --disaggregation-mode prefill
+  motor-sim vllm serve tiny --sim-zero-latency                           # no simulated latency
+
+Every simulator-only knob is a --sim-* flag (see `motor-sim vllm serve --help`), each also read
+from MOTOR_SIM_<NAME>. Docs: docs/simulator.md in the Motor repository.
+"""
 
 
 def parse(argv: Sequence[str]) -> SimConfig:
@@ -250,7 +265,7 @@ def parse(argv: Sequence[str]) -> SimConfig:
     if argv and argv[0] == "sglang":
         return config_from_sglang(argv[1:])
     if argv and argv[0] in ("-h", "--help"):
-        print(_USAGE)
+        print(_HELP, end="")
         raise SystemExit(0)
     print(_USAGE, file=sys.stderr)
     print("motor-sim: error: expected 'vllm serve <model>' or 'sglang'", file=sys.stderr)

@@ -18,7 +18,13 @@ from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.logs import setup_logging
 from motor_common.ops_http import OpsHttpServer, Readiness
-from motor_common.runner import run, stop_event_on_signals, write_ports_file
+from motor_common.runner import (
+    DOCS_HINT,
+    check_config,
+    run,
+    stop_event_on_signals,
+    write_ports_file,
+)
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
 from motor_controller.node_restarter import build_restarter
@@ -174,14 +180,36 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
     return 0
 
 
+HELP = """Motor controller: the node registry of a managed fleet. Nodemanagers register with it and
+stream heartbeats; it assembles instances, pushes them to the coordinators, handles faults and
+keeps its state in a store (an embedded file, or etcd with leader election).
+
+  motor-controller --config controller.yaml
+  motor-controller --config controller.yaml --port 9200 --check-config
+  MOTOR_CONTROLLER__SERVER__PORT=9201 motor-controller --config controller.yaml
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="motor-controller", description="Motor controller")
-    parser.add_argument("--config", required=False, help="YAML or JSON config file")
+    parser = argparse.ArgumentParser(prog="motor-controller", description=HELP,
+                                     epilog="Config keys: docs/controller.md. " + DOCS_HINT,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=False, help="YAML or JSON config file (unknown keys are rejected)")
+    parser.add_argument("--port", type=int, help="gRPC port (overrides server.port; 0 = any)")
     parser.add_argument("--ports-file", help="write {\"grpc\": port} here once listening")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the configuration and exit (0 valid, 2 invalid); starts nothing")
     args = parser.parse_args(argv)
+    overrides = {"server": {"port": args.port}} if args.port is not None else None
+
+    def load() -> ControllerConfig:
+        return load_config(ControllerConfig, args.config, env_prefix="MOTOR_CONTROLLER", overrides=overrides)
+
+    if args.check_config:
+        return check_config(load)
 
     async def _main() -> int:
-        config = load_config(ControllerConfig, args.config, env_prefix="MOTOR_CONTROLLER")
+        config = load()
         setup_logging("controller", config.log.level, config.log.format)
         return await serve(config, args.ports_file)
 

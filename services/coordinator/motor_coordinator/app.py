@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -151,6 +152,16 @@ class Coordinator:
     # -- life cycle --------------------------------------------------------------------------
 
     async def start(self) -> int:
+        """Start everything; a failure (a busy port: ConfigError) stops what had started, so the
+        process exits with its one-line error and nothing else."""
+        try:
+            return await self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.stop(0)
+            raise
+
+    async def _start(self) -> int:
         await self.client.start()
         port = await self.server.start()
         self.address = self.cfg.ha.advertise_address or f"{self.cfg.server.host}:{port}"

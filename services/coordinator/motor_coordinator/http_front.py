@@ -157,7 +157,8 @@ class HttpFront:
     async def start(self) -> int:
         self._runner, self.port = await start_site(self.app, self.host, self._port,
                                                    shutdown_timeout=self._shutdown_timeout,
-                                                   ssl_context=self._ssl)
+                                                   ssl_context=self._ssl,
+                                                   bind_hint="pass --http-port or free it")
         return self.port
 
     async def stop(self) -> None:

@@ -10,7 +10,14 @@ from typing import Any
 
 from motor_common.config import load_config, to_dict
 from motor_common.logs import setup_logging
-from motor_common.runner import EXIT_RESCHEDULE, run, stop_event_on_signals, write_ports_file
+from motor_common.runner import (
+    DOCS_HINT,
+    EXIT_RESCHEDULE,
+    check_config,
+    run,
+    stop_event_on_signals,
+    write_ports_file,
+)
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
 from motor_coordinator.election import EtcdLeadership
@@ -18,8 +25,20 @@ from motor_coordinator.election import EtcdLeadership
 log = logging.getLogger("motor_coordinator")
 
 
+HELP = """Motor coordinator: the PD dispatcher. Holds the instance registry (fed by the controller, or
+by `motor register` when standalone), picks a prefill and a decode engine per request and drives
+the engines' native PD protocol; optionally serves the OpenAI routes itself (--http-port).
+
+  motor-coordinator --config coordinator.yaml
+  motor-coordinator --port 9100 --http-port 8000      # standalone, co-located OpenAI front
+  motor-coordinator --config coordinator.yaml --check-config
+"""
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="motor-coordinator", description="Motor PD dispatcher (coordinator)")
+    p = argparse.ArgumentParser(prog="motor-coordinator", description=HELP,
+                                epilog="Config keys: docs/coordinator.md; standalone use: docs/standalone.md. "
+                                + DOCS_HINT, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML or JSON config file (unknown keys are rejected)")
     p.add_argument("--host", help="gRPC listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="gRPC port, 0 = any (overrides server.port)")
@@ -28,11 +47,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "in process; 0 = any; overrides http.port)")
     p.add_argument("--http-host", help="co-located front listen address (overrides http.host)")
     p.add_argument("--log-format", choices=("json", "text"), help="overrides log.format")
+    p.add_argument("--check-config", action="store_true",
+                   help="validate the configuration and exit (0 valid, 2 invalid); starts nothing")
     return p.parse_args(argv)
 
 
 
-async def amain(args: argparse.Namespace) -> int:
+def load(args: argparse.Namespace) -> CoordinatorConfig:
     overrides: dict[str, Any] = {}
     server: dict[str, Any] = {}
     if args.host is not None:
@@ -50,7 +71,11 @@ async def amain(args: argparse.Namespace) -> int:
         overrides["http"] = http
     if args.log_format is not None:
         overrides["log"] = {"format": args.log_format}
-    cfg = load_config(CoordinatorConfig, args.config, env_prefix=ENV_PREFIX, overrides=overrides)
+    return load_config(CoordinatorConfig, args.config, env_prefix=ENV_PREFIX, overrides=overrides)
+
+
+async def amain(args: argparse.Namespace) -> int:
+    cfg = load(args)
     setup_logging("coordinator", cfg.log.level, cfg.log.format)
     stop = stop_event_on_signals()
     app = Coordinator(cfg)
@@ -87,6 +112,8 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.check_config:
+        return check_config(lambda: load(args))
     return run(lambda: amain(args))
 
 
