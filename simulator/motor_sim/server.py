@@ -185,9 +185,9 @@ class SimServer:
         chat's role chunk, then the error object as an event, then ``[DONE]``."""
         err = {"error": {"message": "Internal server error", "type": "InternalServerError",
                          "param": None, "code": 500}}
-        text = json.dumps(err).encode()  # vLLM renders it with json.dumps (", " and ": ")
-        if not run.job.stream:
-            return web.Response(body=text, status=500, content_type=_JSON, headers=headers)
+        if not run.job.stream:  # FastAPI's JSONResponse: compact
+            return web.Response(body=orjson.dumps(err), status=500, content_type=_JSON, headers=headers)
+        text = json.dumps(err).encode()  # in a stream vLLM renders it with json.dumps (", " and ": ")
         resp = web.StreamResponse(headers=headers)
         resp.content_type = "text/event-stream"
         resp.charset = "utf-8"

@@ -254,7 +254,8 @@ class SimService:
             Lease(run.rid, block_ids, payload, time.monotonic() + self.cfg.kv_lease_s)
         )
         # NixlConnector (pull mode) of vLLM 0.32, request_finished() on the producer: block ids
-        # per KV cache group (one group here), the tokens whose KV is pinned, the parallel sizes.
+        # per KV cache group (one group here), the tokens whose KV is pinned, the parallel sizes
+        # (the key order of the real engine's answer, checked against it in tests/realengine).
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -269,4 +270,5 @@ class SimService:
             "remote_num_tokens": len(run.job.prompt_ids),
             "remote_blocks_expiry_time": None,
             "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": run.cached_tokens,  # the scheduler adds the P-side hits
         }

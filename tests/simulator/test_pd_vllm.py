@@ -48,7 +48,7 @@ async def test_prefill_then_decode_equals_union_and_frees_producer_blocks(sims: 
     assert set(ktp) == {"do_remote_prefill", "do_remote_decode", "remote_engine_id",
                         "remote_request_id", "remote_block_ids", "remote_host", "remote_port",
                         "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
-                        "remote_blocks_expiry_time", "transfer_mode"}
+                        "remote_blocks_expiry_time", "transfer_mode", "remote_prefill_cached_tokens"}
     assert ktp["do_remote_prefill"] is True and ktp["do_remote_decode"] is False
     assert ktp["remote_port"] == p.ports["side_channel"]
     [group] = ktp["remote_block_ids"]  # block ids per KV cache group, one group
