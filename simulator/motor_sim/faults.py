@@ -1,7 +1,8 @@
 """Fault-injection state and its validation (pure, no I/O).
 
 Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow, wrong_answers,
-refuse_start (start-up only).
+kv_load_fail (a vLLM decode's next ``count`` KV loads fail, as a NIXL handshake that timed out;
+0 = every load until the fault is cleared), refuse_start (start-up only).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class FaultMode(enum.Enum):
     HEALTH_503 = "health_503"
     SLOW = "slow"
     WRONG_ANSWERS = "wrong_answers"
+    KV_LOAD_FAIL = "kv_load_fail"
     REFUSE_START = "refuse_start"
 
 
@@ -35,6 +37,7 @@ class Fault:
     token_delay_ms: float = 50.0  # slow: extra per-token delay (also in zero-latency mode)
     hard: bool = False  # hang: block the whole event loop (admin endpoint stops too)
     salt: str = "wrong"  # wrong_answers: perturbs the generator
+    count: int = 0  # kv_load_fail: failures before the loads succeed again (0 = all of them)
 
     @property
     def health_status(self) -> str:
@@ -54,10 +57,11 @@ class Fault:
             "token_delay_ms": self.token_delay_ms,
             "hard": self.hard,
             "salt": self.salt,
+            "count": self.count,
         }
 
 
-_FIELDS = {"mode", "exit_code", "delay_s", "factor", "token_delay_ms", "hard", "salt"}
+_FIELDS = {"mode", "exit_code", "delay_s", "factor", "token_delay_ms", "hard", "salt", "count"}
 
 
 def parse_fault(body: Any) -> Fault:
@@ -82,6 +86,7 @@ def parse_fault(body: Any) -> Fault:
             token_delay_ms=float(body.get("token_delay_ms", 50.0)),
             hard=bool(body.get("hard", False)),
             salt=str(body.get("salt", "wrong")),
+            count=int(body.get("count", 0)),
         )
     except (TypeError, ValueError) as exc:
         raise InvalidFault(str(exc)) from exc
@@ -89,4 +94,6 @@ def parse_fault(body: Any) -> Fault:
         raise InvalidFault("exit_code must be in 1..255")
     if fault.factor <= 0 or fault.delay_s < 0 or fault.token_delay_ms < 0:
         raise InvalidFault("factor must be > 0, delays >= 0")
+    if fault.count < 0:
+        raise InvalidFault("count must be >= 0")
     return fault

@@ -85,6 +85,7 @@ class SimService:
         self.leases = LeaseTable(self.engine_id)
         self.rooms = RoomTable()
         self.fault = Fault()
+        self.kv_load_failures_left = 0  # kv_load_fail fault: -1 = every load
         self.base_cost: CostModel = cfg.cost
         self.started = time.time()
 
@@ -94,6 +95,7 @@ class SimService:
 
     def set_fault(self, fault: Fault) -> None:
         self.fault = fault
+        self.kv_load_failures_left = (fault.count or -1) if fault.mode is FaultMode.KV_LOAD_FAIL else 0
         if fault.mode is FaultMode.SLOW:
             self.engine.cost = self.base_cost.slowed(fault.factor)
             self.engine.extra_token_delay_s = (
@@ -102,6 +104,14 @@ class SimService:
         else:
             self.engine.cost = self.base_cost
             self.engine.extra_token_delay_s = 0.0
+
+    def injected_kv_load_failure(self) -> bool:
+        """Consume one injected KV-load failure (fault ``kv_load_fail``), if any is left."""
+        if self.kv_load_failures_left == 0:
+            return False
+        if self.kv_load_failures_left > 0:
+            self.kv_load_failures_left -= 1
+        return True
 
     @property
     def salt(self) -> str:

@@ -129,6 +129,8 @@ class VLLMFlavour:
                 raise ApiError(400, "do_remote_prefill requires kv_role kv_consumer or kv_both",
                                param="kv_transfer_params")
             try:
+                if svc.injected_kv_load_failure():
+                    raise TransferError("NIXL handshake failed (fault injection kv_load_fail)")
                 kv = await side_channel.fetch(ktp, svc.cfg.kv_fetch_timeout_s)
                 if kv.prompt_token_ids != job.prompt_ids:
                     raise TransferError("transferred KV belongs to a different prompt")

@@ -95,3 +95,35 @@ def test_parse_load_reads_each_engines_gauges() -> None:
     sgl = 'sglang:num_running_reqs{model_name="a b"} 1\nsglang:num_queue_reqs 4\nsglang:token_usage{x="}"} 0.5\n'
     load = parse_load(sgl, EngineType.SGLANG)
     assert (load.running, load.waiting, load.kv_usage) == (1.0, 4.0, 0.5)
+
+
+ERR = b'{"error": {"message": "Internal server error", "type": "InternalServerError", "param": null, "code": 500}}'
+ROLE = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,'
+        b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
+
+
+def test_vllm_kv_load_failure_is_recognised_in_json_and_stream_answers() -> None:
+    """The shapes real vLLM 0.32 answers when a decode's NIXL load fails (policy fail)."""
+    from motor_coordinator.adapters.vllm import kv_load_failed
+
+    sse = "text/event-stream; charset=utf-8"
+    assert kv_load_failed(500, "application/json", ERR.replace(b" ", b"")) is True
+    assert kv_load_failed(500, "application/json", b"not json") is False
+    assert kv_load_failed(500, "application/json", b'{"error": {"type": "BadRequestError"}}') is False
+    assert kv_load_failed(400, "application/json", ERR) is False
+    assert kv_load_failed(200, "application/json", b'{"choices": []}') is False
+    # streamed: the error is the first event (completions) or follows chat's role chunk
+    assert kv_load_failed(200, sse, b"data: " + ERR + b"\n\ndata: [DONE]\n\n") is True
+    assert kv_load_failed(200, sse, ROLE + b"data: " + ERR + b"\n\n") is True
+    # not decided yet: nothing complete, or only the role chunk so far
+    assert kv_load_failed(200, sse, b"data: {\"err") is None
+    assert kv_load_failed(200, sse, ROLE) is None
+    # a token, a finish or [DONE] first: healthy
+    token = b'data: {"choices":[{"index":0,"text":" the","finish_reason":null}]}\n\n'
+    assert kv_load_failed(200, sse, token + b"data: " + ERR + b"\n\n") is False
+    assert kv_load_failed(200, sse, ROLE + token) is False
+    assert kv_load_failed(200, sse, b"data: [DONE]\n\n") is False
+    assert kv_load_failed(200, sse, b": keep-alive\n\n") is None
+    assert kv_load_failed(200, sse, b"x" * (64 * 1024 + 1)) is False  # bounded peek
+    assert SGLangAdapter().handoff_failed(500, "application/json", ERR) is False
+    assert VllmAdapter().handoff_failed(500, "application/json", ERR) is True

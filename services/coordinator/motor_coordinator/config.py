@@ -46,6 +46,9 @@ class DispatchConfig:
     # Extra decode attempts on other decode endpoints after a connect error (before any byte
     # reached the client).
     decode_retries: int = 2
+    # Extra prefill→decode hand-offs after a decode answered that it could not load the prefill's
+    # KV (vLLM: NIXL handshake/transfer failed; before any byte reached the client).
+    kv_load_retries: int = 2
     connect_timeout_sec: float = 3.0
     # Background GET /health of every registered endpoint; 0 disables probing.
     health_probe_interval_sec: float = 1.0
@@ -65,6 +68,8 @@ class DispatchConfig:
             raise ValueError("dispatch.prefill_retries must be >= 0")
         if self.decode_retries < 0:
             raise ValueError("dispatch.decode_retries must be >= 0")
+        if self.kv_load_retries < 0:
+            raise ValueError("dispatch.kv_load_retries must be >= 0")
         if self.circuit_breaker_failures < 1:
             raise ValueError("dispatch.circuit_breaker_failures must be >= 1")
         if min(self.health_probe_interval_sec, self.metrics_scrape_interval_sec,

@@ -4,13 +4,20 @@
 Errors before the head are ``MotorError``s (the servicer turns them into gRPC statuses); engine 4xx
 answers are relayed as head + body. After the head, a broken engine stream ends the call with
 UNAVAILABLE (reason ENGINE_STREAM_BROKEN).
+
+A sequential (vLLM) decode whose answer says the KV hand-off failed (its adapter reads the first
+bytes: a NIXL handshake or transfer that failed under ``kv_load_failure_policy: fail``) is run
+again before the client saw a byte — a fresh prefill, then another decode when one is schedulable,
+else the same one (whose retried NIXL handshake usually succeeds) — at most
+``dispatch.kv_load_retries`` times; then the decode's own answer is relayed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +33,7 @@ from motor_coordinator.policies import Candidate, RequestInfo
 from motor_coordinator.request import ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
 
+log = logging.getLogger(__name__)
 JSON = "application/json"
 SSE = "text/event-stream"
 
@@ -97,25 +105,53 @@ class Dispatcher:
         )
 
     async def _relay(
-        self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True
+        self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
+        read: Sequence[bytes] | None = None,
     ) -> AsyncIterator[Frame]:
-        """Yield *head* then the body. A decode's 5xx is often its prefill's fault (lost KV), so
-        only union answers count 5xx against the endpoint's breaker."""
+        """Yield *head* then the body (*read*: what was already read of it, see :meth:`_peek`). A
+        decode's 5xx is often its prefill's fault (lost KV), so only union answers count 5xx
+        against the endpoint's breaker."""
         if resp.status >= 500 and count_5xx:
             self.scheduler.record_failure(cand.endpoint)
         else:
             self.scheduler.record_success(cand.endpoint)
         yield head
         try:
+            for chunk in read or ():
+                yield chunk
             if head.content_type.startswith(SSE):
                 async for chunk in resp.content.iter_any():
                     yield chunk
-            else:  # a complete answer: read as one message, sent as one chunk
+            elif read is None:  # a complete answer: read as one message, sent as one chunk
                 yield await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
             self.scheduler.record_failure(cand.endpoint)
             raise Unavailable(
                 f"engine {cand.endpoint.host_port} broke the response stream: {type(exc).__name__}",
+                reason="ENGINE_STREAM_BROKEN",
+            ) from exc
+
+    async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter) -> tuple[bool, list[bytes]]:
+        """Read a decode's answer until its adapter can tell whether the KV hand-off failed (a JSON
+        answer: all of it; a stream: its first decisive event). Returns (failed, bytes read)."""
+        ctype = resp.headers.get("Content-Type", JSON)
+        read: list[bytes] = []
+        try:
+            if not ctype.startswith(SSE):
+                read.append(await resp.read())
+                return adapter.handoff_failed(resp.status, ctype, read[0]) is True, read
+            head = b""
+            while True:
+                chunk = await resp.content.readany()
+                if chunk:
+                    read.append(chunk)
+                    head += chunk
+                verdict = adapter.handoff_failed(resp.status, ctype, head)
+                if verdict is not None or not chunk:
+                    return verdict is True, read
+        except (aiohttp.ClientError, OSError) as exc:
+            raise Unavailable(
+                f"engine broke its answer before the first byte: {type(exc).__name__}",
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
 
@@ -166,44 +202,53 @@ class Dispatcher:
 
     # -- prefill, then decode (vLLM) ---------------------------------------------------------
 
+    async def _prefill_with_retries(
+        self, adapter: EngineAdapter, req: ParsedRequest, route: Route, info: RequestInfo, rid: str,
+        p: Candidate,
+    ) -> tuple[Candidate, dict[str, Any], dict[str, Any] | _Answer]:
+        """Run the prefill, on other prefills after retryable failures. Returns the prefill that
+        answered, the body it was sent and its parsed reply — or its refusal (an _Answer to relay)."""
+        tried: list[EndpointKey] = []
+        while True:
+            pbody = adapter.prefill_body(req.body, p.endpoint)
+            try:
+                answer = await self._prefill(p, req, pbody, rid)
+            except _PrefillFailed as exc:
+                tried.append(endpoint_key(p.endpoint))
+                nxt = self._next(Role.PREFILL, info, route, tried)
+                if nxt is None or len(tried) > self.cfg.prefill_retries:
+                    raise self._exhausted("prefill", req, len(tried), str(exc)) from None
+                p = nxt
+                continue
+            if answer.status != 200:  # the engine refused the request: relay its error unchanged
+                return p, pbody, answer
+            try:
+                parsed = orjson.loads(answer.body)
+            except orjson.JSONDecodeError:
+                parsed = None
+            return p, pbody, parsed if isinstance(parsed, dict) else {}
+
     async def _sequential(
         self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str
     ) -> AsyncIterator[Frame]:
         adapter = self.adapters[route.engine]
         p, d = route.prefill, route.decode
         assert p is not None and d is not None
-        tried: list[EndpointKey] = []
-        last = ""
-        reply: dict[str, Any] | None = None
-        pbody: dict[str, Any] = {}
-        while reply is None:
-            pbody = adapter.prefill_body(req.body, p.endpoint)
-            try:
-                answer = await self._prefill(p, req, pbody, rid)
-            except _PrefillFailed as exc:
-                last = str(exc)
-                tried.append(endpoint_key(p.endpoint))
-                nxt = self._next(Role.PREFILL, info, route, tried)
-                if nxt is None or len(tried) > self.cfg.prefill_retries:
-                    raise self._exhausted("prefill", req, len(tried), last) from None
-                p = nxt
-                continue
-            if answer.status != 200:  # the engine refused the request: relay its error unchanged
-                yield Head(answer.status, answer.content_type, rid, p.instance.id, d.instance.id)
-                yield answer.body
-                return
-            try:
-                parsed = orjson.loads(answer.body)
-            except orjson.JSONDecodeError:
-                parsed = None
-            reply = parsed if isinstance(parsed, dict) else {}
+        p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p)
+        if isinstance(reply, _Answer):
+            yield Head(reply.status, reply.content_type, rid, p.instance.id, d.instance.id)
+            yield reply.body
+            return
         # The decode body names the prefill (kv_transfer_params), not the decode: an unreachable
         # decode is retried on another one with the same body, until a head was yielded.
         dbody = adapter.decode_body(req.body, pbody, reply)
         tried_d: list[EndpointKey] = []
         dcand: Candidate | None = d
+        last = ""
+        kv_retries = 0
         while dcand is not None and len(tried_d) <= self.cfg.decode_retries:
             d = dcand
+            handoff_failed = False
             async with self.scheduler.load_guard(d):
                 try:
                     resp = await self.client.open(d.endpoint, req.path, dbody, rid)
@@ -213,14 +258,32 @@ class Dispatcher:
                 else:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
                     try:
-                        async for frame in self._relay(resp, d, head, count_5xx=False):
-                            yield frame
+                        handoff_failed, read = await self._peek(resp, adapter)
+                        if not handoff_failed or kv_retries >= self.cfg.kv_load_retries:
+                            async for frame in self._relay(resp, d, head, count_5xx=False, read=read):
+                                yield frame
+                            return
                     except BaseException:
                         resp.close()
                         raise
                     finally:
                         resp.release()
+            if handoff_failed:  # run the hand-off again: fresh KV, another decode if there is one
+                kv_retries += 1
+                failed_d = d
+                dcand = self._next(Role.DECODE, info, route, [*tried_d, endpoint_key(d.endpoint)]) or d
+                log.warning(
+                    "decode %s could not load the KV of prefill %s (request %s); hand-off retry %d/%d on decode %s",
+                    failed_d.endpoint.host_port, p.endpoint.host_port, rid, kv_retries, self.cfg.kv_load_retries,
+                    dcand.endpoint.host_port,
+                )
+                p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p)
+                if isinstance(reply, _Answer):
+                    yield Head(reply.status, reply.content_type, rid, p.instance.id, dcand.instance.id)
+                    yield reply.body
                     return
+                dbody = adapter.decode_body(req.body, pbody, reply)
+                continue
             tried_d.append(endpoint_key(d.endpoint))
             dcand = self._next(Role.DECODE, info, route, tried_d)
         raise self._exhausted("decode", req, len(tried_d), last)

@@ -25,3 +25,9 @@ class EngineAdapter(Protocol):
     ) -> dict[str, Any]:
         """The body sent to the decode endpoint (*prefill_reply* is None for concurrent hand-offs)."""
         ...
+
+    def handoff_failed(self, status: int, content_type: str, head: bytes) -> bool | None:
+        """Does the decode's answer say the KV hand-off failed (so the pair may be run again before
+        the client saw a byte)? *head*: a JSON answer's body or a stream's first bytes; None =
+        read more of the stream. Asked only for sequential hand-offs."""
+        ...

@@ -37,3 +37,6 @@ class SGLangAdapter:
         self, body: Mapping[str, Any], prefill_body: Mapping[str, Any], prefill_reply: Mapping[str, Any] | None
     ) -> dict[str, Any]:
         return dict(prefill_body)
+
+    def handoff_failed(self, status: int, content_type: str, head: bytes) -> bool | None:
+        return False  # concurrent hand-off: a failed prefill is seen on the prefill's own answer
