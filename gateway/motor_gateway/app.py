@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from motor_common.errors import ConfigError, MotorError
@@ -28,7 +30,15 @@ from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_failure
 from motor_gateway import metrics
 from motor_gateway.client import DispatchClient, DispatchFailed
-from motor_gateway.openai import HttpError, error_from_motor, validate_body
+from motor_gateway.limits import ENCODINGS, HttpLimits, clean_request_id, encodings
+from motor_gateway.openai import (
+    HttpError,
+    engine_error_body,
+    error_from_motor,
+    public,
+    validate_body,
+)
+from motor_gateway.site import GuardedSite
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +46,10 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _JSON = "application/json"
 _SSE = "text/event-stream"
 _ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"}
+
+# Seconds aiohttp keeps reading (and discarding) the rest of a refused body so that the client
+# sees the answer before the connection closes.
+_LINGER_SEC = 2.0
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
@@ -55,22 +69,38 @@ def _count(route: str, status: int) -> None:
 
 
 def error_response(err: HttpError, request_id: str | None = None) -> web.Response:
+    """*err* as an OpenAI error response; a 5xx message is made public (``openai.public``) and
+    the original logged with the request id."""
     headers = {"Content-Type": _JSON}
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
+        shown = public(err, request_id)
+        if shown is not err:
+            log.warning("request failed", extra={"status": err.status, "code": err.code, "detail": err.message})
+            err = shown
     return web.Response(status=err.status, body=err.json(), headers=headers)
+
+
+def _refuse(status: int, message: str, code: str, rid: str, *, close: bool = False,
+            param: str | None = None) -> web.Response:
+    resp = error_response(HttpError(status, message, "invalid_request_error", code, param), rid)
+    if close:
+        resp.force_close()
+    return resp
 
 
 class Gateway:
     """Routes and handlers; the coordinator is reached through a :class:`DispatchClient` (gRPC
     pool with failover in ``motor-gateway``, in process in the co-located front)."""
 
-    def __init__(self, client: DispatchClient, *, api_key: str | None = None) -> None:
+    def __init__(self, client: DispatchClient, *, api_key: str | None = None,
+                 limits: HttpLimits | None = None) -> None:
         self.client = client
         self._api_key = api_key.encode() if api_key else None
+        self.limits = limits or HttpLimits()
 
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
+        app = web.Application(middlewares=[self._middleware], client_max_size=self.limits.max_body_bytes)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
@@ -84,13 +114,17 @@ class Gateway:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         route = request.path if request.path in _ROUTES else "other"
-        rid = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
+        given = request.headers.get(REQUEST_ID_HEADER)
+        rid = clean_request_id(given, self.limits.max_request_id_chars) or new_request_id()
         request[REQUEST_ID_KEY] = rid
         token = request_id_var.set(rid)
         start = time.perf_counter()
         status = 500
         in_flight = _IN_FLIGHT[route]
         in_flight.inc()
+        if given is not None and given != rid:
+            log.info("X-Request-Id replaced: empty, longer than %d characters, or not visible ASCII",
+                     self.limits.max_request_id_chars, extra={"request_id": rid})
         try:
             if request.path.startswith("/v1/") and not self._authorized(request):
                 resp: web.StreamResponse = error_response(
@@ -130,11 +164,42 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._dispatch(request, "chat")
 
+    async def _read_body(self, request: web.Request, rid: str) -> bytes | web.Response:
+        """The request body, or the refusal: 415 for an unknown Content-Encoding, 413 above
+        ``max_body_bytes`` (on Content-Length before reading, else while reading), 400 for a body
+        that does not decompress, 408 when it does not arrive within ``body_timeout_sec``."""
+        limit = self.limits.max_body_bytes
+        coding = request.headers.get("Content-Encoding")
+        if coding is not None:
+            unknown = [c for c in encodings(coding) if c not in ENCODINGS]
+            if unknown:
+                return _refuse(415, f"Content-Encoding {unknown[0]!r} is not supported: send the body "
+                               "uncompressed, or gzip or deflate", "unsupported_content_encoding", rid, close=True)
+        size = request.content_length
+        if size is not None and size > limit:
+            return _refuse(413, f"request body is {size} bytes; at most {limit} are accepted",
+                           "request_too_large", rid, close=True)
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_sec):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _refuse(413, f"request body is larger than {limit} bytes (after decompression)",
+                           "request_too_large", rid, close=True)
+        except TimeoutError:
+            return _refuse(408, f"request body not received within {self.limits.body_timeout_sec:g}s",
+                           "request_timeout", rid, close=True)
+        except (BadHttpMessage, RequestPayloadError) as exc:
+            log.info("unreadable request body", extra={"detail": str(exc)})
+            return _refuse(400, "request body could not be read: it does not match its "
+                           "Content-Encoding or Transfer-Encoding", "invalid_body", rid, close=True)
+
     async def _dispatch(self, request: web.Request, api: str) -> web.StreamResponse:
         rid: str = request[REQUEST_ID_KEY]
-        raw = await request.read()
+        raw = await self._read_body(request, rid)
+        if isinstance(raw, web.Response):
+            return raw
         try:
-            body = validate_body(raw, api)
+            body = validate_body(raw, api, self.limits)
         except MotorError as exc:
             return error_response(error_from_motor(exc), rid)
         try:
@@ -149,6 +214,8 @@ class Gateway:
             if not ctype.startswith(_SSE):
                 chunks = [c async for c in call.chunks()]
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                if head.status >= 400:
+                    data = self._engine_error(head.status, data, rid, headers)
                 return web.Response(status=head.status, body=data, headers=headers)
             stream = web.StreamResponse(status=head.status, headers=headers)
             stream.headers["Cache-Control"] = "no-cache"
@@ -161,7 +228,7 @@ class Gateway:
             if stream is None:
                 return error_response(exc.error, rid)
             try:
-                await stream.write(exc.error.sse_event())
+                await stream.write(public(exc.error, rid).sse_event())
                 await stream.write_eof()
             except ConnectionResetError:
                 pass
@@ -171,6 +238,17 @@ class Gateway:
             return stream if stream is not None else web.Response(status=499)
         finally:
             await call.aclose()
+
+    @staticmethod
+    def _engine_error(status: int, data: bytes, rid: str, headers: dict[str, str]) -> bytes:
+        """An engine's error answer in the one OpenAI error shape (``openai.engine_error_body``)."""
+        replaced = engine_error_body(status, data, rid)
+        if replaced is None:
+            return data
+        if status >= 500:
+            log.warning("engine error answer", extra={"status": status, "detail": data[:2000].decode("utf-8", "replace")})
+        headers["Content-Type"] = _JSON
+        return replaced
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -205,17 +283,20 @@ class Gateway:
 
 
 async def start_site(app: web.Application, host: str, port: int, *, shutdown_timeout: float,
-                     reuse_port: bool = False,
+                     reuse_port: bool = False, limits: HttpLimits | None = None,
                      ssl_context: ssl.SSLContext | None = None,
                      bind_hint: str = "pass --port or free it") -> tuple[web.AppRunner, int]:
-    """Serve *app* on host:port (0 = any), HTTPS with *ssl_context*; returns the runner
-    (``await runner.cleanup()``) and the bound port. Raises ``ConfigError`` when the address
-    cannot be bound (*bind_hint*: what the operator can do about a busy port)."""
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    """Serve *app* on host:port (0 = any) within *limits* (connections, header timeout), HTTPS
+    with *ssl_context*; returns the runner (``await runner.cleanup()``) and the bound port. Raises
+    ``ConfigError`` when the address cannot be bound (*bind_hint*: what the operator can do about
+    a busy port)."""
+    limits = limits or HttpLimits()
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout,
+                           keepalive_timeout=limits.header_timeout_sec, lingering_time=_LINGER_SEC)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None,
-                           ssl_context=ssl_context)
+        site = GuardedSite(runner, host, port, max_connections=limits.max_connections,
+                           reuse_port=reuse_port, ssl_context=ssl_context)
         try:
             await site.start()
         except OSError as exc:
@@ -223,5 +304,4 @@ async def start_site(app: web.Application, host: str, port: int, *, shutdown_tim
     except BaseException:
         await runner.cleanup()
         raise
-    sockets = getattr(site._server, "sockets", None)
-    return runner, int(sockets[0].getsockname()[1]) if sockets else port
+    return runner, site.port

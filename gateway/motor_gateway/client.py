@@ -9,6 +9,7 @@ section) implements the same Protocol in process, without gRPC (motor_coordinato
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +26,8 @@ from motor_gateway.pool import UNREACHABLE, CoordinatorPool, Readiness
 
 __all__ = ["DispatchClient", "DispatchFailed", "DispatchStream", "GrpcDispatchClient", "Head", "ModelInfo",
            "Readiness"]
+
+log = logging.getLogger(__name__)
 
 _API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS}
 
@@ -76,12 +79,23 @@ class DispatchClient(Protocol):
         ...
 
 
+_NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")
+_BAD_GATEWAY = HttpError(502, "the coordinator could not answer this request", "server_error", "bad_gateway")
+
+
 def rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
+    """The OpenAI error for a failed gRPC call to the coordinator. Failures of the channel itself
+    (no ErrorInfo: connect errors, gRPC's own size limits) never read as the caller's fault: a
+    RESOURCE_EXHAUSTED without a coordinator reason is a 502, not a 429 (SDKs retry 429s)."""
+    reason = error_reason(exc)
+    if reason is None:
+        log.warning("coordinator call failed", extra={"grpc_code": exc.code().name, "detail": exc.details()})
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return error_for_status("UNAVAILABLE", UNREACHABLE, "COORDINATOR_UNREACHABLE")
+        if exc.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+            return _BAD_GATEWAY
     translated = translate(exc)
     code = exc.code().name if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else translated.code
-    if exc.code() == grpc.StatusCode.UNAVAILABLE and error_reason(exc) is None:
-        # No ErrorInfo: the channel failed, not the coordinator's scheduling.
-        return error_for_status("UNAVAILABLE", f"{UNREACHABLE}: {exc.details()}", "COORDINATOR_UNREACHABLE")
     return error_for_status(code, translated.message, translated.reason)
 
 
@@ -107,7 +121,6 @@ class _GrpcStream:
             self._call.cancel()
 
 
-_NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")
 
 
 class GrpcDispatchClient:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from motor_common.logs import LogConfig
 from motor_common.tls import TlsConfig
+from motor_gateway.limits import HttpLimits
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 
@@ -45,6 +46,8 @@ class GatewayConfig:
     # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced);
     # each holds its own coordinator channel. 1 = serve in this process.
     workers: int = 1
+    # Bounds on what clients send (body, headers, connections, slow clients): docs/security.md.
+    limits: HttpLimits = field(default_factory=HttpLimits)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:

@@ -20,3 +20,7 @@ IN_FLIGHT = Gauge(
     "HTTP requests being served, by route.",
     ["route"],
 )
+CONNECTIONS_REFUSED = Counter(
+    "motor_gateway_connections_refused_total",
+    "Client connections answered 503 and closed because limits.max_connections were open.",
+)

@@ -15,6 +15,10 @@ from typing import Any
 import orjson
 
 from motor_common.errors import InvalidArgument, MotorError
+from motor_common.openai_bounds import check_model, check_pd_fields, load_object
+from motor_gateway.limits import HttpLimits
+
+_DEFAULT_LIMITS = HttpLimits()
 
 
 @dataclass(frozen=True)
@@ -72,24 +76,20 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return InvalidArgument(message, reason=code.upper(), metadata={"param": param} if param else None)
 
 
-def validate_body(raw: bytes, api: str) -> dict[str, Any]:
-    """Light validation of an OpenAI request body; *api* is ``completions`` or ``chat``.
+def validate_body(raw: bytes, api: str, limits: HttpLimits = _DEFAULT_LIMITS) -> dict[str, Any]:
+    """Validation of an OpenAI request body; *api* is ``completions`` or ``chat``.
 
-    Only what the gateway must know: a JSON object, ``model`` a non-empty string, ``stream`` a
-    boolean if present, ``prompt`` (completions) or ``messages`` (chat) present. Everything else is
-    the engine's business. Raises :class:`InvalidArgument`.
+    What the front must know or bound: a JSON object within ``limits.max_json_depth`` levels,
+    ``model`` a non-empty string of at most ``limits.max_model_chars``, ``stream`` a boolean if
+    present, ``prompt`` (completions) or ``messages`` (chat) present, no PD hand-off field
+    (``motor_common.openai_bounds.PD_FIELDS``). Everything else is the engine's business.
+    Raises :class:`InvalidArgument`.
     """
-    if not raw:
-        raise invalid("request body is empty: send a JSON object", code="invalid_json")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object", code="invalid_json")
+    body = load_object(raw, limits.max_json_depth)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a non-empty string", "model")
+    check_model(model, limits.max_model_chars)
     if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
         raise invalid("'stream' must be a boolean", "stream")
     if api == "chat":
@@ -102,6 +102,7 @@ def validate_body(raw: bytes, api: str) -> dict[str, Any]:
             raise invalid("'prompt' is required", "prompt")
         if not isinstance(prompt, str | list):
             raise invalid("'prompt' must be a string or a list", "prompt")
+    check_pd_fields(body)
     return body
 
 
@@ -112,3 +113,61 @@ def error_from_motor(exc: MotorError) -> HttpError:
     if param:
         err = HttpError(err.status, err.message, err.type, err.code, param)
     return err
+
+
+# Server-side failures (5xx) whose message is written for clients: no engine or coordinator
+# addresses, no exception names. Every other 5xx message is replaced by a public one below and
+# the original goes to the log with the request id.
+_SAFE_5XX = frozenset({"no_schedulable_instance", "request_timeout", "not_master", "isolated"})
+_PUBLIC_BY_CODE = {
+    "prefill_failed": "the model's prefill engines failed to process the request; retry later",
+    "decode_failed": "the model's decode engines failed to process the request; retry later",
+    "union_failed": "the model's engines failed to process the request; retry later",
+    "engine_stream_broken": "the engine broke off the response; retry the request",
+    "coordinator_unreachable": "the coordinator is unreachable; retry later",
+    "no_master_coordinator": "no coordinator can take requests right now (failover in progress); retry later",
+    "engine_error": "the engine failed to process the request; retry later",
+}
+_PUBLIC_BY_STATUS = {
+    502: "the coordinator could not answer this request",
+    503: "the service cannot serve this request right now; retry later",
+    504: "the request did not finish in time",
+}
+
+
+def public(err: HttpError, request_id: str) -> HttpError:
+    """*err* as a client may see it: 4xx and known-safe 5xx unchanged, any other 5xx with a
+    message that names the request id and nothing internal."""
+    if err.status < 500 or err.code in _SAFE_5XX:
+        return err
+    text = _PUBLIC_BY_CODE.get(err.code or "") or _PUBLIC_BY_STATUS.get(err.status, "internal error")
+    return HttpError(err.status, f"{text} (request id {request_id})", err.type, err.code, err.param)
+
+
+def engine_error_body(status: int, body: bytes, request_id: str) -> bytes | None:
+    """The body to send instead of an engine's error answer (*status* >= 400), or None to relay it
+    unchanged. A 4xx already in OpenAI's shape (vLLM) is relayed as it is; another 4xx shape
+    (SGLang's flat ``{"object": "error", ...}``, FastAPI's ``{"detail": ...}``, text) is put in
+    that shape with the engine's message; a 5xx gets a public message (the caller logs the body)."""
+    try:
+        parsed: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if status >= 500:
+        return HttpError(status, _PUBLIC_BY_CODE["engine_error"] + f" (request id {request_id})",
+                         "server_error", "engine_error").json()
+    err = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(err, dict) and {"message", "type", "param", "code"} <= set(err) and isinstance(err["message"], str):
+        return None
+    src: dict[str, Any] = err if isinstance(err, dict) else parsed if isinstance(parsed, dict) else {}
+    message = src.get("message") or src.get("detail") or body[:500].decode("utf-8", "replace").strip()
+    if not isinstance(message, str):
+        message = orjson.dumps(message).decode()[:500]
+    param = src.get("param")
+    code = src.get("code", status)
+    return orjson.dumps({"error": {
+        "message": message or f"the engine refused the request (HTTP {status})",
+        "type": src.get("type") if isinstance(src.get("type"), str) else "invalid_request_error",
+        "param": param if isinstance(param, str) else None,
+        "code": code if isinstance(code, str | int) and not isinstance(code, bool) else status,
+    }})

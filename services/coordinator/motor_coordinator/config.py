@@ -14,6 +14,7 @@ from motor_common.grpc_server import ServerConfig
 from motor_common.logs import LogConfig
 from motor_common.tls import TlsConfig
 from motor_coordinator.precision_config import PrecisionConfig
+from motor_gateway.limits import HttpLimits
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
 
@@ -120,6 +121,8 @@ class HttpConfig:
     shutdown_grace_sec: float = 10.0
     # HTTPS (motor_common.tls): cert_file/key_file served and reloaded on change; plain HTTP when unset.
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # The same bounds on clients as motor-gateway's `limits` section (docs/security.md).
+    limits: HttpLimits = field(default_factory=HttpLimits)
 
     @property
     def enabled(self) -> bool:

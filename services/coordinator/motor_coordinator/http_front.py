@@ -25,6 +25,7 @@ from motor_coordinator.dispatcher import Head as CoordinatorHead
 from motor_coordinator.request import parsed_request
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import DispatchFailed, DispatchStream, Head, ModelInfo, Readiness
+from motor_gateway.limits import HttpLimits
 from motor_gateway.openai import HttpError, error_for_status
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def _error(exc: BaseException) -> HttpError:
     """The OpenAI error the gateway would give for *exc* raised in the coordinator's Dispatch."""
     if not isinstance(exc, MotorError):
         log.error("unhandled error in the in-process dispatch", exc_info=exc)
-        exc = MotorError(f"internal error: {type(exc).__name__}: {exc}")
+        exc = MotorError("internal error")
     return error_for_status(exc.code, exc.message, exc.reason)
 
 
@@ -144,9 +145,10 @@ class HttpFront:
 
     def __init__(self, backend: DispatchBackend, host: str, port: int, *, request_timeout: float,
                  api_key: str | None = None, shutdown_timeout: float = 10.0,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, limits: HttpLimits | None = None) -> None:
+        self.limits = limits or HttpLimits()
         self.app = Gateway(InProcessDispatchClient(backend, request_timeout=request_timeout),
-                           api_key=api_key).make_app()
+                           api_key=api_key, limits=self.limits).make_app()
         self.host = host
         self._port = port
         self._shutdown_timeout = shutdown_timeout
@@ -157,7 +159,7 @@ class HttpFront:
     async def start(self) -> int:
         self._runner, self.port = await start_site(self.app, self.host, self._port,
                                                    shutdown_timeout=self._shutdown_timeout,
-                                                   ssl_context=self._ssl,
+                                                   ssl_context=self._ssl, limits=self.limits,
                                                    bind_hint="pass --http-port or free it")
         return self.port
 

@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from motor_common.errors import InvalidArgument
+from motor_common.openai_bounds import check_model, check_pd_fields, load_object
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -28,11 +27,12 @@ class ParsedRequest:
 
 
 def parse_body(api: str, raw: bytes) -> ParsedRequest:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"request body is not valid JSON: {exc}", reason="INVALID_JSON") from None
-    return parsed_request(api, body)
+    """A Dispatch body (gRPC callers): parsed and held to the bounds the HTTP front applies
+    (``motor_common.openai_bounds``: JSON depth, ``model`` length, no PD hand-off fields)."""
+    req = parsed_request(api, load_object(raw))
+    check_model(req.model)
+    check_pd_fields(req.body)
+    return req
 
 
 def parsed_request(api: str, body: Any) -> ParsedRequest:

@@ -1,0 +1,65 @@
+"""Limits of the OpenAI HTTP front (the ``limits`` section of ``motor-gateway``'s config and of the
+coordinator's ``http`` section) and the pure checks that use them. docs/security.md lists them.
+
+Everything a client controls is bounded here or by the engines: the body (size, encoding, JSON
+depth, read time), the header phase (aiohttp's line/field limits and ``header_timeout_sec``), the
+connection count, the ``model`` name and the ``X-Request-Id`` header. The prompt itself is bounded
+by the body size and by the engine's ``max_model_len`` check (vLLM's 400).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from motor_common.openai_bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS
+
+MIB = 1024 * 1024
+# Content-Encodings aiohttp decodes for us; anything else is refused with 415.
+ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+_REQUEST_ID = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no spaces or control bytes
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    # Largest request body (after decompression); bigger → 413, refused on Content-Length before
+    # any byte of the body is read, and while reading for chunked or compressed bodies.
+    max_body_bytes: int = 8 * MIB
+    # Deepest nesting of JSON objects/arrays in a body (orjson serialises only 254 levels).
+    max_json_depth: int = MAX_JSON_DEPTH
+    # Longest `model` name.
+    max_model_chars: int = MAX_MODEL_CHARS
+    # Longest X-Request-Id kept; a longer one, or one with spaces, control or non-ASCII bytes, is
+    # replaced with a fresh id (the response carries the id used).
+    max_request_id_chars: int = 128
+    # Seconds a connection may spend without a complete request head: a new connection, or an
+    # idle kept-alive one (slow-header clients are cut off here).
+    header_timeout_sec: float = 15.0
+    # Seconds to receive a whole request body once its head arrived (408 after).
+    body_timeout_sec: float = 30.0
+    # Open client connections per process; more are answered 503 and closed at once.
+    max_connections: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError("limits.max_body_bytes must be >= 1024")
+        if not 2 <= self.max_json_depth <= 250:
+            raise ValueError("limits.max_json_depth must be in [2, 250]")
+        if self.max_model_chars < 1 or self.max_request_id_chars < 8:
+            raise ValueError("limits.max_model_chars must be >= 1 and max_request_id_chars >= 8")
+        if self.header_timeout_sec <= 0 or self.body_timeout_sec <= 0:
+            raise ValueError("limits.header_timeout_sec and body_timeout_sec must be > 0")
+        if self.max_connections < 1:
+            raise ValueError("limits.max_connections must be >= 1")
+
+
+def clean_request_id(value: str | None, max_chars: int) -> str | None:
+    """*value* when it is a usable request id (1..max_chars visible ASCII characters), else None."""
+    if not value or len(value) > max_chars or not _REQUEST_ID.fullmatch(value):
+        return None
+    return value
+
+
+def encodings(header: str) -> list[str]:
+    """The codings of a Content-Encoding header, lower-cased, in order."""
+    return [c.strip().lower() for c in header.split(",") if c.strip()]
