@@ -63,7 +63,7 @@ def load_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        if "recursion" in str(exc).lower():
+        if "recursion" in str(exc).lower() or "depth" in str(exc).lower():
             raise _depth_error(max_depth) from None
         raise _invalid(f"request body is not valid JSON: {exc}", None, "INVALID_JSON") from None
     if not isinstance(body, dict):

@@ -30,7 +30,14 @@ from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_failure
 from motor_gateway import metrics
 from motor_gateway.client import DispatchClient, DispatchFailed
-from motor_gateway.limits import ENCODINGS, HttpLimits, clean_request_id, encodings
+from motor_gateway.limits import (
+    ENCODINGS,
+    BodyTooLarge,
+    HttpLimits,
+    clean_request_id,
+    decompress,
+    encodings,
+)
 from motor_gateway.openai import (
     HttpError,
     engine_error_body,
@@ -38,7 +45,7 @@ from motor_gateway.openai import (
     public,
     validate_body,
 )
-from motor_gateway.site import GuardedSite
+from motor_gateway.site import PROTOCOL_LOG, GuardedSite
 
 log = logging.getLogger(__name__)
 
@@ -165,33 +172,42 @@ class Gateway:
         return await self._dispatch(request, "chat")
 
     async def _read_body(self, request: web.Request, rid: str) -> bytes | web.Response:
-        """The request body, or the refusal: 415 for an unknown Content-Encoding, 413 above
-        ``max_body_bytes`` (on Content-Length before reading, else while reading), 400 for a body
-        that does not decompress, 408 when it does not arrive within ``body_timeout_sec``."""
+        """The request body, decoded, or the refusal: 415 for a Content-Encoding other than one
+        of ``limits.ENCODINGS``, 413 above ``max_body_bytes`` (on Content-Length before reading,
+        else while reading, and after decompression), 400 for a body that does not decompress,
+        408 when it does not arrive within ``body_timeout_sec``."""
         limit = self.limits.max_body_bytes
-        coding = request.headers.get("Content-Encoding")
-        if coding is not None:
-            unknown = [c for c in encodings(coding) if c not in ENCODINGS]
-            if unknown:
-                return _refuse(415, f"Content-Encoding {unknown[0]!r} is not supported: send the body "
-                               "uncompressed, or gzip or deflate", "unsupported_content_encoding", rid, close=True)
+        codings = [c for c in encodings(request.headers.get("Content-Encoding", "")) if c != "identity"]
+        unknown = [c for c in codings if c not in ENCODINGS]
+        if unknown or len(codings) > 1:
+            shown = unknown[0] if unknown else ", ".join(codings)
+            return _refuse(415, f"Content-Encoding {shown!r} is not supported: send the body uncompressed, "
+                           "or compressed once with gzip or deflate", "unsupported_content_encoding", rid, close=True)
         size = request.content_length
         if size is not None and size > limit:
             return _refuse(413, f"request body is {size} bytes; at most {limit} are accepted",
                            "request_too_large", rid, close=True)
         try:
             async with asyncio.timeout(self.limits.body_timeout_sec):
-                return await request.read()
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _refuse(413, f"request body is larger than {limit} bytes (after decompression)",
-                           "request_too_large", rid, close=True)
+            return _refuse(413, f"request body is larger than {limit} bytes", "request_too_large", rid, close=True)
         except TimeoutError:
             return _refuse(408, f"request body not received within {self.limits.body_timeout_sec:g}s",
                            "request_timeout", rid, close=True)
         except (BadHttpMessage, RequestPayloadError) as exc:
             log.info("unreadable request body", extra={"detail": str(exc)})
-            return _refuse(400, "request body could not be read: it does not match its "
-                           "Content-Encoding or Transfer-Encoding", "invalid_body", rid, close=True)
+            return _refuse(400, "request body could not be read: it does not match its Transfer-Encoding",
+                           "invalid_body", rid, close=True)
+        if not codings:
+            return raw
+        try:
+            return decompress(raw, codings[0], limit)
+        except BodyTooLarge:
+            return _refuse(413, f"request body is larger than {limit} bytes after decompression",
+                           "request_too_large", rid)
+        except ValueError:
+            return _refuse(400, f"request body is not valid {codings[0]} data (Content-Encoding)", "invalid_body", rid)
 
     async def _dispatch(self, request: web.Request, api: str) -> web.StreamResponse:
         rid: str = request[REQUEST_ID_KEY]
@@ -292,7 +308,8 @@ async def start_site(app: web.Application, host: str, port: int, *, shutdown_tim
     a busy port)."""
     limits = limits or HttpLimits()
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=shutdown_timeout,
-                           keepalive_timeout=limits.header_timeout_sec, lingering_time=_LINGER_SEC)
+                           keepalive_timeout=limits.header_timeout_sec, lingering_time=_LINGER_SEC,
+                           auto_decompress=False, logger=PROTOCOL_LOG)
     await runner.setup()
     try:
         site = GuardedSite(runner, host, port, max_connections=limits.max_connections,

@@ -10,13 +10,14 @@ by the body size and by the engine's ``max_model_len`` check (vLLM's 400).
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from motor_common.openai_bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS
 
 MIB = 1024 * 1024
-# Content-Encodings aiohttp decodes for us; anything else is refused with 415.
-ENCODINGS = frozenset({"identity", "gzip", "deflate"})
+# Content-Encodings the front decodes (``decompress``); anything else is refused with 415.
+ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
 _REQUEST_ID = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no spaces or control bytes
 
 
@@ -63,3 +64,29 @@ def clean_request_id(value: str | None, max_chars: int) -> str | None:
 def encodings(header: str) -> list[str]:
     """The codings of a Content-Encoding header, lower-cased, in order."""
     return [c.strip().lower() for c in header.split(",") if c.strip()]
+
+
+class BodyTooLarge(Exception):
+    """The decompressed body exceeds the limit."""
+
+
+def decompress(data: bytes, coding: str, limit: int) -> bytes:
+    """*data* decoded from *coding* (one of ``ENCODINGS``), producing at most *limit* bytes (a
+    compression bomb stops there: ``BodyTooLarge``). Raises ``ValueError`` for data that is not
+    valid or complete in that coding."""
+    if coding == "deflate":
+        # RFC 9110 deflate is zlib-wrapped; some clients send raw deflate: accept both.
+        wbits = zlib.MAX_WBITS if data[:1] and (data[0] & 0x0F) == 8 and int.from_bytes(data[:2]) % 31 == 0 \
+            else -zlib.MAX_WBITS
+    else:
+        wbits = 16 + zlib.MAX_WBITS
+    d = zlib.decompressobj(wbits)
+    try:
+        out = d.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise ValueError(str(exc)) from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise BodyTooLarge(limit)
+    if not d.eof:
+        raise ValueError("truncated")
+    return out

@@ -11,7 +11,9 @@ hundreds and trickling bytes held them all. :class:`GuardedSite` answers a conne
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+from typing import Any
 
 from aiohttp import web
 
@@ -34,6 +36,20 @@ class _Busy(asyncio.Protocol):
         if isinstance(transport, asyncio.WriteTransport):
             transport.write(BUSY_RESPONSE)
         transport.close()
+
+
+class ProtocolLog(logging.Logger):
+    """aiohttp's connection logger: a malformed request (bad header bytes, over-long line, broken
+    chunking) is the client's fault, logged as one line without a traceback; aiohttp answers it
+    with a plain-text 400 before any route runs."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        detail = exc_info if isinstance(exc_info, BaseException) else None
+        self.info("%s: %s", str(msg) % args if args else msg, str(detail or "").strip().replace("\n", " "))
+
+
+PROTOCOL_LOG = ProtocolLog("motor_gateway.http")
+PROTOCOL_LOG.parent = logging.getLogger("motor_gateway")
 
 
 class GuardedSite(web.BaseSite):
