@@ -13,13 +13,9 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
-from aiohttp import web
 
 from motor_common.errors import ConfigError, Unavailable
 from motor_controller.config import NodeRestartConfig
@@ -30,85 +26,13 @@ from motor_controller.node_restarter import (
     valid_pod_name,
 )
 from tests.controller.factories import spec
-
-TOKEN = "sa-token-for-tests"
-DENIED = ('pods "{name}" is forbidden: User "system:serviceaccount:motor:motor-controller" cannot '
-          'delete resource "pods" in API group "" in the namespace "{ns}"')
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
-    return web.Response(status=code, body=orjson.dumps(body), content_type="application/json")
-
-
-@dataclass
-class FakeApiServer:
-    """Pods of namespace ``motor``; namespace ``forbidden`` answers 403 like RBAC does."""
-
-    pods: set[tuple[str, str]] = field(default_factory=set)
-    requests: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, auth
-    url: str = ""
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        return app
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        auth = f"{scheme.capitalize()} {token}"  # the scheme is case-insensitive (RFC 9110)
-        self.requests.append((request.method, request.path, auth))
-        if auth != f"Bearer {TOKEN}":
-            return _status(401, "Unauthorized", "Unauthorized")
-        parts = request.path.strip("/").split("/")
-        if request.method != "DELETE" or len(parts) != 6 or parts[:3] != ["api", "v1", "namespaces"] or parts[4] != "pods":
-            return _status(404, "NotFound", "the server could not find the requested resource")
-        ns, name = parts[3], parts[5]
-        if ns == "forbidden":
-            return _status(403, "Forbidden", DENIED.format(name=name, ns=ns))
-        if (ns, name) not in self.pods:
-            return _status(404, "NotFound", f'pods "{name}" not found')
-        self.pods.discard((ns, name))
-        pod = {"kind": "Pod", "apiVersion": "v1",
-               "metadata": {"name": name, "namespace": ns, "deletionTimestamp": "2026-12-01T00:00:00Z"}}
-        return web.Response(body=orjson.dumps(pod), content_type="application/json")
-
-
-async def _serve(api: FakeApiServer, ssl_context: Any = None) -> AsyncIterator[FakeApiServer]:
-    runner = web.AppRunner(api.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    api.url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
-    try:
-        yield api
-    finally:
-        await runner.cleanup()
+from tests.k8s_api import DENIED, TOKEN, FakeApiServer, serve, write_kubeconfig
 
 
 @pytest.fixture
 async def apiserver() -> AsyncIterator[FakeApiServer]:
-    async for api in _serve(FakeApiServer(pods={("motor", "prefill-0"), ("motor", "decode-0")})):
+    async with serve(FakeApiServer(pods={("motor", "prefill-0"), ("motor", "decode-0")})) as api:
         yield api
-
-
-def write_kubeconfig(path: Path, server: str, token: str = TOKEN) -> Path:
-    path.write_text(f"""apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {{server: "{server}"}}
-users:
-- name: test
-  user: {{token: "{token}"}}
-contexts:
-- name: test
-  context: {{cluster: test, user: test, namespace: motor}}
-current-context: test
-""")
-    return path
 
 
 def kube_cfg(path: Path, namespace: str = "motor") -> NodeRestartConfig:
@@ -192,7 +116,7 @@ async def test_in_cluster_uses_the_service_account_token_and_ca_over_tls(
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(cert))
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
-    async for api in _serve(FakeApiServer(pods={("motor", "decode-0")}), ssl_context=ctx):
+    async with serve(FakeApiServer(pods={("motor", "decode-0")}), ssl_context=ctx) as api:
         port = api.url.rsplit(":", 1)[1]
         env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": port}
         restarter = KubernetesNodeRestarter(kubernetes_pod_api("", env), "motor", timeout=5)

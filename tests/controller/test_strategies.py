@@ -227,6 +227,21 @@ async def test_node_restart_restarts_the_targets_and_waits_until_they_are_gone()
     assert (await task).outcome is Outcome.DONE
 
 
+async def test_a_failed_node_restart_carries_the_restarters_message() -> None:
+    class Denied:
+        name = "kubernetes"
+
+        async def restart(self, node: Any, reason: str) -> None:
+            raise Unavailable(f"deleting pod m/{node.node_id} failed: 403 Forbidden: no delete for you",
+                              reason="POD_DELETE_FAILED")
+
+    s = NodeRestart(Denied(), [spec(0, node_id="a")], Progress(), reason="x",
+                    gone=lambda n: False, wait_timeout=0.05, poll_interval=0.01)  # fmt: skip
+    result = await s.run(managed(IID))
+    assert result.outcome is Outcome.FAILED
+    assert result.detail == "restart failed for a (deleting pod m/a failed: 403 Forbidden: no delete for you)"
+
+
 # --- engine relaunch: config-derived RestartEngine deadline -----------------------------------------
 def test_restart_call_deadline_is_what_is_left_of_the_relaunch_plus_a_margin() -> None:
     assert dispatch_timeout(deadline=100.0, now=40.0, margin=5.0) == 65.0

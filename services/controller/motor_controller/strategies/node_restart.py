@@ -67,15 +67,17 @@ class NodeRestart:
         log.warning("restarting nodes (%s): %s", self._restarter.name, self._reason,
                     extra={"instance_id": instance.id, "nodes": names})  # fmt: skip
 
-        async def one(t: NodeSpec) -> str:
+        async def one(t: NodeSpec) -> tuple[str, str]:
+            """(node id, error message or "")."""
             try:
                 await self._restarter.restart(t, self._reason)
             except MotorError as exc:
                 log.error("node restart failed for %s: %s", t.node_id, exc.message, extra={"node_id": t.node_id})
-                return t.node_id
-            return ""
+                return t.node_id, exc.message
+            return t.node_id, ""
 
-        failed = [n for n in await asyncio.gather(*(one(t) for t in self.targets)) if n]
+        results = await asyncio.gather(*(one(t) for t in self.targets))
+        failed = {n: why for n, why in results if why}
         self.progress.phase = "wait"
         deadline = self._clock() + self._wait_timeout
         waiting = [n for n in names if n not in failed]
@@ -83,7 +85,8 @@ class NodeRestart:
             waiting = [n for n in waiting if not self._gone(n)]
             if waiting:
                 await self._sleep(self._poll)
-        return restart_summary(names, failed, waiting)
+        # the restarter's message (e.g. the API server's RBAC denial) reaches last_error
+        return restart_summary(names, [f"{n} ({why})" for n, why in failed.items()], waiting)
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
