@@ -29,6 +29,7 @@ from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_failure
 from motor_gateway import metrics
+from motor_gateway.admission import Admission, AdmissionConfig, Shed
 from motor_gateway.client import DispatchClient, DispatchFailed
 from motor_gateway.limits import (
     ENCODINGS,
@@ -59,6 +60,9 @@ _ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "
 _LINGER_SEC = 2.0
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
+# The name of the inference API key a /v1 request was authenticated with (admission bucket).
+API_KEY_ID = web.RequestKey("api_key_id", str)
+ANONYMOUS = "anonymous"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -101,10 +105,11 @@ class Gateway:
     pool with failover in ``motor-gateway``, in process in the co-located front)."""
 
     def __init__(self, client: DispatchClient, *, api_key: str | None = None,
-                 limits: HttpLimits | None = None) -> None:
+                 limits: HttpLimits | None = None, admission: AdmissionConfig | None = None) -> None:
         self.client = client
         self._api_key = api_key.encode() if api_key else None
         self.limits = limits or HttpLimits()
+        self.admission = Admission(admission or AdmissionConfig())
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=self.limits.max_body_bytes)
@@ -133,11 +138,13 @@ class Gateway:
             log.info("X-Request-Id replaced: empty, longer than %d characters, or not visible ASCII",
                      self.limits.max_request_id_chars, extra={"request_id": rid})
         try:
-            if request.path.startswith("/v1/") and not self._authorized(request):
+            key = self._api_key_identity(request) if request.path.startswith("/v1/") else ANONYMOUS
+            if key is None:
                 resp: web.StreamResponse = error_response(
                     HttpError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                               "authentication_error", "invalid_api_key"), rid)
             else:
+                request[API_KEY_ID] = key
                 try:
                     resp = await handler(request)
                 except web.HTTPException as exc:
@@ -157,11 +164,15 @@ class Gateway:
             _LATENCY[route].observe(time.perf_counter() - start)
             request_id_var.reset(token)
 
-    def _authorized(self, request: web.Request) -> bool:
+    def _api_key_identity(self, request: web.Request) -> str | None:
+        """The name of the inference key the request carries (its admission bucket), ANONYMOUS
+        when the front needs no key, None when the key is missing or wrong."""
         if self._api_key is None:
-            return True
+            return ANONYMOUS
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._api_key)
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._api_key):
+            return "default"
+        return None
 
     # -- OpenAI routes -----------------------------------------------------------------------------
 
@@ -218,6 +229,19 @@ class Gateway:
             body = validate_body(raw, api, self.limits)
         except MotorError as exc:
             return error_response(error_from_motor(exc), rid)
+        try:
+            ticket = await self.admission.acquire(body["model"], request[API_KEY_ID], len(raw))
+        except Shed as exc:
+            resp = error_response(HttpError(429, exc.message, "rate_limit_error", exc.reason), rid)
+            resp.headers["Retry-After"] = str(self.admission.cfg.retry_after_sec)
+            return resp
+        try:
+            return await self._forward(request, rid, api, raw, body)
+        finally:
+            self.admission.release(ticket)
+
+    async def _forward(self, request: web.Request, rid: str, api: str, raw: bytes,
+                       body: dict[str, Any]) -> web.StreamResponse:
         try:
             call = await self.client.dispatch(rid, api, raw, body)
         except DispatchFailed as exc:

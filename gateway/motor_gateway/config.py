@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from motor_common.logs import LogConfig
 from motor_common.tls import TlsConfig
+from motor_gateway.admission import AdmissionConfig
 from motor_gateway.limits import HttpLimits
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
@@ -48,6 +49,8 @@ class GatewayConfig:
     workers: int = 1
     # Bounds on what clients send (body, headers, connections, slow clients): docs/security.md.
     limits: HttpLimits = field(default_factory=HttpLimits)
+    # Bounded concurrency and queues per model and per API key, 429 beyond (docs/security.md).
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:

@@ -94,7 +94,7 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     client = GrpcDispatchClient(pool, request_timeout=cfg.request_timeout_sec,
                                 control_timeout=cfg.control_timeout_sec)
     try:
-        app = Gateway(client, api_key=api_key, limits=cfg.limits).make_app()
+        app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=cfg.admission).make_app()
         runner, port = await start_site(app, cfg.host, cfg.port, shutdown_timeout=cfg.shutdown_grace_sec,
                                         reuse_port=reuse_port, limits=cfg.limits,
                                         ssl_context=https_context(cfg.https) if cfg.https.serves_tls else None)

@@ -24,3 +24,24 @@ CONNECTIONS_REFUSED = Counter(
     "motor_gateway_connections_refused_total",
     "Client connections answered 503 and closed because limits.max_connections were open.",
 )
+ADMITTED = Counter(
+    "motor_gateway_admission_admitted_total",
+    "Requests admitted to the engines (at once or after waiting in the admission queue).",
+)
+QUEUED_TOTAL = Counter(
+    "motor_gateway_admission_queued_total",
+    "Requests that had to wait in the admission queue.",
+)
+SHED = Counter(
+    "motor_gateway_admission_shed_total",
+    "Requests refused with 429 by admission control, by reason (queue_full, queued_bytes, queue_timeout).",
+    ["reason"],
+)
+QUEUED = Gauge(
+    "motor_gateway_admission_queue_length",
+    "Requests waiting in the admission queue now.",
+)
+ADMITTED_IN_FLIGHT = Gauge(
+    "motor_gateway_admission_in_flight",
+    "Admitted requests being served now.",
+)

@@ -157,13 +157,14 @@ class ScriptedBackend:
 
 
 @contextlib.asynccontextmanager
-async def in_process_gateway(request_timeout: float = 5.0, limits: Any = None) -> AsyncIterator[tuple[str, FakeDispatch]]:
+async def in_process_gateway(request_timeout: float = 5.0, limits: Any = None,
+                             admission: Any = None) -> AsyncIterator[tuple[str, FakeDispatch]]:
     """The co-located front (motor_coordinator.http_front.HttpFront) over a scripted backend."""
     from motor_coordinator.http_front import HttpFront
 
     fake = FakeDispatch()
     front = HttpFront(ScriptedBackend(fake), "127.0.0.1", 0, request_timeout=request_timeout, shutdown_timeout=1,
-                      limits=limits)
+                      limits=limits, admission=admission)
     port = await front.start()
     try:
         yield f"http://127.0.0.1:{port}", fake

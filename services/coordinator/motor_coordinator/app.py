@@ -184,7 +184,7 @@ class Coordinator:
             self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=d.request_timeout_sec,
                                   api_key=read_api_key(h.api_key_file), shutdown_timeout=h.shutdown_grace_sec,
                                   ssl_context=https_context(h.tls) if h.tls.serves_tls else None,
-                                  limits=h.limits)
+                                  limits=h.limits, admission=h.admission)
             await self.http.start()
         return port
 

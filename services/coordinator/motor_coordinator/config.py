@@ -14,6 +14,7 @@ from motor_common.grpc_server import ServerConfig
 from motor_common.logs import LogConfig
 from motor_common.tls import TlsConfig
 from motor_coordinator.precision_config import PrecisionConfig
+from motor_gateway.admission import AdmissionConfig
 from motor_gateway.limits import HttpLimits
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
@@ -123,6 +124,8 @@ class HttpConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     # The same bounds on clients as motor-gateway's `limits` section (docs/security.md).
     limits: HttpLimits = field(default_factory=HttpLimits)
+    # Admission control of the front (motor-gateway's `admission` section).
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     @property
     def enabled(self) -> bool:

@@ -23,6 +23,7 @@ from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
 from motor_coordinator.dispatcher import Head as CoordinatorHead
 from motor_coordinator.request import parsed_request
+from motor_gateway.admission import AdmissionConfig
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import DispatchFailed, DispatchStream, Head, ModelInfo, Readiness
 from motor_gateway.limits import HttpLimits
@@ -145,10 +146,11 @@ class HttpFront:
 
     def __init__(self, backend: DispatchBackend, host: str, port: int, *, request_timeout: float,
                  api_key: str | None = None, shutdown_timeout: float = 10.0,
-                 ssl_context: ssl.SSLContext | None = None, limits: HttpLimits | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, limits: HttpLimits | None = None,
+                 admission: AdmissionConfig | None = None) -> None:
         self.limits = limits or HttpLimits()
         self.app = Gateway(InProcessDispatchClient(backend, request_timeout=request_timeout),
-                           api_key=api_key, limits=self.limits).make_app()
+                           api_key=api_key, limits=self.limits, admission=admission).make_app()
         self.host = host
         self._port = port
         self._shutdown_timeout = shutdown_timeout
