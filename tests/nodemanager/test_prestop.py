@@ -70,3 +70,49 @@ def test_prestop_with_a_bad_config_or_arguments_exits_2(tmp_path: Path) -> None:
     assert out.returncode == 2 and "cannot read management key file /nonexistent/key" in out.stderr
     out = prestop(cfg, "--drain-sec", "-1")
     assert out.returncode == 2 and "--drain-sec must be in [0, 3600]" in out.stderr
+
+
+async def test_prestop_speaks_mutual_tls_with_the_nodes_own_identity(tmp_path: Path, key_file: str) -> None:
+    from motor_common import certs
+    from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
+    from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as pbgrpc
+    from motor_common.grpc_client import call_metadata, open_channel
+    from motor_common.grpc_server import ServerConfig
+    from motor_common.tls import TlsConfig
+    from tests.nodemanager.conftest import KEY
+    from tests.nodemanager.fake_controller import SERVICE
+
+    ca = certs.make_ca(tmp_path / "ca")
+    ctl_id = certs.issue(ca, tmp_path / "ca", "controller")
+    nm_id = certs.issue(ca, tmp_path / "ca", "nodemanager")
+
+    def tls(issued: certs.Issued) -> TlsConfig:
+        return TlsConfig(cert_file=str(issued.cert_file), key_file=str(issued.key_file),
+                         ca_file=str(ca.cert_file), require_client_cert=True)  # fmt: skip
+
+    impl = FakeController()
+    ctl = GrpcServer("fake-controller", ServerConfig(port=0, grace_seconds=0.1, tls=tls(ctl_id)), management_key=KEY)
+    ctl.add_service(SERVICE, lambda s: cgrpc.add_ControllerServiceServicer_to_server(impl, s), protected=True)
+    await ctl.start()
+    nm_tls = {"cert_file": str(nm_id.cert_file), "key_file": str(nm_id.key_file), "ca_file": str(ca.cert_file),
+              "require_client_cert": True}  # fmt: skip
+    cfg = nm_config(ctl.port, key_file, tmp_path, server={"port": free_port(), "tls": nm_tls})
+    nm = await start_nodemanager(tmp_path, cfg)
+    try:
+        await registered(impl)  # the node reached the controller over mutual TLS
+        # without the node's identity the pause cannot even connect: nothing changes
+        plain = tmp_path / "plain.yaml"
+        plain.write_text(yaml.safe_dump({**cfg, "server": {**cfg["server"], "tls": {}}}))
+        out = prestop(plain, "--drain-sec", "0")
+        assert out.returncode == 1 and "UNAVAILABLE" in out.stderr
+
+        out = prestop(nm.config_path, "--drain-sec", "0")
+        assert out.returncode == 0, out.stderr
+        async with open_channel(nm.address, tls=tls(ctl_id)) as ch:
+            ready = await pbgrpc.NodeManagerServiceStub(ch).GetReadiness(
+                pb.GetReadinessRequest(), metadata=call_metadata(KEY), timeout=5
+            )
+        assert (ready.ready, ready.reason) == (False, "paused")
+    finally:
+        assert nm.terminate() == 0
+        await ctl.stop(0)
