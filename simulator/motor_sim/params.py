@@ -59,6 +59,9 @@ class Job:
     bootstrap_port: int | None
     bootstrap_room: int | None
     request_id: str | None  # vLLM body "request_id" / SGLang "rid"
+    # False when the prompt was longer than parse()'s token cap: prompt_ids holds only its start
+    # (the request is refused for its length, so the rest is never needed).
+    prompt_complete: bool = True
 
 
 def _int(body: Mapping[str, Any], name: str, default: int | None, lo: int | None = None) -> int | None:
@@ -101,12 +104,14 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     raise InvalidRequest("stop must be a string or a list of strings", "stop")
 
 
-def _prompt_ids(body: Mapping[str, Any]) -> tuple[int, ...]:
+def _prompt_ids(body: Mapping[str, Any], cap: int | None) -> tuple[int, ...]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tuple(tokenizer.encode(prompt))
+        return tuple(tokenizer.encode(prompt, cap))
+    if isinstance(prompt, list) and cap is not None:
+        prompt = prompt[:cap]
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return tuple(prompt)
     if isinstance(prompt, list):
@@ -114,7 +119,22 @@ def _prompt_ids(body: Mapping[str, Any]) -> tuple[int, ...]:
     raise InvalidRequest("prompt must be a string or a list of token ids", "prompt")
 
 
-def parse(body: Any, kind: Kind) -> Job:
+# Tokens always counted exactly, whatever max_model_len: error messages name the exact length of
+# any prompt up to this size, like vLLM's; beyond it they say "at least".
+EXACT_COUNT_TOKENS = 65536
+
+
+def token_cap(max_model_len: int | None) -> int | None:
+    """How many prompt tokens parse() reads at most: enough to tell a prompt longer than
+    *max_model_len* (and to count moderately long ones exactly), bounded so that a huge prompt
+    cannot hold the event loop (a 60 MB prompt took 31 s to tokenize in full)."""
+    return None if max_model_len is None else max(max_model_len + 1, EXACT_COUNT_TOKENS)
+
+
+def parse(body: Any, kind: Kind, max_model_len: int | None = None) -> Job:
+    """The validated request; with *max_model_len*, prompts are tokenized only up to
+    ``token_cap(max_model_len)`` tokens (``Job.prompt_complete`` False beyond)."""
+    cap = token_cap(max_model_len)
     if not isinstance(body, Mapping):
         raise InvalidRequest("request body must be a JSON object")
     if kind == "chat":
@@ -133,7 +153,7 @@ def parse(body: Any, kind: Kind) -> Job:
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), "messages") from exc
-        prompt_ids = tuple(tokenizer.encode(text))
+        prompt_ids = tuple(tokenizer.encode(text, cap))
         max_tokens = _int(body, "max_completion_tokens", None, 1)
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", None, 1)
@@ -142,7 +162,7 @@ def parse(body: Any, kind: Kind) -> Job:
         else:
             logprobs = None
     else:
-        prompt_ids = _prompt_ids(body)
+        prompt_ids = _prompt_ids(body, cap)
         max_tokens = _int(body, "max_tokens", None, 1)
         logprobs = _int(body, "logprobs", None, 0)
     if not prompt_ids:
@@ -193,4 +213,5 @@ def parse(body: Any, kind: Kind) -> Job:
         bootstrap_port=bport,
         bootstrap_room=room,
         request_id=rid if isinstance(rid, str) else None,
+        prompt_complete=cap is None or len(prompt_ids) < cap,
     )

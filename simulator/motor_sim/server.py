@@ -120,7 +120,7 @@ class SimServer:
             except orjson.JSONDecodeError as exc:
                 raise ApiError(400, f"Invalid JSON body: {exc}") from exc
             try:
-                job = params.parse(body, kind)
+                job = params.parse(body, kind, svc.cfg.max_model_len)
             except params.InvalidRequest as exc:
                 raise ApiError(exc.status, exc.message, param=exc.param, value=exc.value,
                                validation=exc.validation) from exc

@@ -123,11 +123,12 @@ class SimService:
         room = self.cfg.max_model_len - len(job.prompt_ids)
         if room <= 0 or (job.max_tokens is not None and job.max_tokens > room):
             asked = job.max_tokens if job.max_tokens is not None else 0
+            least = "" if job.prompt_complete else "at least "
             raise ApiError(
                 400,
                 f"This model's maximum context length is {self.cfg.max_model_len} tokens. "
-                f"However, you requested {len(job.prompt_ids) + asked} tokens "
-                f"({len(job.prompt_ids)} in the messages, {asked} in the completion). "
+                f"However, you requested {least}{len(job.prompt_ids) + asked} tokens "
+                f"({least}{len(job.prompt_ids)} in the messages, {asked} in the completion). "
                 "Please reduce the length of the messages or completion.",
                 param="max_tokens" if job.max_tokens is not None else "messages",
             )
@@ -142,10 +143,11 @@ class SimService:
         ``--sim-default-max-tokens`` to keep simulated runs short)."""
         limit, n_prompt = self.cfg.max_model_len, len(job.prompt_ids)
         if n_prompt > limit:
+            count = str(n_prompt) if job.prompt_complete else f"at least {n_prompt}"
             raise ApiError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, your prompt "
-                f"contains {n_prompt} input tokens, which exceeds this limit even without any "
+                f"contains {count} input tokens, which exceeds this limit even without any "
                 "output tokens. Please reduce the length of the input prompt.",
                 param="input_tokens", value=n_prompt,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
 from typing import Any
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
@@ -20,9 +21,12 @@ def token_id(piece: str) -> int:
     return zlib.crc32(piece.encode()) & 0x7FFFFFFF
 
 
-def encode(text: str) -> list[int]:
-    """Split ``text`` into word/punctuation tokens and return their ids."""
-    return [token_id(piece) for piece in _TOKEN_RE.findall(text)]
+def encode(text: str, limit: int | None = None) -> list[int]:
+    """Split ``text`` into word/punctuation tokens and return their ids; with *limit*, stop after
+    that many (the work stays bounded however long the text is)."""
+    if limit is None:
+        return [token_id(piece) for piece in _TOKEN_RE.findall(text)]
+    return [token_id(m.group()) for m in islice(_TOKEN_RE.finditer(text), limit)]
 
 
 def _content_text(content: Any) -> str:
