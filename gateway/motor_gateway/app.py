@@ -200,8 +200,8 @@ class Gateway:
                            "request_too_large", rid, close=True)
         try:
             async with asyncio.timeout(self.limits.body_timeout_sec):
-                raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+                raw = await _read_at_most(request, limit)
+        except BodyTooLarge:
             return _refuse(413, f"request body is larger than {limit} bytes", "request_too_large", rid, close=True)
         except TimeoutError:
             return _refuse(408, f"request body not received within {self.limits.body_timeout_sec:g}s",
@@ -320,6 +320,18 @@ class Gateway:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _read_at_most(request: web.Request, limit: int) -> bytes:
+    """The body in the chunks the connection delivers (aiohttp's ``read()`` first enlarges its
+    buffer to the whole limit); ``BodyTooLarge`` as soon as it passes *limit*."""
+    buf = bytearray()
+    content = request.content
+    while chunk := await content.readany():
+        buf += chunk
+        if len(buf) > limit:
+            raise BodyTooLarge(limit)
+    return bytes(buf)
 
 
 async def start_site(app: web.Application, host: str, port: int, *, shutdown_timeout: float,
