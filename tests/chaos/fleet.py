@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import grpc
 import psutil
+import yaml
 
 from motor_cli.status import fetch_view
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
@@ -197,6 +198,17 @@ class ChaosFleet:
         except psutil.Error:
             return []
 
+    def etcd_pid(self) -> int:
+        """The etcd `motor up --ha` runs (a supervised program, or a child of motor up)."""
+        for prog in self.up.info["programs"].values():
+            if prog.get("kind") == "etcd" and prog.get("pid"):
+                return int(prog["pid"])
+        for child in psutil.Process(self.up.proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "etcd" in child.name():
+                    return int(child.pid)
+        raise AssertionError("no etcd process under motor up")
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Signal program *name* (its process only, as `kill -9 PID` does); returns its pid."""
         pid = self.pid(name)
@@ -273,6 +285,11 @@ async def list_instances(address: str, key: str) -> dict[str, int] | None:
     return {i.job_name: i.status for i in resp.instances}
 
 
+# The one setting the suite adds to `motor up`'s defaults: the controller's fault manager on (engine
+# relaunch in place), the mode in which a fleet is meant to ride out faults.
+FLEET_CONFIG = {"controller": {"fault_tolerance_config": {"enable_fault_tolerance": True}}}
+
+
 def node_names(prefill: int, decode: int) -> list[str]:
     return [*(f"prefill-{i}" for i in range(prefill)), *(f"decode-{i}" for i in range(decode))]
 
@@ -284,9 +301,12 @@ async def chaos_fleet(
     """``motor up --prefill P --decode D *args*`` (plus ``gateways - 1`` extra ``motor-gateway``
     processes on the same coordinators), fully ready, its processes recorded from the start."""
     ledger = ProcessLedger()
+    config = tmp_path / "fleet-config.yaml"
+    config.write_text(yaml.safe_dump(FLEET_CONFIG))
     async with AsyncExitStack() as es:
-        up = await es.enter_async_context(
-            motor_up(tmp_path, "--prefill", str(prefill), "--decode", str(decode), *args, timeout=timeout))
+        up = await es.enter_async_context(motor_up(
+            tmp_path, "--prefill", str(prefill), "--decode", str(decode), "--config", str(config), *args,
+            timeout=timeout))
         ledger.roots.append(up.proc.pid)
         ledger.sample()
         fleet = ChaosFleet(up, node_names(prefill, decode), ledger)
