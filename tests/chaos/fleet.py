@@ -209,6 +209,20 @@ class ChaosFleet:
                     return int(child.pid)
         raise AssertionError("no etcd process under motor up")
 
+    def engine_port(self, node: str) -> int:
+        """The HTTP port of *node*'s (first) engine, from its command line."""
+        pid = self.engine_pids(node)[0]
+        argv = psutil.Process(pid).cmdline()
+        return int(argv[argv.index("--port") + 1])
+
+    async def running_requests(self, node: str) -> int:
+        """``vllm:num_requests_running`` of *node*'s engine (its /metrics)."""
+        url = f"http://127.0.0.1:{self.engine_port(node)}/metrics"
+        async with aiohttp.ClientSession() as http, http.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
+            text = await r.text()
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("vllm:num_requests_running")))
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Signal program *name* (its process only, as `kill -9 PID` does); returns its pid."""
         pid = self.pid(name)

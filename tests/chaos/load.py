@@ -12,7 +12,8 @@ parse as JSON completion chunks, no error event, text received, and ``data: [DON
 Anything else — a status other than 200, a cut connection, a stream that stops early or carries
 an error event, a timeout — is a failure, kept with what the client saw.
 
-**Several gateways** (``urls``): client *i* starts on ``urls[i % len(urls)]``. When a gateway cannot
+**Several gateways** (``urls``): client *i* starts on ``urls[(i // 2) % len(urls)]`` (so each
+gateway has streaming and non-streaming clients). When a gateway cannot
 be reached — the connection is refused, or it closes before the HTTP status line arrived — the
 client sends the same request to the next gateway (each gateway at most once per request). Nothing
 has reached the application then, so this retry cannot duplicate output; it is what a client-side
@@ -161,7 +162,9 @@ class ClosedLoop:
         stream = bool(body["stream"])
         start = time.monotonic()
         end_by = start + self.timeout
-        order = [self.urls[(i + k) % len(self.urls)] for k in range(len(self.urls))]
+        # clients 0,1 on gateway 0, clients 2,3 on gateway 1, …: streaming and plain on each
+        first = i // 2
+        order = [self.urls[(first + k) % len(self.urls)] for k in range(len(self.urls))]
         last_error = ""
         for attempt, url in enumerate(order, 1):
             try:

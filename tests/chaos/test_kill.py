@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,10 @@ from tests.chaos.scenario import CLIENTS, assert_figures, run_scenario
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+async def _at_least(count: Awaitable[int], n: int) -> bool:
+    return await count >= n
 
 
 async def _kill_program(fleet: ChaosFleet, name: str) -> None:
@@ -61,6 +66,9 @@ async def test_kill_nodemanager(tmp_path: Path) -> None:
 @pytest.mark.xfail(strict=True, reason="waiting for mid-stream migration (stab-dispatch)")
 async def test_kill_decode_engine_mid_stream(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
+        # mid-stream for sure: the engine is decoding several requests when it dies
+        await wait_for(lambda: _at_least(fleet.running_requests("decode-1"), 3), timeout=10, interval=0.01,
+                       what="decode-1 decoding at least 3 requests")
         fleet.signal_engine("decode-1", signal.SIGKILL)
 
     figs = await run_scenario(
