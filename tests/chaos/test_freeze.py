@@ -75,7 +75,6 @@ async def test_freeze_master_coordinator(tmp_path: Path) -> None:
     assert_figures(figs)
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the controller restart grace (stab-ctl)")
 async def test_freeze_etcd(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
         await _freeze(fleet.etcd_pid())
@@ -87,6 +86,7 @@ async def test_freeze_etcd(tmp_path: Path) -> None:
 
 
 POISON = {"prompt": "p", "max_tokens": 2, "logprobs": 1000}
+POISON_TIMEOUT_SEC = 15.0  # vLLM answers it 400 at once
 
 
 @pytest.mark.xfail(strict=True, reason="waiting for poison-request containment and the simulator's logprobs bound (stab-dispatch)")
@@ -96,23 +96,30 @@ async def test_poison_request(tmp_path: Path) -> None:
     answers: list[tuple[int, bytes]] = []
 
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(3):
+        async def poison(http: aiohttp.ClientSession) -> None:
+            try:
                 async with http.post(f"{fleet.gateway_urls[0]}/v1/completions",
                                      data=orjson.dumps({"model": fleet.model, **POISON}),
                                      headers={"Content-Type": "application/json"},
-                                     timeout=aiohttp.ClientTimeout(total=40)) as r:
+                                     timeout=aiohttp.ClientTimeout(total=POISON_TIMEOUT_SEC)) as r:
                     answers.append((r.status, await r.read()))
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                answers.append((0, f"{type(exc).__name__} after {POISON_TIMEOUT_SEC:g} s".encode()))
+
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(poison(http) for _ in range(3)))
 
     def check(load: ClosedLoop) -> list[str]:
         bad = [f"{s}: {b[:160]!r}" for s, b in answers if s != 400]
         return [f"poison request not answered 400: {bad}"] if bad else []
 
     figs = await run_scenario(tmp_path, "poison-request",
-                              '`{"prompt":"p","max_tokens":2,"logprobs":1000}` sent 3 times', inject, check=check)
+                              'the poison request `{"prompt":"p","max_tokens":2,"logprobs":1000}`, 3 at once', inject, check=check)
     assert_figures(figs)
 
 
+@pytest.mark.xfail(strict=True, reason="waiting for a restarted controller to finish or redo an engine relaunch "
+                   "it had started (stab-ctl: controller restart)")
 async def test_controller_restart_during_engine_relaunch(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
         fleet.signal_engine("prefill-1", signal.SIGKILL)
