@@ -154,8 +154,8 @@ class ClosedLoop:
                     "max_tokens": self.max_tokens, "stream": stream}
             outcome = await self._one(session, i, body)
             self.outcomes.append(outcome)
-            if not outcome.ok and outcome.status == 0 and outcome.attempts >= len(self.urls):
-                # nothing reachable: a short pause, or a closed loop spins at 100 % CPU
+            if not outcome.ok:
+                # a failed client pauses 50 ms (fast 503s would otherwise spin the loop at 100 % CPU)
                 await asyncio.sleep(0.05)
 
     async def _one(self, session: aiohttp.ClientSession, i: int, body: dict[str, Any]) -> Outcome:
