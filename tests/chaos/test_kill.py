@@ -33,7 +33,9 @@ async def _kill_program(fleet: ChaosFleet, name: str) -> None:
     await wait_for(lambda: fleet.restarted(name, old), timeout=15, what=f"motor up to restart {name}")
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the controller restart grace (stab-ctl): a restarted controller "
+# Not strict: the defect shows in about 2 runs of 3 (it depends on when each nodemanager's heartbeat
+# stream reconnects), so a strict marker would make CI flaky. Remove when the grace lands.
+@pytest.mark.xfail(strict=False, reason="waiting for the controller restart grace (stab-ctl): a restarted controller "
                    "deletes a healthy instance from the coordinator for a moment")
 async def test_kill_controller(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
