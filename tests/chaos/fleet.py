@@ -237,6 +237,19 @@ class ChaosFleet:
             os.killpg(os.getpgid(pid), sig)
         return pids
 
+    async def kill_engine(self, node: str) -> float:
+        """SIGKILL *node*'s engines; returns when, after the controller has seen the instance
+        leave ACTIVE (so "fully ready" afterwards means recovered, not "not yet noticed")."""
+        at = time.monotonic()
+        self.signal_engine(node, signal.SIGKILL)
+
+        async def noticed() -> bool:
+            view = await fetch_view(self.up.info["controller"], self.key, timeout=1.0)
+            return any(i["job"] == node and i["state"] != "active" for i in view.instances)
+
+        await wait_for(noticed, timeout=15, interval=0.02, what=f"the controller to notice {node}'s engine died")
+        return at
+
     async def restarted(self, name: str, old_pid: int) -> bool:
         prog = self.up.info["programs"].get(name, {})
         pid = prog.get("pid")

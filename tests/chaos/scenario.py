@@ -73,6 +73,7 @@ class Figures:
         (Path(out) / f"{self.scenario}.json").write_text(json.dumps(asdict(self), indent=1) + "\n")
 
 
+# Returns when the fault is over; may return the time.monotonic() it ended (see run_scenario).
 Inject = Callable[[ChaosFleet, ClosedLoop], Awaitable[Any]]
 # Scenario-specific checks on the load after the run: a list of what is wrong (empty: fine).
 Check = Callable[[ClosedLoop], list[str]]
@@ -119,8 +120,10 @@ async def run_scenario(
                 load.start()
                 await load.wait_completed(2 * CLIENTS)
                 t_fault = time.monotonic()
-                await inject(fleet, load)
-                t_over = time.monotonic()
+                ended = await inject(fleet, load)
+                # a fault that is over at once (a kill) may return when it happened, after waiting
+                # until the fleet noticed it (else "fully ready" could be read before anyone noticed)
+                t_over = ended if isinstance(ended, float) else time.monotonic()
                 try:
                     await wait_for(fleet.fully_ready, timeout=recovery_bound, interval=0.1,
                                    what="fully ready after the fault")

@@ -9,7 +9,6 @@ stopped.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -46,8 +45,8 @@ async def test_kill_controller(tmp_path: Path) -> None:
 
 
 async def test_kill_prefill_engine(tmp_path: Path) -> None:
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
-        fleet.signal_engine("prefill-1", signal.SIGKILL)
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
+        return await fleet.kill_engine("prefill-1")
 
     figs = await run_scenario(tmp_path, "kill-prefill-engine", "`kill -9` a prefill engine (relaunched)",
                               inject, faulted=("prefill-1",))
@@ -67,11 +66,11 @@ async def test_kill_nodemanager(tmp_path: Path) -> None:
 
 @pytest.mark.xfail(strict=True, reason="waiting for mid-stream migration (stab-dispatch)")
 async def test_kill_decode_engine_mid_stream(tmp_path: Path) -> None:
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         # mid-stream for sure: the engine is decoding several requests when it dies
         await wait_for(lambda: _at_least(fleet.running_requests("decode-1"), 3), timeout=10, interval=0.01,
                        what="decode-1 decoding at least 3 requests")
-        fleet.signal_engine("decode-1", signal.SIGKILL)
+        return await fleet.kill_engine("decode-1")
 
     figs = await run_scenario(
         tmp_path, "kill-decode-engine-mid-stream",
@@ -94,7 +93,7 @@ async def test_kill_gateway_one_of_two(tmp_path: Path) -> None:
         gw = load.urls[0]
         wrong = [o.describe() for o in load.failures()
                  if not (o.stream and o.status == 200 and o.gateway == gw and o.start < killed_at[0])]
-        return [f"failures other than streams cut on the killed gateway: {wrong[:5]}"] if wrong else []
+        return [f"{len(wrong)} failures other than streams cut on the killed gateway, e.g. {wrong[:2]}"] if wrong else []
 
     figs = await run_scenario(
         tmp_path, "kill-gateway-of-two", "`kill -9` one of two gateways (clients fall back to the other)",
@@ -119,7 +118,7 @@ async def test_kill_coordinator_without_ha(tmp_path: Path) -> None:
         wrong = [o.describe() for o in load.failures()
                  if not (o.status == 503 and o.retry_after)
                  and not (o.stream and o.status == 200 and o.start < killed_at[0])]
-        return [f"failures other than 503 + Retry-After or cut streams: {wrong[:5]}"] if wrong else []
+        return [f"{len(wrong)} failures other than 503 + Retry-After or cut streams, e.g. {wrong[:2]}"] if wrong else []
 
     figs = await run_scenario(
         tmp_path, "kill-coordinator", "`kill -9` the only coordinator (no HA; motor up restarts it)",
@@ -142,7 +141,7 @@ async def test_kill_master_coordinator_ha(tmp_path: Path) -> None:
 
     def check(load: ClosedLoop) -> list[str]:
         wrong = [o.describe() for o in load.failures() if not o.start < killed_at[0]]
-        return [f"failures of requests sent after the kill: {wrong[:5]}"] if wrong else []
+        return [f"{len(wrong)} failures of requests sent after the kill, e.g. {wrong[:2]}"] if wrong else []
 
     figs = await run_scenario(
         tmp_path, "kill-coordinator-ha", "`kill -9` the master coordinator (`--ha`: the standby takes over)",
