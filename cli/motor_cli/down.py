@@ -9,37 +9,36 @@ Waits until motor up has stopped every program (--timeout). Exits 1 when no flee
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 import time
-from pathlib import Path
+
+from motor_cli import target
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", default=".motor/up", help="state dir of `motor up` (default .motor/up)")
+    parser.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR, help="state dir of motor up (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to stop")
 
 
 def run(args: argparse.Namespace) -> int:
-    fleet_file = Path(args.state_dir) / "fleet.json"
-    try:
-        pid = int(json.loads(fleet_file.read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        print(f"no running fleet found ({fleet_file} missing or unreadable)", file=sys.stderr)
+    fleet = target.running_fleet(args.state_dir)
+    if fleet is None or not fleet.alive:
+        print(f"error: nothing to stop: {target.no_fleet_message(args.state_dir, '--state-dir DIR')}",
+              file=sys.stderr)
+        if fleet is not None:  # left by a motor up that was killed: it describes nothing
+            fleet.path.unlink(missing_ok=True)
         return 1
+    pid = fleet.pid
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
-        print(f"motor up (pid {pid}) is not running; removing {fleet_file}")
-        fleet_file.unlink(missing_ok=True)
-        return 0
+        print(f"error: nothing to stop: motor up (pid {pid}) has just exited", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not target.pid_alive(pid):
             print("stopped")
             return 0
         time.sleep(0.2)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
+
 from motor_common.errors import FailedPrecondition
 
 DEFAULT_STATE_DIR = ".motor/up"
@@ -22,13 +24,13 @@ KEY_FILE = "management.key"
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether *pid* runs (an exited process its parent has not reaped yet does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:
         return True
-    return True
 
 
 @dataclass(frozen=True)

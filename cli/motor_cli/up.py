@@ -41,10 +41,11 @@ from typing import Any
 import aiohttp
 import yaml
 
+from motor_cli import config_errors, statedir
 from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_common.config import read_config_file
-from motor_common.errors import ConfigError, MotorError
+from motor_common.errors import ConfigError, FailedPrecondition, MotorError
 from motor_common.ports import (
     CONTROLLER_GRPC,
     COORDINATOR_GRPC,
@@ -55,10 +56,11 @@ from motor_common.ports import (
     scan_free_port,
 )
 from motor_common.procs import die_with_parent
-from motor_common.runner import EXIT_RESCHEDULE
+from motor_common.runner import EXIT_CONFIG, EXIT_RESCHEDULE
 from motor_common.tls import TlsConfig
 
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130  # Ctrl-C before the fleet was ready
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +148,8 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     stopping: bool = False
+    # Programs that exited with EXIT_CONFIG: they cannot start as configured, so never restarted.
+    fatal: list[Child] = field(default_factory=list)
 
     def start(self, child: Child) -> None:
         child.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,6 +183,11 @@ class Supervisor:
                     child.proc = None
                     why = "to be rescheduled" if code == EXIT_RESCHEDULE else f"with code {code}"
                     if self.stopping:
+                        continue
+                    if code == EXIT_CONFIG:
+                        self.fatal.append(child)
+                        self.events.append(f"{child.spec.name} exited with code {code} (it cannot start as "
+                                           f"configured); not restarting it (log: {child.log_path})")
                         continue
                     child.restart_at = now + self.restart_delay
                     self.events.append(
@@ -275,13 +284,29 @@ def _tail(path: Path, lines: int = 8) -> str:
 
 async def _gateway_ready(session: aiohttp.ClientSession, url: str,
                          tls: TlsConfig | None = None) -> tuple[bool, str]:
+    """(ready, reason) from the gateway's readiness route ``/ready`` (``/health`` on a gateway
+    without one, where it was readiness); the reason from the 503 body ``{"status","reason"}`` (or
+    an OpenAI-style ``{"error": {"message"}}``)."""
     try:
-        async with session.get(f"{url}/ready", timeout=aiohttp.ClientTimeout(total=2),
-                               ssl=_client_ssl(tls)) as resp:
-            body = await resp.json(content_type=None)
-            return resp.status == 200, str(body.get("error", {}).get("message", "") if isinstance(body, dict) else "")
+        for route in ("/ready", "/health"):
+            async with session.get(f"{url}{route}", timeout=aiohttp.ClientTimeout(total=2),
+                                   ssl=_client_ssl(tls)) as resp:
+                if resp.status == 404 and route == "/ready":
+                    continue
+                body = await resp.json(content_type=None)
+                return resp.status == 200, _reason(body) or f"HTTP {resp.status}"
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        return False, type(exc).__name__
+        return False, f"unreachable ({type(exc).__name__})"
+    return False, "no readiness route"
+
+
+def _reason(body: Any) -> str:
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error")
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    return str(body.get("reason") or "")
 
 
 def _say(text: str) -> None:
@@ -326,7 +351,8 @@ def _banner(plan: FleetPlan) -> str:
     )
 
 
-async def _run(plan: FleetPlan, restart_delay: float, timeout: float) -> int:
+async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file: str | None = None,
+               picking: statedir.PortPickLock | None = None) -> int:
     opts = plan.options
     _write_configs(plan)
     sup = Supervisor(restart_delay)
@@ -345,13 +371,15 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float) -> int:
             _say(f"  started {spec.name:<14} pid {child.pid:<7} port {spec.port}")
         _write_fleet_file(plan, sup, ready=False)
         async with aiohttp.ClientSession() as http:
-            ready = await _wait_ready(plan, sup, http, key, stop, timeout)
+            ready = await _wait_ready(plan, sup, http, key, stop, timeout, picking)
             if not ready:
-                return EXIT_FAILED
+                if sup.fatal:
+                    return _fatal(plan, sup, user_file)
+                return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
             _write_fleet_file(plan, sup, ready=True)
             _say(_banner(plan))
             await _watch(plan, sup, http, key, stop)
-        return 0
+        return _fatal(plan, sup, user_file) if sup.fatal else 0
     finally:
         _say("\nStopping Motor…")
         await sup.stop_all()
@@ -361,12 +389,15 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float) -> int:
 
 
 async def _wait_ready(
-    plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, key: str, stop: asyncio.Event, timeout: float
+    plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, key: str, stop: asyncio.Event, timeout: float,
+    picking: statedir.PortPickLock | None = None,
 ) -> bool:
     deadline = time.monotonic() + timeout
     last = ""
     while not stop.is_set():
         sup.poll()
+        if picking is not None and all(c.spec.ports_file.exists() or c.proc is None for c in sup.children):
+            picking.release()  # every program holds its port (or has exited): another motor up may pick
         for event in sup.events:
             _say(f"  ! {event}")
             child = next((c for c in sup.children if event.startswith(c.spec.name + " exited")), None)
@@ -376,12 +407,14 @@ async def _wait_ready(
                     _say("    " + tail.replace("\n", "\n    "))
         sup.events.clear()
         view = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
-        ok, _ = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
+        ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
         fleet = format_line(view) if view.ok else "controller starting"
-        line = f"  waiting: {fleet}; gateway {'ready' if ok else 'starting'}"
+        line = f"  waiting: {fleet}; gateway {'ready' if ok else 'not ready: ' + why}"
         if line != last:
             _say(line)
             last = line
+        if sup.fatal:
+            return False
         if ok and view.ok and view.active == view.expected(plan.options.node_count):
             return True
         if time.monotonic() > deadline:
@@ -395,7 +428,7 @@ async def _wait_ready(
 async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, key: str, stop: asyncio.Event) -> None:
     last = ""
     last_print = time.monotonic()
-    while not stop.is_set():
+    while not stop.is_set() and not sup.fatal:
         sup.poll()
         for event in sup.events:
             _say(f"[{time.strftime('%H:%M:%S')}] {event}")
@@ -404,7 +437,7 @@ async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, 
         sup.events.clear()
         view: FleetView = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
         ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
-        line = f"{format_line(view)}; gateway {'ready' if ok else 'NOT ready: ' + (why or '?')}"
+        line = f"{format_line(view)}; gateway {'ready' if ok else 'NOT ready: ' + why}"
         if line != last or time.monotonic() - last_print > 60:
             _say(f"[{time.strftime('%H:%M:%S')}] {line}")
             last, last_print = line, time.monotonic()
@@ -412,23 +445,87 @@ async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, 
             await asyncio.wait_for(stop.wait(), 1.0)
 
 
+def _fatal(plan: FleetPlan, sup: Supervisor, user_file: str | None) -> int:
+    """Say why a program could not start (its own error, in terms of the operator's --config file
+    when the offending key came from it) and that motor up stopped; the exit code is 2."""
+    child = sup.fatal[0]
+    own = config_errors.error_line(_tail(child.log_path, 40))
+    overrides = plan.options.overrides.get(child.spec.kind, {})
+    message = config_errors.explain(own, child.spec.kind, str(child.spec.config_path), user_file, overrides)
+    print(f"error: {message or 'see its log'}", file=sys.stderr, flush=True)
+    fix = f"fix {user_file} and " if user_file and message.startswith(f"{user_file}:") else ""
+    print(f"motor up stopped: the {child.spec.name} cannot start as configured (exit {EXIT_CONFIG}) and is not "
+          f"restarted; {fix}run motor up again (log: {child.log_path})", file=sys.stderr, flush=True)
+    return EXIT_CONFIG
+
+
+def _check_configs(plan: FleetPlan, user_file: str | None) -> list[str]:
+    """Every program's configuration checked by the program itself (``--check-config``, its own
+    loader), all at once; the errors, in terms of *user_file* where they come from it."""
+    with tempfile.TemporaryDirectory(prefix="motor-up-check-") as tmp:
+        procs = []
+        for spec in plan.programs:
+            path = Path(tmp) / spec.config_path.name
+            path.write_text(yaml.safe_dump(dict(spec.config), sort_keys=False))
+            procs.append((spec, path, subprocess.Popen(
+                [spec.argv[0], "--config", str(path), "--check-config"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
+        errors = []
+        for spec, path, proc in procs:
+            _, err = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                own = config_errors.error_line(err) or err.strip() or f"exit {proc.returncode}"
+                overrides = plan.options.overrides.get(spec.kind, {})
+                explained = config_errors.explain(own, spec.kind, str(path), user_file, overrides)
+                errors.append(explained.replace(str(path), str(spec.config_path)))
+    return errors
+
+
+def _dry_run(plan: FleetPlan, user_file: str | None, extra: str = "") -> int:
+    if extra:
+        print(extra)
+    for spec in plan.programs:
+        print(f"# {spec.name}: {' '.join(spec.argv)}")
+        print(yaml.safe_dump(dict(spec.config), sort_keys=False))
+    errors = _check_configs(plan, user_file)
+    for error in dict.fromkeys(errors):  # one line per distinct error (nodemanagers share sections)
+        print(f"error: {error}", file=sys.stderr)
+    if errors:
+        return EXIT_CONFIG
+    print(f"# every program accepted its configuration ({len(plan.programs)} checked with --check-config)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    picking = statedir.PortPickLock()
+    if not args.dry_run:
+        picking.acquire()
     try:
         opts = build_options(args)
-        if args.ha:
-            return _run_ha(args, opts)
-        plan = plan_fleet(opts, Path(sys.executable).parent)
         if args.dry_run:
-            for spec in plan.programs:
-                print(f"# {spec.name}: {' '.join(spec.argv)}")
-                print(yaml.safe_dump(dict(spec.config), sort_keys=False))
-            return 0
-        return asyncio.run(_run(plan, args.restart_delay, args.timeout))
+            if args.ha:
+                plan, etcd = _ha_plan(opts)
+                return _dry_run(plan, args.config, f"# etcd: {' '.join(etcd.argv(opts.state_dir / 'etcd-XXXX'))}")
+            return _dry_run(plan_fleet(opts, Path(sys.executable).parent), args.config)
+        with statedir.exclusive(opts.state_dir):
+            statedir.check_format(opts.state_dir)
+            statedir.write_format(opts.state_dir)
+            if args.ha:
+                plan, etcd = _ha_plan(opts)
+                return asyncio.run(_run_with_etcd(plan, etcd, args.restart_delay, args.timeout, args.config,
+                                                  picking))
+            plan = plan_fleet(opts, Path(sys.executable).parent)
+            return asyncio.run(_run(plan, args.restart_delay, args.timeout, args.config, picking))
+    except FailedPrecondition as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_FAILED
     except (ConfigError, MotorError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    finally:
+        picking.release()
 
 
 ETCD_BINARY = "/usr/bin/etcd"
@@ -452,38 +549,45 @@ def etcd_argv(binary: str, host: str, client_port: int, peer_port: int, data_dir
             "--initial-cluster", f"motor-up={peer}", "--log-level", "warn"]  # fmt: skip
 
 
-def _run_ha(args: argparse.Namespace, opts: FleetOptions) -> int:
+@dataclass(frozen=True)
+class LocalEtcd:
+    binary: str
+    host: str
+    client_port: int
+    peer_port: int
+
+    def argv(self, data_dir: Path) -> list[str]:
+        return etcd_argv(self.binary, self.host, self.client_port, self.peer_port, data_dir)
+
+
+def _ha_plan(opts: FleetOptions) -> tuple[FleetPlan, LocalEtcd]:
     """``--ha``: a local etcd (temp data dir under the state dir), two coordinators active/standby,
     the controller on the etcd store (controller election), the gateway knowing both coordinators."""
     binary = etcd_binary()
     host = "127.0.0.1" if ":" not in opts.host else "::1"  # etcd stays on loopback
-    client_port, peer_port = free_port(host), free_port(host)
-    opts = replace(opts, etcd_endpoint=f"{host}:{client_port}" if ":" not in host else f"[{host}]:{client_port}")
-    plan = plan_fleet(opts, Path(sys.executable).parent)
-    if args.dry_run:
-        print(f"# etcd: {' '.join(etcd_argv(binary, host, client_port, peer_port, opts.state_dir / 'etcd-XXXX'))}")
-        for spec in plan.programs:
-            print(f"# {spec.name}: {' '.join(spec.argv)}")
-            print(yaml.safe_dump(dict(spec.config), sort_keys=False))
-        return 0
-    return asyncio.run(_run_with_etcd(plan, binary, host, client_port, peer_port, args.restart_delay, args.timeout))
+    etcd = LocalEtcd(binary, host, free_port(host), free_port(host))
+    client = etcd.client_port
+    opts = replace(opts, etcd_endpoint=f"{host}:{client}" if ":" not in host else f"[{host}]:{client}")
+    return plan_fleet(opts, Path(sys.executable).parent), etcd
 
 
 async def _run_with_etcd(
-    plan: FleetPlan, binary: str, host: str, client_port: int, peer_port: int, restart_delay: float, timeout: float
+    plan: FleetPlan, etcd: LocalEtcd, restart_delay: float, timeout: float, user_file: str | None,
+    picking: statedir.PortPickLock | None = None,
 ) -> int:
     opts = plan.options
+    client_port = etcd.client_port
     opts.state_dir.mkdir(parents=True, exist_ok=True)
     (opts.state_dir / "logs").mkdir(exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="etcd-", dir=opts.state_dir))
     log_path = opts.state_dir / "logs" / "etcd.log"
-    proc = _spawn(etcd_argv(binary, host, client_port, peer_port, data_dir), log_path)
+    proc = _spawn(etcd.argv(data_dir), log_path)
     try:
         _say(f"  started etcd           pid {proc.pid:<7} port {client_port} (data {data_dir})")
         if not await _etcd_healthy(f"http://{opts.etcd_endpoint}/health", proc, 20.0):
             _say(f"error: etcd did not become healthy; see {log_path}\n{_tail(log_path)}")
             return EXIT_FAILED
-        return await _run(plan, restart_delay, timeout)
+        return await _run(plan, restart_delay, timeout, user_file, picking)
     finally:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

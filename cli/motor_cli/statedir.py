@@ -1,0 +1,121 @@
+"""The state dir of ``motor up``: one fleet at a time, and only a state dir this version can use.
+
+- A lock (``up.lock``, ``flock``; released by the kernel even when ``motor up`` is SIGKILLed) is
+  held for the life of ``motor up``: a second ``motor up`` on the same state dir says which one is
+  running and where, instead of starting a second fleet on the same store.
+- ``state-format`` records the layout of the state dir. A state dir written by an older Motor
+  (no marker, but a store or configs from before) or a newer one is refused with what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from motor_cli import target
+from motor_common.errors import ConfigError, FailedPrecondition
+
+# 2: instance ids <= 2^53 - 1 (the controller's store holds them), the state-format marker itself.
+STATE_FORMAT = 2
+FORMAT_FILE = "state-format"
+LOCK_FILE = "up.lock"
+# What an older `motor up` left in a state dir.
+_OLD_SIGNS = ("controller.db", "management.key", "fleet.json", "coordinator.yaml", "controller.yaml", "logs")
+
+
+def check_format(state_dir: Path) -> None:
+    """Raise ConfigError (with what to do) when *state_dir* was written by another version."""
+    marker = state_dir / FORMAT_FILE
+    remedy = (f"remove it (rm -rf {state_dir}: it holds only this local fleet's configs, logs, key and "
+              f"store) or pass another --state-dir")
+    if marker.exists():
+        try:
+            found = int(marker.read_text().strip())
+        except (OSError, ValueError):
+            found = 0
+        if found == STATE_FORMAT:
+            return
+        if found > STATE_FORMAT:
+            raise ConfigError(f"state dir {state_dir} was written by a newer Motor (state format {found}, this "
+                              f"version reads {STATE_FORMAT}): run that version, or {remedy}")
+        raise ConfigError(f"state dir {state_dir} was written by an older Motor (state format {found}, this "
+                          f"version needs {STATE_FORMAT}): {remedy}")
+    old = [name for name in _OLD_SIGNS if (state_dir / name).exists()]
+    if old:
+        raise ConfigError(f"state dir {state_dir} was written by an older Motor (it has {', '.join(old)} but no "
+                          f"{FORMAT_FILE}; its store may hold instance ids this version no longer uses): {remedy}")
+
+
+def write_format(state_dir: Path) -> None:
+    (state_dir / FORMAT_FILE).write_text(f"{STATE_FORMAT}\n")
+
+
+@contextlib.contextmanager
+def exclusive(state_dir: Path) -> Iterator[None]:
+    """Hold the state dir's lock for the block; FailedPrecondition naming the running fleet
+    (pid, gateway URL) when another ``motor up`` holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FailedPrecondition(_already_running(state_dir, fd), reason="FLEET_RUNNING") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+def _already_running(state_dir: Path, fd: int) -> str:
+    try:
+        pid = int(os.pread(fd, 32, 0).decode().strip() or 0)
+    except ValueError:
+        pid = 0
+    fleet = target.running_fleet(state_dir)
+    where = []
+    if pid:
+        where.append(f"motor up pid {pid}")
+    if fleet is not None and fleet.data.get("gateway_url"):
+        where.append(f"gateway {fleet.data['gateway_url']}")
+        if not fleet.data.get("ready"):
+            where.append("still starting")
+    detail = f" ({', '.join(where)})" if where else ""
+    return (f"a fleet is already running in {state_dir}{detail}; stop it with `motor down --state-dir "
+            f"{state_dir}` (or Ctrl-C in its terminal), or pass another --state-dir")
+
+
+class PortPickLock:
+    """Machine-wide lock held by ``motor up`` from picking its ports until its programs have bound
+    them, so two ``motor up`` starting at the same moment (two operators, two test runs) never pick
+    the same free port (each scan happens while the other's programs already hold theirs)."""
+
+    PATH = Path(tempfile.gettempdir()) / "motor-up-ports.lock"
+
+    def __init__(self, timeout: float = 60.0) -> None:
+        self._fd: int | None = None
+        self.timeout = timeout
+
+    def acquire(self) -> None:
+        fd = os.open(self.PATH, os.O_RDWR | os.O_CREAT, 0o666)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:  # a stuck holder: pick anyway (the old behaviour)
+                    break
+                time.sleep(0.05)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
