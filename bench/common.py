@@ -2,7 +2,8 @@
 
 Not a test module. Processes are started with ``tests/procs.py`` (own session, log file, SIGTERM
 then SIGKILL of the whole group). Peer routers come from ``.bench/routers-venv`` (created on
-first use with ``python3 -m venv`` + ``pip install vllm-router sglang-router``).
+first use by ``scripts/routers-setup``: pinned vllm-router and sglang-router, shared with
+``tests/conformance``).
 """
 
 from __future__ import annotations
@@ -40,14 +41,9 @@ ZERO: tuple[str, ...] = ("--sim-zero-latency",)
 
 
 def ensure_routers_venv() -> Path:
-    """``.bench/routers-venv`` with vllm-router and sglang-router (created once, ~220 MB)."""
-    marker = ROUTERS_VENV / "bin" / "vllm-router"
-    if not marker.exists() or not (ROUTERS_VENV / "bin" / "sglang-router").exists():
-        print("creating .bench/routers-venv (pip install vllm-router sglang-router) ...", flush=True)
-        ROUTERS_VENV.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["python3", "-m", "venv", str(ROUTERS_VENV)], check=True)
-        subprocess.run([str(ROUTERS_VENV / "bin" / "pip"), "install", "-q", "vllm-router", "sglang-router"],
-                       check=True)
+    """``.bench/routers-venv`` with vllm-router and sglang-router (``scripts/routers-setup``:
+    created once, ~220 MB; a no-op when its stamp is current)."""
+    subprocess.run([str(ROOT / "scripts" / "routers-setup")], check=True)
     return ROUTERS_VENV
 
 

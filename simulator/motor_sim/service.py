@@ -215,7 +215,8 @@ class SimService:
                     max_tokens,
                     job.stop,
                     job.include_stop_str,
-                    first_token=plan.first_token,
+                    # the prefill engine sampled choice 0's first token; the others sample here
+                    first_token=plan.first_token if i == 0 else None,
                 )
                 for i in range(job.n)
             ]
