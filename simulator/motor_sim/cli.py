@@ -108,6 +108,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--disable-log-requests", action="store_true")
     p.add_argument("--enable-request-id-headers", action="store_true")
+    p.add_argument("--max-logprobs", type=int, default=20)
     _add_sim_flags(p)
     return p
 
@@ -209,6 +210,7 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s,
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
         version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,
+        max_logprobs=ns.max_logprobs,
     )
 
 

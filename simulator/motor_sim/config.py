@@ -66,6 +66,8 @@ class SimConfig:
     zmq_interval_s: float = 1.0
     version: str = "0.11.0"
     request_id_headers: bool = False  # vLLM --enable-request-id-headers
+    # vLLM --max-logprobs (default 20): more top logprobs per token are refused with a 400
+    max_logprobs: int = 20
 
     @property
     def primary_name(self) -> str:

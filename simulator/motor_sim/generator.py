@@ -103,7 +103,10 @@ def logprob_of(digest: bytes, choice: int, position: int) -> float:
 
 
 def top_alternatives(digest: bytes, choice: int, position: int, k: int) -> list[tuple[int, float]]:
-    """``k`` (token id, logprob) pairs, the chosen token first, strictly decreasing logprobs."""
+    """``k`` (token id, logprob) pairs, the chosen token first, strictly decreasing logprobs.
+    ``k`` is capped at the vocabulary size (-1: the whole vocabulary): a request can never ask
+    for more distinct alternatives than exist (that loop used to spin for ever)."""
+    k = len(_WORD_IDS) if k < 0 else min(k, len(_WORD_IDS))
     chosen = token_at(digest, choice, position)
     lp = logprob_of(digest, choice, position)
     out = [(chosen, lp)]

@@ -78,6 +78,14 @@ def _int(body: Mapping[str, Any], name: str, default: int | None, lo: int | None
     return v
 
 
+def _logprobs(body: Mapping[str, Any], name: str, default: int | None) -> int | None:
+    """Top-logprobs count: >= 0, or -1 for the whole vocabulary (vLLM); the engine bounds it."""
+    v = _int(body, name, default)
+    if v is not None and v < -1:
+        raise InvalidRequest(f"`{name}` must be a positive value or -1.", name, value=v)
+    return v
+
+
 def _float(body: Mapping[str, Any], name: str, default: float, lo: float, hi: float) -> float:
     v = body.get(name, default)
     if v is None:
@@ -158,13 +166,13 @@ def parse(body: Any, kind: Kind, max_model_len: int | None = None) -> Job:
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens", None, 1)
         if body.get("logprobs"):
-            logprobs: int | None = _int(body, "top_logprobs", 0, 0)
+            logprobs: int | None = _logprobs(body, "top_logprobs", 0)
         else:
             logprobs = None
     else:
         prompt_ids = _prompt_ids(body, cap)
         max_tokens = _int(body, "max_tokens", None, 1)
-        logprobs = _int(body, "logprobs", None, 0)
+        logprobs = _logprobs(body, "logprobs", None)
     if not prompt_ids:
         raise InvalidRequest("prompt must not be empty", "prompt" if kind == "completion" else "messages")
     model = body.get("model")

@@ -41,10 +41,10 @@ def _completion_logprobs(run: Run, d: Decoder, positions: range, k: int, offset:
         offset += len(text)
         tokens.append(text)
         lps.append(logprob_of(run.digest, d.choice, pos))
-        if k > 0:
+        if k != 0:  # -1: the whole vocabulary
             tops.append({" " + word_for(t): lp for t, lp in top_alternatives(run.digest, d.choice, pos, k)})
     return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens,
-            "top_logprobs": tops if k > 0 else None}
+            "top_logprobs": tops if k != 0 else None}
 
 
 def _chat_logprobs(run: Run, d: Decoder, positions: range, k: int) -> dict[str, Any]:
@@ -59,7 +59,7 @@ def _chat_logprobs(run: Run, d: Decoder, positions: range, k: int) -> dict[str, 
             "top_logprobs": [
                 {"token": " " + word_for(t), "logprob": lp, "bytes": list((" " + word_for(t)).encode())}
                 for t, lp in top_alternatives(run.digest, d.choice, pos, k)
-            ] if k > 0 else [],
+            ] if k != 0 else [],
         })
     return {"content": content}
 

@@ -35,8 +35,32 @@ _JSON = "application/json"
 _DONE = b"data: [DONE]\n\n"
 
 
+# Above these sizes the CPU-heavy parts of one request (JSON decoding and tokenizing the body,
+# building a large non-streamed answer) run in a worker thread instead of on the event loop.
+_OFFLOOP_BYTES = 256 * 1024
+_OFFLOOP_TOKENS = 20_000
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _parse_job(raw: bytes, kind: params.Kind, max_model_len: int) -> params.Job:
+    """Decode and validate one request body (pure; safe in a worker thread)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+    try:
+        return params.parse(body, kind, max_model_len)
+    except params.InvalidRequest as exc:
+        raise ApiError(exc.status, exc.message, param=exc.param, value=exc.value,
+                       validation=exc.validation) from exc
+
+
+def _full_body(fl: Flavour, svc: SimService, run: Run, ids: responses.Ids) -> bytes:
+    """The encoded non-streamed answer of a finished run (no shared state is written)."""
+    return orjson.dumps(fl.shape(svc, run, responses.full_response(run, ids, fl), "full"))
 
 
 class SimServer:
@@ -115,17 +139,16 @@ class SimServer:
         header_rid = request.headers.get("X-Request-Id")
         headers: dict[str, str] = {}
         try:
-            try:
-                body = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as exc:
-                raise ApiError(400, f"Invalid JSON body: {exc}") from exc
-            try:
-                job = params.parse(body, kind, svc.cfg.max_model_len)
-            except params.InvalidRequest as exc:
-                raise ApiError(exc.status, exc.message, param=exc.param, value=exc.value,
-                               validation=exc.validation) from exc
+            raw = await request.read()
+            # A big body is decoded and tokenized off the event loop: one request never stalls
+            # the others (or /health) for the seconds a multi-megabyte prompt takes.
+            if len(raw) > _OFFLOOP_BYTES:
+                job = await asyncio.to_thread(_parse_job, raw, kind, svc.cfg.max_model_len)
+            else:
+                job = _parse_job(raw, kind, svc.cfg.max_model_len)
             rid = fl.request_id(header_rid, job)
             fl.check_model(svc, job.model)
+            svc.check_logprobs(job)
             plan = await fl.plan(svc, job, rid)
         except ApiError as err:
             return self._error(err, headers)
@@ -146,9 +169,11 @@ class SimServer:
             if not job.stream:
                 async for _ in gen:
                     pass
-                body_out = fl.shape(svc, run, responses.full_response(run, ids, fl), "full")
-                return web.Response(body=orjson.dumps(body_out), content_type=_JSON,
-                                    headers=headers)
+                if run.completion_tokens * (1 + max(job.logprobs or 0, 0)) > _OFFLOOP_TOKENS:
+                    data = await asyncio.to_thread(_full_body, fl, svc, run, ids)
+                else:
+                    data = _full_body(fl, svc, run, ids)
+                return web.Response(body=data, content_type=_JSON, headers=headers)
             resp = web.StreamResponse(headers=headers)
             resp.content_type = "text/event-stream"
             resp.charset = "utf-8"

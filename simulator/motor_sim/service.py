@@ -18,13 +18,16 @@ from typing import Any
 from motor_sim.config import Flavour, SimConfig
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import Fault, FaultMode
-from motor_sim.generator import Decoder, Step, sequence_digest
+from motor_sim.generator import VOCAB, Decoder, Step, sequence_digest
 from motor_sim.kvcache import BlockManager, blocks_for
 from motor_sim.kvtransfer import KVPayload, Lease, LeaseTable, RoomTable
 from motor_sim.params import Job
 from motor_sim.scheduler import Engine, Stats
 
 log = logging.getLogger("motor_sim")
+
+# Token steps (over all choices) a zero-latency request runs before it yields to the event loop.
+_YIELD_STEPS = 256
 
 
 class ApiError(Exception):
@@ -168,6 +171,18 @@ class SimService:
             asked = 16 if job.kind == "completion" else self.cfg.default_max_tokens
         return min(asked, room)
 
+    def check_logprobs(self, job: Job) -> None:
+        """vLLM's ``SamplingParams._validate_logprobs``: more top logprobs per token than
+        ``--max-logprobs`` (default 20; -1 = the vocabulary) is a 400, never work for the engine.
+        SGLang has no such bound; the simulator's vocabulary bounds the work there."""
+        if self.cfg.flavour is not Flavour.VLLM or not job.logprobs:
+            return
+        limit = self.cfg.max_logprobs if self.cfg.max_logprobs != -1 else len(VOCAB)
+        asked = job.logprobs if job.logprobs != -1 else len(VOCAB)
+        if asked > limit:
+            raise ApiError(400, f"Requested sample logprobs of {asked}, which is greater than max "
+                           f"allowed: {limit}", param="logprobs", value=asked)
+
     def check_fits(self, job: Job, max_tokens: int) -> int:
         total = len(job.prompt_ids) + job.n * max_tokens
         if blocks_for(total, self.cfg.block_size) > self.cfg.num_kv_blocks:
@@ -227,8 +242,7 @@ class SimService:
                 )
                 await self.rooms.publish(plan.publish_room, payload, self.cfg.bootstrap_timeout_s)
             yield first
-            zero = self.base_cost.zero_latency
-            it = 0
+            work = 0
             while True:
                 live = [(i, d) for i, d in enumerate(run.decoders) if not d.finished]
                 if not live:
@@ -236,9 +250,13 @@ class SimService:
                 delay = engine.decode_delay_s()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                elif zero:
-                    it += 1
-                    if it % 64 == 0:
+                    work = 0
+                else:
+                    # Zero latency: give the loop back every _YIELD_STEPS token steps, so a request
+                    # with a huge n or max_tokens never starves the others or /health.
+                    work += len(live)
+                    if work >= _YIELD_STEPS:
+                        work = 0
                         await asyncio.sleep(0)
                 yield [(i, d.step()) for i, d in live]
             if plan.pin_lease:

@@ -358,6 +358,7 @@ BAD_PARAMS = {
     "max_tokens=0": {"max_tokens": 0},
     "max_tokens>max_model_len": {"max_tokens": 100000},
     "n=0": {"n": 0},
+    "logprobs>max_logprobs": {"logprobs": 1000},  # the poison request of issue 12
     "stream_options without stream": {"stream_options": {"include_usage": True}},
 }
 

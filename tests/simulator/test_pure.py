@@ -260,3 +260,12 @@ def test_fault_parsing_validates_modes_and_fields() -> None:
                 {"mode": "refuse_start"}):
         with pytest.raises(InvalidFault):
             parse_fault(bad)
+
+
+def test_top_alternatives_never_asks_for_more_than_the_vocabulary() -> None:
+    from motor_sim.generator import VOCAB, top_alternatives
+    d = b"\x01" * 16
+    # k = 1000 used to loop for ever (373 distinct words); -1 is the whole vocabulary
+    assert len(top_alternatives(d, 0, 0, 1000)) == len(VOCAB)
+    assert len({t for t, _ in top_alternatives(d, 0, 0, -1)}) == len(VOCAB)
+    assert len(top_alternatives(d, 0, 0, 5)) == 5

@@ -216,3 +216,59 @@ async def test_repeated_prefix_hits_the_prefix_cache(vllm: SimProc) -> None:
     await c.completions.create(model="sim-model", prompt=prompt, max_tokens=1)
     await c.completions.create(model="sim-model", prompt=prompt + " more", max_tokens=1)
     assert await metric(vllm, "vllm:prefix_cache_hits_total") - before >= 48
+
+
+async def post_json(sim: SimProc, path: str, body: dict[str, object], timeout: float = 10) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as s, s.post(sim.v1 + path, json=body,
+                                                    timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        return r.status, await r.json()
+
+
+async def test_logprobs_above_max_logprobs_is_refused_with_vllms_400(vllm: SimProc) -> None:
+    # issue 12: this request used to spin the engine's event loop for ever (more alternatives
+    # asked than the vocabulary has); vLLM refuses it before any work (--max-logprobs, 20).
+    status, body = await post_json(vllm, "/completions",
+                                   {"model": "sim-model", "prompt": "p", "max_tokens": 2, "logprobs": 1000})
+    assert status == 400
+    assert body == {"error": {
+        "message": "Requested sample logprobs of 1000, which is greater than max allowed: 20 "
+                   "(parameter=logprobs, value=1000)",
+        "type": "BadRequestError", "param": "logprobs", "code": 400}}
+    status, body = await post_json(vllm, "/chat/completions", {
+        "model": "sim-model", "messages": [{"role": "user", "content": "p"}], "max_tokens": 2,
+        "logprobs": True, "top_logprobs": 21})
+    assert status == 400 and body["error"]["param"] == "logprobs"  # type: ignore[index]
+    assert "Requested sample logprobs of 21, which is greater than max allowed: 20" in str(body)
+    # -1 means the whole vocabulary, also over the limit; 20 is served with 20 alternatives
+    status, body = await post_json(vllm, "/completions",
+                                   {"model": "sim-model", "prompt": "p", "max_tokens": 2, "logprobs": -1})
+    assert status == 400 and body["error"]["param"] == "logprobs"  # type: ignore[index]
+    r = await client(vllm).completions.create(model="sim-model", prompt="p", max_tokens=2, logprobs=20)
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.top_logprobs is not None
+    assert [len(t) for t in lp.top_logprobs] == [20, 20]
+
+
+async def test_one_heavy_request_does_not_stall_the_event_loop(vllm: SimProc) -> None:
+    """A 10 MB prompt (3-4 s of tokenizing) is refused for its length, and meanwhile /health and
+    other requests are answered promptly: its CPU work runs off the event loop."""
+    heavy = asyncio.ensure_future(post_json(
+        vllm, "/completions", {"model": "sim-model", "prompt": "word " * 2_000_000, "max_tokens": 2},
+        timeout=60))
+    c = client(vllm)
+    slowest = 0.0
+    served_meanwhile = 0
+    async with aiohttp.ClientSession() as s:
+        while not heavy.done():
+            t0 = time.monotonic()
+            async with s.get(vllm.url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                assert r.status == 200
+            await c.completions.create(model="sim-model", prompt="light", max_tokens=2)
+            slowest = max(slowest, time.monotonic() - t0)
+            if not heavy.done():
+                served_meanwhile += 1
+    status, body = heavy.result()
+    assert status == 400 and body["error"]["param"] == "input_tokens"  # type: ignore[index]
+    assert served_meanwhile >= 3, "the heavy request finished too fast to show anything"
+    # on the old code each of these waited for the whole tokenization (> 3 s)
+    assert slowest < 1.5, f"a light request waited {slowest:.2f}s behind the heavy one"
