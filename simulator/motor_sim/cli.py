@@ -153,6 +153,8 @@ def _cost(ns: argparse.Namespace) -> CostModel:
 def _check_fault(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.sim_fault not in {m.value for m in FaultMode}:
         p.error(f"argument --sim-fault: invalid choice: {ns.sim_fault!r}")
+    if ns.sim_fault == FaultMode.POISON.value:
+        p.error("argument --sim-fault: poison needs its 'match' bytes: POST /sim/fault instead")
 
 
 def _env_float(name: str, default: float) -> float:

@@ -2,7 +2,9 @@
 
 Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow, wrong_answers,
 kv_load_fail (a vLLM decode's next ``count`` KV loads fail, as a NIXL handshake that timed out;
-0 = every load until the fault is cleared), refuse_start (start-up only).
+0 = every load until the fault is cleared), poison (a request whose body contains ``match``
+blocks the event loop for ever: an engine bug that one request triggers), refuse_start (start-up
+only).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class FaultMode(enum.Enum):
     WRONG_ANSWERS = "wrong_answers"
     KV_LOAD_FAIL = "kv_load_fail"
     REFUSE_START = "refuse_start"
+    POISON = "poison"
 
 
 class InvalidFault(ValueError):
@@ -38,6 +41,7 @@ class Fault:
     hard: bool = False  # hang: block the whole event loop (admin endpoint stops too)
     salt: str = "wrong"  # wrong_answers: perturbs the generator
     count: int = 0  # kv_load_fail: failures before the loads succeed again (0 = all of them)
+    match: str = ""  # poison: the bytes in a request body that hang the engine
 
     @property
     def health_status(self) -> str:
@@ -58,10 +62,11 @@ class Fault:
             "hard": self.hard,
             "salt": self.salt,
             "count": self.count,
+            "match": self.match,
         }
 
 
-_FIELDS = {"mode", "exit_code", "delay_s", "factor", "token_delay_ms", "hard", "salt", "count"}
+_FIELDS = {"mode", "exit_code", "delay_s", "factor", "token_delay_ms", "hard", "salt", "count", "match"}
 
 
 def parse_fault(body: Any) -> Fault:
@@ -87,11 +92,14 @@ def parse_fault(body: Any) -> Fault:
             hard=bool(body.get("hard", False)),
             salt=str(body.get("salt", "wrong")),
             count=int(body.get("count", 0)),
+            match=str(body.get("match", "")),
         )
     except (TypeError, ValueError) as exc:
         raise InvalidFault(str(exc)) from exc
     if fault.exit_code == 0 or not 0 < fault.exit_code < 256:
         raise InvalidFault("exit_code must be in 1..255")
+    if fault.mode is FaultMode.POISON and not fault.match:
+        raise InvalidFault("poison needs a non-empty 'match' (the bytes of the poison request)")
     if fault.factor <= 0 or fault.delay_s < 0 or fault.token_delay_ms < 0:
         raise InvalidFault("factor must be > 0, delays >= 0")
     if fault.count < 0:

@@ -140,6 +140,10 @@ class SimServer:
         headers: dict[str, str] = {}
         try:
             raw = await request.read()
+            fault = svc.fault
+            if fault.mode is FaultMode.POISON and fault.match.encode() in raw:
+                log.error("fault injection: poison request received, event loop blocked")
+                _block_forever()
             # A big body is decoded and tokenized off the event loop: one request never stalls
             # the others (or /health) for the seconds a multi-megabyte prompt takes.
             if len(raw) > _OFFLOOP_BYTES:

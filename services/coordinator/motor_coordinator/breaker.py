@@ -31,6 +31,14 @@ class Breaker:
             return True
         return False
 
+    def trip(self, now: float) -> bool:
+        """Open at once (the endpoint hung under a request); True when this opened it."""
+        self.consecutive = max(self.consecutive, self.failures)
+        if self.opened_at is None:
+            self.opened_at = now
+            return True
+        return False
+
     def record_success(self) -> None:
         """A request succeeded (does not close an open breaker: only a probe does)."""
         if self.opened_at is None:

@@ -52,6 +52,12 @@ class DispatchConfig:
     # KV (vLLM: NIXL handshake/transfer failed; before any byte reached the client).
     kv_load_retries: int = 2
     connect_timeout_sec: float = 3.0
+    # An attempt that has no first byte while its engine has given no sign of life (no answer to
+    # any request, health probe or metrics scrape) for this long has stalled on a hung engine: it
+    # is failed over to another engine, or refused as a poison suspect (docs/fault-tolerance.md).
+    # Keep it above health_probe_interval_sec + probe_timeout_sec; an engine that is merely slow
+    # on a long prefill still answers its probes and is waited for.
+    first_byte_timeout_sec: float = 5.0
     # Background GET /health of every registered endpoint; 0 disables probing.
     health_probe_interval_sec: float = 1.0
     # Timeout of one health probe or metrics scrape.
@@ -64,7 +70,8 @@ class DispatchConfig:
     metrics_scrape_interval_sec: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.request_timeout_sec <= 0 or self.connect_timeout_sec <= 0 or self.probe_timeout_sec <= 0:
+        if min(self.request_timeout_sec, self.connect_timeout_sec, self.probe_timeout_sec,
+               self.first_byte_timeout_sec) <= 0:
             raise ValueError("dispatch timeouts must be > 0")
         if self.prefill_retries < 0:
             raise ValueError("dispatch.prefill_retries must be >= 0")

@@ -10,6 +10,12 @@ bytes: a NIXL handshake or transfer that failed under ``kv_load_failure_policy: 
 again before the client saw a byte — a fresh prefill, then another decode when one is schedulable,
 else the same one (whose retried NIXL handshake usually succeeds) — at most
 ``dispatch.kv_load_retries`` times; then the decode's own answer is relayed.
+
+Every attempt waits for its engine's first byte under a watchdog: when the engine gives no sign of
+life for ``first_byte_timeout_sec`` the attempt has stalled. Whether a stalled or dropped attempt
+is sent to another engine is decided by ``liveness.Liveness`` (innocent: yes; suspect: a stall is
+refused as a poison suspect, FAILED_PRECONDITION ``POISON_REQUEST_SUSPECTED``, and a drop gets one
+more engine).
 """
 
 from __future__ import annotations
@@ -17,18 +23,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
 from motor_common.domain import Role
-from motor_common.errors import Unavailable
+from motor_common.errors import FailedPrecondition, Unavailable
+from motor_coordinator import metrics
 from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
 from motor_coordinator.engine_client import EngineClient, EngineUnreachable
+from motor_coordinator.liveness import Attempt
 from motor_coordinator.policies import Candidate, RequestInfo
 from motor_coordinator.request import ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
@@ -61,6 +69,36 @@ class _Answer:
 
 class _PrefillFailed(Exception):
     pass
+
+
+class _Stalled(Exception):
+    """The engine gave no sign of life for the first-byte deadline while the attempt waited."""
+
+
+_T = TypeVar("_T")
+
+
+class _Fate:
+    """What one request's failed attempts allow (see ``liveness``): a stall it may have caused
+    ends it; so does a second engine dropping it."""
+
+    __slots__ = ("drops", "model", "rid")
+
+    def __init__(self, model: str, rid: str) -> None:
+        self.model = model
+        self.rid = rid
+        self.drops = 0
+
+    def poison(self, what: str) -> FailedPrecondition:
+        metrics.POISON_REQUESTS.labels(self.model).inc()
+        log.error("poison-request containment: request %s is not sent to another engine: %s", self.rid, what)
+        return FailedPrecondition(
+            f"request {self.rid} was not completed: {what}. It is not sent to another engine, because "
+            "it may be what stopped that one (poison-request containment). If the request is valid, "
+            "send it again later; if it keeps failing, check its parameters.",
+            reason="POISON_REQUEST_SUSPECTED",
+            metadata={"model": self.model},
+        )
 
 
 class Dispatcher:
@@ -104,6 +142,58 @@ class Dispatcher:
             metadata={"model": req.model, "role": role},
         )
 
+    async def _watch(self, a: Attempt, aw: Awaitable[_T]) -> _T:
+        """Await *aw* (the engine's first answer to attempt *a*); raise :class:`_Stalled` once the
+        engine has given no sign of life for ``first_byte_timeout_sec`` meanwhile."""
+        task = asyncio.ensure_future(aw)
+        live = self.scheduler.liveness
+        limit = self.cfg.first_byte_timeout_sec
+        try:
+            while True:
+                left = limit - live.silent_for(a)
+                if left <= 0:
+                    raise _Stalled()
+                done, _ = await asyncio.wait((task,), timeout=left)
+                if done:
+                    return task.result()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                if not task.cancelled() and task.exception() is None:  # answered while cancelled
+                    resp = task.result()
+                    if isinstance(resp, aiohttp.ClientResponse):
+                        resp.close()
+
+    async def _attempt(
+        self, cand: Candidate, role: str, fate: _Fate, aw: Awaitable[_T]
+    ) -> _T:
+        """One attempt on *cand*'s engine under the first-byte watchdog. Raises ``EngineUnreachable``
+        (retry elsewhere), or the poison refusal when the request must not go to another engine."""
+        live = self.scheduler.liveness
+        a = live.sent(endpoint_key(cand.endpoint))
+        try:
+            result = await self._watch(a, aw)
+        except _Stalled:
+            innocent = live.innocent(a)
+            metrics.ENGINE_STALLS.labels(role).inc()
+            self.scheduler.trip(cand.endpoint)
+            what = (f"{role} engine {cand.endpoint.host_port} gave no sign of life for "
+                    f"{self.cfg.first_byte_timeout_sec:g}s while serving it")
+            if not innocent:
+                raise fate.poison(what) from None
+            log.warning("%s; request %s arrived after it went silent: retrying on another engine",
+                        what, fate.rid)
+            raise EngineUnreachable(cand.endpoint, "stalled (no sign of life)", reached=False) from None
+        except EngineUnreachable as exc:
+            if exc.reached and not live.innocent(a):
+                fate.drops += 1
+                if fate.drops >= 2:
+                    raise fate.poison(f"{fate.drops} engines dropped it, the last {cand.endpoint.host_port}") from exc
+            raise
+        live.alive(a.key)
+        return result
+
     async def _relay(
         self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
         read: Sequence[bytes] | None = None,
@@ -120,7 +210,9 @@ class Dispatcher:
             for chunk in read or ():
                 yield chunk
             if head.content_type.startswith(SSE):
+                alive, key = self.scheduler.liveness.alive, endpoint_key(cand.endpoint)
                 async for chunk in resp.content.iter_any():
+                    alive(key)
                     yield chunk
             elif read is None:  # a complete answer: read as one message, sent as one chunk
                 yield await resp.read()
@@ -155,11 +247,14 @@ class Dispatcher:
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
 
-    async def _prefill(self, cand: Candidate, req: ParsedRequest, body: dict[str, Any], rid: str) -> _Answer:
+    async def _prefill(
+        self, cand: Candidate, req: ParsedRequest, body: dict[str, Any], rid: str, fate: _Fate
+    ) -> _Answer:
         """Run a prefill; raise _PrefillFailed for retryable failures (unreachable, 5xx, junk)."""
         async with self.scheduler.load_guard(cand):
             try:
-                status, ctype, data = await self.client.read_all(cand.endpoint, req.path, body, rid)
+                status, ctype, data = await self._attempt(
+                    cand, "prefill", fate, self.client.read_all(cand.endpoint, req.path, body, rid))
             except EngineUnreachable as exc:
                 self.scheduler.record_failure(cand.endpoint)
                 raise _PrefillFailed(str(exc)) from exc
@@ -177,10 +272,12 @@ class Dispatcher:
         cand: Candidate | None = first
         tried: list[EndpointKey] = []
         last = ""
+        fate = _Fate(req.model, rid)
         while cand is not None and len(tried) <= self.cfg.prefill_retries:
             async with self.scheduler.load_guard(cand):
                 try:
-                    resp = await self.client.open(cand.endpoint, req.path, dict(req.body), rid)
+                    resp = await self._attempt(
+                        cand, "union", fate, self.client.open(cand.endpoint, req.path, dict(req.body), rid))
                 except EngineUnreachable as exc:
                     self.scheduler.record_failure(cand.endpoint)
                     last = str(exc)
@@ -204,7 +301,7 @@ class Dispatcher:
 
     async def _prefill_with_retries(
         self, adapter: EngineAdapter, req: ParsedRequest, route: Route, info: RequestInfo, rid: str,
-        p: Candidate,
+        p: Candidate, fate: _Fate,
     ) -> tuple[Candidate, dict[str, Any], dict[str, Any] | _Answer]:
         """Run the prefill, on other prefills after retryable failures. Returns the prefill that
         answered, the body it was sent and its parsed reply — or its refusal (an _Answer to relay)."""
@@ -212,7 +309,7 @@ class Dispatcher:
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             try:
-                answer = await self._prefill(p, req, pbody, rid)
+                answer = await self._prefill(p, req, pbody, rid, fate)
             except _PrefillFailed as exc:
                 tried.append(endpoint_key(p.endpoint))
                 nxt = self._next(Role.PREFILL, info, route, tried)
@@ -234,7 +331,8 @@ class Dispatcher:
         adapter = self.adapters[route.engine]
         p, d = route.prefill, route.decode
         assert p is not None and d is not None
-        p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p)
+        fate = _Fate(req.model, rid)
+        p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate)
         if isinstance(reply, _Answer):
             yield Head(reply.status, reply.content_type, rid, p.instance.id, d.instance.id)
             yield reply.body
@@ -251,7 +349,7 @@ class Dispatcher:
             handoff_failed = False
             async with self.scheduler.load_guard(d):
                 try:
-                    resp = await self.client.open(d.endpoint, req.path, dbody, rid)
+                    resp = await self._attempt(d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid))
                 except EngineUnreachable as exc:
                     self.scheduler.record_failure(d.endpoint)
                     last = str(exc)
@@ -277,7 +375,7 @@ class Dispatcher:
                     failed_d.endpoint.host_port, p.endpoint.host_port, rid, kv_retries, self.cfg.kv_load_retries,
                     dcand.endpoint.host_port,
                 )
-                p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p)
+                p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate)
                 if isinstance(reply, _Answer):
                     yield Head(reply.status, reply.content_type, rid, p.instance.id, dcand.instance.id)
                     yield reply.body
@@ -301,14 +399,16 @@ class Dispatcher:
         assert p is not None and d is not None
         tried: list[EndpointKey] = []
         tried_d: list[EndpointKey] = []
+        fate = _Fate(req.model, rid)
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             dbody = adapter.decode_body(req.body, pbody, None)
             failure: str | None = None
             d_failure: str | None = None
             async with self.scheduler.load_guard(d):  # the prefill counts itself while it runs (_prefill)
-                p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid))
-                d_task = asyncio.ensure_future(self.client.open(d.endpoint, req.path, dbody, rid))
+                p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid, fate))
+                d_task = asyncio.ensure_future(
+                    self._attempt(d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid)))
                 resp: aiohttp.ClientResponse | None = None
                 try:
                     await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)

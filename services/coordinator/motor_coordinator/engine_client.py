@@ -17,11 +17,20 @@ REQUEST_ID_HEADER = "X-Request-Id"
 
 
 class EngineUnreachable(Exception):
-    """The engine could not be reached or dropped the connection before answering."""
+    """The engine could not be reached or dropped the connection before answering.
 
-    def __init__(self, endpoint: Endpoint, cause: str) -> None:
+    ``reached`` is False when no connection was made (the request cannot have affected the
+    engine), True when the engine dropped a connection the request may have been sent on."""
+
+    def __init__(self, endpoint: Endpoint, cause: str, *, reached: bool = True) -> None:
         super().__init__(f"engine {endpoint.host_port} unreachable: {cause}")
         self.endpoint = endpoint
+        self.reached = reached
+
+
+def _unreachable(endpoint: Endpoint, exc: BaseException) -> EngineUnreachable:
+    reached = not isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
+    return EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=reached)
 
 
 class EngineClient:
@@ -58,7 +67,7 @@ class EngineClient:
         try:
             return await self.session.post(endpoint.base_url + path, data=orjson.dumps(body), headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}") from exc
+            raise _unreachable(endpoint, exc) from exc
 
     @asynccontextmanager
     async def post(
@@ -83,7 +92,7 @@ class EngineClient:
             try:
                 data = await resp.read()
             except (aiohttp.ClientError, OSError) as exc:
-                raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}") from exc
+                raise _unreachable(endpoint, exc) from exc
             return resp.status, resp.headers.get("Content-Type", ""), data
 
     async def probe(self, endpoint: Endpoint, path: str = "/health") -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from motor_common.domain import EngineType
+from motor_coordinator import metrics
 from motor_coordinator.engine_client import EngineClient
 from motor_coordinator.policies import EngineLoad
 from motor_coordinator.scheduler import ProbeTarget, Scheduler
@@ -62,8 +63,11 @@ class Monitor:
         self.scrape_interval = scrape_interval
 
     async def _probe(self, t: ProbeTarget) -> None:
+        sent_at = self.scheduler.clock()
         ok = await self.client.probe(t.endpoint)
-        self.scheduler.record_probe(t.key, ok)
+        if not ok:
+            metrics.PROBE_FAILURES.labels(t.endpoint.host_port).inc()
+        self.scheduler.record_probe(t.key, ok, sent_at)
 
     async def _scrape(self, t: ProbeTarget) -> None:
         text = await self.client.get_text(t.endpoint, "/metrics")

@@ -19,6 +19,7 @@ from typing import TypeVar, cast
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role, normalize_ip
 from motor_common.errors import NotFound, Unavailable
 from motor_coordinator.breaker import Breaker
+from motor_coordinator.liveness import Liveness
 from motor_coordinator.policies import Candidate, EngineLoad, Policy, RequestInfo
 from motor_coordinator.policies.base import LiveSet, candidate_key, score
 from motor_coordinator.registry import RegistryState
@@ -159,6 +160,8 @@ class Scheduler:
         self._kv_weight: float = getattr(policy, "kv_usage_weight", 0.0)
         self._live: dict[tuple[str, Role], _Live] = {}
         self._live_of: dict[EndpointKey, list[_Live]] = {}
+        # Signs of life per endpoint: which attempts stalled on a hung engine (liveness.py).
+        self.liveness = Liveness(clock)
 
     # -- snapshot --------------------------------------------------------------------------
 
@@ -169,6 +172,7 @@ class Scheduler:
             k: self._breakers.get(k) or Breaker(self._failures, self._cooldown) for k in keys
         }
         self._loads = {k: v for k, v in self._loads.items() if k in keys}
+        self.liveness.forget(keys)
         index: dict[tuple[str, Role], list[_Entry]] = {}
         by_model: dict[str, list[Instance]] = {}
         for iid in sorted(state.instances):
@@ -195,6 +199,9 @@ class Scheduler:
 
     # -- health, breakers, load --------------------------------------------------------------
 
+    def clock(self) -> float:
+        return self._clock()
+
     def is_broken(self, ep: Endpoint) -> bool:
         b = self._breakers.get(endpoint_key(ep))
         return b is not None and b.is_open
@@ -208,12 +215,23 @@ class Scheduler:
         if b is not None and b.record_failure(self._clock()):
             self._changed()
 
+    def trip(self, ep: Endpoint) -> None:
+        """Take *ep* out of rotation now (it hung); a passing probe after the cooldown restores it."""
+        b = self._breakers.get(endpoint_key(ep))
+        if b is not None and b.trip(self._clock()):
+            self._changed()
+
     def record_success(self, ep: Endpoint) -> None:
         b = self._breakers.get(endpoint_key(ep))
         if b is not None:
             b.record_success()
 
-    def record_probe(self, key: EndpointKey, ok: bool) -> None:
+    def record_probe(self, key: EndpointKey, ok: bool, sent_at: float | None = None) -> None:
+        if key in self._breakers:
+            if ok:
+                self.liveness.alive(key)
+            elif sent_at is not None:
+                self.liveness.probe_failed(key, sent_at)
         b = self._breakers.get(key)
         if b is not None and b.record_probe(ok, self._clock()):
             self._changed()
@@ -221,6 +239,7 @@ class Scheduler:
     def set_load(self, key: EndpointKey, load: EngineLoad) -> None:
         if key in self._breakers:
             self._loads[key] = load
+            self.liveness.alive(key)
             self._rescore(key)
 
     def _rescore(self, key: EndpointKey) -> None:

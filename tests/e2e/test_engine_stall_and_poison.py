@@ -1,0 +1,186 @@
+"""A hung engine and a poison request, end to end (issue 12): real ``motor-sim`` engines launched
+like vLLM / SGLang, a real ``motor-coordinator`` and ``motor-gateway``, the ``openai`` SDK.
+
+* Hung engine: a prefill engine is SIGSTOPped. Requests that reach it once a health probe found
+  it silent are failed over to the other prefill within ``dispatch.first_byte_timeout_sec``, long
+  before a nodemanager would kill the engine (≈ 15-18 s). The request it was serving when it froze
+  is a poison suspect: answered with a 400 ``poison_request_suspected``, never sent to a second
+  engine.
+* Poison request: both prefills carry a bug that one request body triggers (the simulator's
+  ``poison`` fault: the event loop blocks for ever). The poison request hangs one prefill, is
+  refused after the deadline, and never reaches the other, which keeps serving everyone else.
+
+Health probes do not take an engine out of rotation here (``circuit_breaker_failures`` 1000), so
+requests really reach the hung engine; the stall itself does (the breaker trips at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import psutil
+import pytest
+
+from motor_common.domain import EngineType, Role
+from motor_common.ports import free_port
+from tests.coordinator.grpc_util import KEY, Stubs
+from tests.coordinator.test_dispatch_sim import MODEL, instance, sim_state
+from tests.helpers import wait_for
+from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+FIRST_BYTE = 1.5
+ENGINES = {"vllm": EngineType.VLLM, "sglang": EngineType.SGLANG}
+
+
+@dataclass
+class Fleet:
+    p1: Proc
+    p2: Proc
+    d: Proc
+    gateway: Proc
+    metrics_url: str
+
+    def client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.gateway.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+    async def metric(self, name: str, **labels: str) -> float:
+        async with aiohttp.ClientSession() as s, s.get(self.metrics_url,
+                                                       timeout=aiohttp.ClientTimeout(total=5)) as r:
+            text = await r.text()
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        for line in text.splitlines():
+            if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(name + " ")):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    async def probe_failed(self, p: Proc) -> bool:
+        """The coordinator's health probe of *p* has failed at least once."""
+        return await self.metric("motor_coordinator_health_probe_failures_total",
+                                 endpoint=f"127.0.0.1:{p.port}") >= 1
+
+
+@asynccontextmanager
+async def fleet(engine: str, tmp: Path, prefill_args: tuple[str, ...] = ()) -> AsyncIterator[Fleet]:
+    etype = ENGINES[engine]
+    async with AsyncExitStack() as st:
+        p1, p2, d = await asyncio.gather(
+            st.enter_async_context(start_simulator(engine, "prefill", tmp, extra_args=prefill_args, name="p1")),
+            st.enter_async_context(start_simulator(engine, "prefill", tmp, extra_args=prefill_args, name="p2")),
+            st.enter_async_context(start_simulator(engine, "decode", tmp, name="d")),
+        )
+        for p in (p1, p2):  # whatever happens in the test, the engine can be stopped afterwards
+            st.callback(_cont, p)
+        metrics_port = free_port()
+        cfg = {
+            "server": {"metrics_port": metrics_port},
+            "scheduler": {"policy": "round_robin"},  # request k goes to prefill k % 2 (p1 first)
+            "dispatch": {"first_byte_timeout_sec": FIRST_BYTE, "health_probe_interval_sec": 0.2,
+                         "probe_timeout_sec": 0.3, "metrics_scrape_interval_sec": 0,
+                         "circuit_breaker_failures": 1000, "circuit_breaker_cooldown_sec": 0.2,
+                         "connect_timeout_sec": 1.0},
+        }
+        c = await st.enter_async_context(start_coordinator(tmp, cfg, management_key=KEY))
+        stubs = Stubs(c.address)
+        st.push_async_callback(stubs.close)
+        await stubs.set(instance(1, Role.PREFILL, etype, [p1]), instance(2, Role.PREFILL, etype, [p2]),
+                        instance(3, Role.DECODE, etype, [d]))
+        gw = await st.enter_async_context(start_gateway(tmp, [c.address]))
+        yield Fleet(p1, p2, d, gw, f"http://127.0.0.1:{metrics_port}/metrics")
+
+
+def _cont(p: Proc) -> None:
+    try:
+        p.popen.send_signal(signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+async def timed(c: openai.AsyncOpenAI, prompt: str, **kw: Any) -> tuple[str, float]:
+    """("ok: <text>" | "<status> <code>", seconds)."""
+    t0 = time.monotonic()
+    try:
+        r = await c.completions.create(model=MODEL, prompt=prompt, max_tokens=4, **kw)
+        out = f"ok: {r.choices[0].text}"
+    except openai.APIStatusError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        out = f"{exc.status_code} {body.get('code')}"
+    return out, time.monotonic() - t0
+
+
+def stopped(p: Proc) -> bool:
+    return psutil.Process(p.pid).status() == psutil.STATUS_STOPPED
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+async def test_requests_reaching_a_sigstopped_prefill_fail_over_within_the_first_byte_deadline(
+    engine: str, tmp_path: Path
+) -> None:
+    # a slow prefill (0.8 s), so request 0 is still on p1 when p1 freezes
+    async with fleet(engine, tmp_path, ("--sim-prefill-base-ms", "800")) as f:
+        c = f.client()
+        first = asyncio.ensure_future(timed(c, "request zero"))  # seq 0 -> p1
+        await wait_for(lambda: asyncio.to_thread(lambda: sim_state(f.p1)["running"] > 0), timeout=10,
+                       what="request 0 running on p1")
+        f.p1.popen.send_signal(signal.SIGSTOP)
+        await wait_for(lambda: stopped(f.p1), timeout=5, what="p1 stopped")
+        await wait_for(lambda: f.probe_failed(f.p1), timeout=5, what="a health probe found p1 silent")
+        # seq 1..6: half of them are routed to the frozen p1 before its deadline passes
+        later = await asyncio.gather(*(timed(c, f"request {i}") for i in range(1, 7)))
+        zero = await first
+        assert all(out.startswith("ok: ") and len(out) > 4 for out, _ in later), later
+        slowest = max(t for _, t in later)
+        # failed over within the deadline (+ one prefill on p2 and a loaded machine's slack), far
+        # below the ≈ 15-18 s after which a nodemanager would kill the engine
+        assert slowest < FIRST_BYTE + 3.0, later
+        # request 0 was being served when p1 froze: it may be what froze it, so it is refused
+        # (never sent to p2), with the error a person can act on
+        assert zero[0] == "400 poison_request_suspected", zero
+        assert zero[1] < FIRST_BYTE + 3.0, zero
+        assert await f.metric("motor_coordinator_engine_stalls_total", role="prefill") >= 2
+        assert await f.metric("motor_coordinator_poison_requests_total", model=MODEL) == 1
+        st = await asyncio.to_thread(sim_state, f.p2)
+        assert st["stats"]["requests_finished"] >= 6
+        # p1 is out of rotation while frozen: new requests go to p2 at once
+        out, took = await timed(c, "after the freeze")
+        assert out.startswith("ok: ") and took < FIRST_BYTE, (out, took)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+async def test_a_poison_request_hangs_one_prefill_and_is_never_sent_to_the_other(
+    engine: str, tmp_path: Path
+) -> None:
+    async with fleet(engine, tmp_path) as f:
+        async with aiohttp.ClientSession() as s:
+            for p in (f.p1, f.p2):  # the same engine bug on both prefills
+                async with s.post(p.url + "/sim/fault", json={"mode": "poison", "match": "POISON-PILL"}) as r:
+                    assert r.status == 200
+        c = f.client()
+        before = [(await asyncio.to_thread(sim_state, p))["stats"]["requests_finished"] for p in (f.p1, f.p2)]
+        poison = asyncio.ensure_future(timed(c, "POISON-PILL please"))  # seq 0 -> p1
+        await wait_for(lambda: f.probe_failed(f.p1), timeout=5, what="a health probe found p1 hung")
+        # everyone else keeps being served meanwhile (by p2 once p1 hung)
+        others = await asyncio.gather(*(timed(c, f"innocent {i}") for i in range(6)))
+        out, took = await poison
+        assert out == "400 poison_request_suspected", out
+        assert took < FIRST_BYTE + 3.0
+        assert all(o.startswith("ok: ") for o, _ in others), others
+        assert await f.metric("motor_coordinator_poison_requests_total", model=MODEL) == 1
+        # p2 never saw the poison: it is alive, healthy and serving
+        async with aiohttp.ClientSession() as s, s.get(f.p2.url + "/health",
+                                                       timeout=aiohttp.ClientTimeout(total=2)) as r:
+            assert r.status == 200
+        after2 = (await asyncio.to_thread(sim_state, f.p2))["stats"]["requests_finished"]
+        assert after2 >= before[1] + 3
+        out, took = await timed(c, "still fine")
+        assert out.startswith("ok: "), out
