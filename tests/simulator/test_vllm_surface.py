@@ -250,8 +250,8 @@ async def test_logprobs_above_max_logprobs_is_refused_with_vllms_400(vllm: SimPr
 
 
 async def test_one_heavy_request_does_not_stall_the_event_loop(vllm: SimProc) -> None:
-    """A 10 MB prompt (3-4 s of tokenizing) is refused for its length, and meanwhile /health and
-    other requests are answered promptly: its CPU work runs off the event loop."""
+    """A 10 MB prompt (once 3-4 s of tokenizing on the loop) is refused for its length, and
+    meanwhile /health and other requests are answered promptly: its CPU work runs off the loop."""
     heavy = asyncio.ensure_future(post_json(
         vllm, "/completions", {"model": "sim-model", "prompt": "word " * 2_000_000, "max_tokens": 2},
         timeout=60))
@@ -269,6 +269,6 @@ async def test_one_heavy_request_does_not_stall_the_event_loop(vllm: SimProc) ->
                 served_meanwhile += 1
     status, body = heavy.result()
     assert status == 400 and body["error"]["param"] == "input_tokens"  # type: ignore[index]
-    assert served_meanwhile >= 3, "the heavy request finished too fast to show anything"
+    assert served_meanwhile >= 1, "the heavy request finished before any light one was served"
     # on the old code each of these waited for the whole tokenization (> 3 s)
     assert slowest < 1.5, f"a light request waited {slowest:.2f}s behind the heavy one"
