@@ -67,7 +67,7 @@ def load_object(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict[str, Any]:
             raise _depth_error(max_depth) from None
         raise _invalid(f"request body is not valid JSON: {exc}", None, "INVALID_JSON") from None
     if not isinstance(body, dict):
-        raise _invalid("request body must be a JSON object", None, "INVALID_JSON")
+        raise _invalid("request body must be a JSON object", None, "INVALID_BODY")
     if too_deep(raw, body, max_depth):
         raise _depth_error(max_depth)
     return body
