@@ -53,6 +53,7 @@ from motor_common.ports import (
     NODEMANAGER_GRPC,
     free_port,
     port_free,
+    port_in_use_message,
     scan_free_port,
 )
 from motor_common.procs import die_with_parent
@@ -90,7 +91,7 @@ def _pick(host: str, wanted: int | None, default: int, what: str, taken: set[int
     ephemeral range (so no engine's or test's free-port pick can take it before the program binds)."""
     if wanted:
         if not port_free(host, wanted):
-            raise ConfigError(f"{what} port {wanted} on {host} is in use: pick another with --port")
+            raise ConfigError(f"{what} {port_in_use_message(wanted, 'pass another --port or free it')}")
         port = wanted
     else:
         port = scan_free_port(host, default, taken)

@@ -353,3 +353,11 @@ async def test_ctrl_c_during_start_up_leaves_nothing_behind(tmp_path: Path) -> N
     assert alive(children) == []
     assert no_process_left(proc.pid, tmp_path) == []
     assert not (tmp_path / ".motor/up/fleet.json").exists()
+
+
+def test_motor_up_on_a_busy_gateway_port_says_so(busy_port: int, tmp_path: Path) -> None:
+    done = run(["motor", "up", "--port", str(busy_port)], tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"error: gateway port {busy_port} is in use (by pid {os.getpid()}, "
+                                   f"{psutil.Process().name()}); pass another --port or free it")
+    assert not (tmp_path / ".motor").exists()
