@@ -313,3 +313,51 @@ async def test_engine_5xx_body_is_replaced_by_a_public_message(front: Front) -> 
     assert_openai_error(err, "server_error")
     assert "10.1.2.3" not in err["error"]["message"] and "AssertionError" not in err["error"]["message"]
     assert "rid-5xx" in err["error"]["message"]
+
+
+async def test_300_trickling_connections_are_all_cut_off_and_the_front_keeps_serving(
+        tmp_path: Path) -> None:
+    """The probe of the issue: 300 connections trickling a header byte at a time held the front
+    for 91 s. Each is now closed after header_timeout_sec; the excess beyond max_connections is
+    refused at once; a normal client is served throughout."""
+    limits = HttpLimits(header_timeout_sec=1.5, max_connections=200)
+    async with fake_coordinator() as (addr, _):
+        cfg = GatewayConfig(coordinators=(addr,), limits=limits)
+        async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http:
+            port = int(url.rsplit(":", 1)[1])
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(300)]
+            closed_at: list[float] = []
+            start = time.monotonic()
+
+            async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                with contextlib.suppress(ConnectionError):
+                    for byte in b"GET /v1/models HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                        if reader.at_eof():
+                            break
+                        writer.write(bytes([byte]))
+                        await writer.drain()
+                        try:
+                            await asyncio.wait_for(reader.read(), 0.5)  # EOF (cut off) or timeout
+                            break
+                        except TimeoutError:
+                            continue
+                closed_at.append(time.monotonic() - start)
+                writer.close()
+
+            tasks = [asyncio.create_task(trickle(r, w)) for r, w in conns]
+            # a well-behaved client meanwhile (retried while the slow ones hold every slot)
+            async def served() -> bool:
+                try:
+                    async with http.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+                        return resp.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            deadline = time.monotonic() + 10
+            ok = False
+            while not ok and time.monotonic() < deadline:
+                ok = await served()
+            await asyncio.wait_for(asyncio.gather(*tasks), 15)
+    assert ok
+    assert len(closed_at) == 300
+    assert max(closed_at) < limits.header_timeout_sec + 3, f"slowest connection held {max(closed_at):.1f}s"
