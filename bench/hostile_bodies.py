@@ -17,6 +17,7 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ async def scenario(name: str, url: str, pids: dict[str, int], data: bytes, n: in
     await asyncio.sleep(0.2)
     stop.set()
     peak = await sampler
-    return {"scenario": name, "statuses": sorted(statuses), "seconds": round(elapsed, 2),
+    counts = {str(k): v for k, v in sorted(Counter(statuses).items())}  # -1: closed while sending
+    return {"scenario": name, "statuses": counts, "seconds": round(elapsed, 2),
             **{f"{k} peak MB": round(v / 2**20) for k, v in peak.items()}}
 
 

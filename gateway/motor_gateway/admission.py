@@ -6,7 +6,9 @@ A request needs a slot in its model's bucket and in its key's bucket (the infere
 one anonymous bucket when the front has no keys). While both have a free in-flight slot it is
 admitted at once (each release grants every waiter that can run, in arrival order, so a free
 pair of slots means nobody waiting could use them); else it waits, if both queues have
-room and the bodies of all queued requests stay within ``max_queued_bytes``; else it is shed.
+room; else it is shed.
+The bodies of admitted requests share a byte budget (``max_in_flight_bytes``), the front's
+memory bound: a request that would pass it waits, and requests behind it do not overtake it.
 A queued request that does not get a slot within ``queue_timeout_sec`` is shed too. Limits are
 per process (each gateway worker, each coordinator's co-located front). No I/O; the waits are
 asyncio futures. Buckets exist only while they hold requests, so client-chosen model names cannot
@@ -35,14 +37,20 @@ class AdmissionConfig:
     max_queued_per_key: int = 512
     # Seconds a request may wait for a slot before it is shed (429).
     queue_timeout_sec: float = 30.0
-    # Bodies held by all queued requests together; beyond it → 429 (memory bound).
-    max_queued_bytes: int = 256 * MIB
+    # Bodies of all admitted requests together (an admitted request costs the front about four
+    # times its body while it is parsed, re-encoded and relayed); a request that would pass it
+    # waits. One request is always admitted when nothing else is in flight. 0 = unbounded.
+    max_in_flight_bytes: int = 16 * MIB
+    # Request bodies the process holds at once, from the first byte read to the end of the
+    # response (being read, queued or in flight); a request that would pass it → 429 at once,
+    # on its Content-Length before the body is read (the front's memory bound). 0 = unbounded.
+    max_buffered_bytes: int = 32 * MIB
     # The Retry-After header of a 429, seconds.
     retry_after_sec: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_in_flight_per_model", "max_queued_per_model", "max_in_flight_per_key",
-                     "max_queued_per_key", "max_queued_bytes"):
+                     "max_queued_per_key", "max_in_flight_bytes", "max_buffered_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"admission.{name} must be >= 0")
         if self.queue_timeout_sec <= 0 or self.retry_after_sec < 1:
@@ -50,7 +58,7 @@ class AdmissionConfig:
 
 
 class Shed(Exception):
-    """The request is refused: ``reason`` is queue_full, queued_bytes or queue_timeout."""
+    """The request is refused: ``reason`` is queue_full, queue_timeout or buffered_bytes."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -80,6 +88,7 @@ class Ticket:
 
     model: str
     key: str
+    size: int = 0
     released: bool = False
 
 
@@ -97,6 +106,12 @@ class Admission:
         self._keys: dict[str, _Bucket] = {}
         self._waiters: deque[_Waiter] = deque()
         self.queued_bytes = 0
+        self.in_flight_bytes = 0
+        self._bytes_blocked = 0
+
+    def _fits(self, size: int) -> bool:
+        limit = self.cfg.max_in_flight_bytes
+        return limit == 0 or self.in_flight_bytes == 0 or self.in_flight_bytes + size <= limit
 
     def _buckets(self, model: str, key: str) -> tuple[_Bucket, _Bucket]:
         c = self.cfg
@@ -120,9 +135,9 @@ class Admission:
         """A slot for one request of *model* sent with API key *key* whose body has *size*
         bytes; waits in line when the buckets are full. Raises :class:`Shed`."""
         m, k = self._buckets(model, key)
-        ticket = Ticket(model, key)
-        if m.free() and k.free():  # every waiter that could run was granted at the last release
-            self._take(m, k)
+        ticket = Ticket(model, key, size)
+        if m.free() and k.free() and self._fits(size) and not self._waiters_for_bytes():
+            self._take(m, k, size)
             metrics.ADMITTED.inc()
             return ticket
         c = self.cfg
@@ -133,11 +148,10 @@ class Admission:
             self._forget(model, key)
             what = full[0] if full else "model"
             raise self._shed("queue_full", f"too many requests for this {what} are waiting; retry later")
-        if self.queued_bytes + size > c.max_queued_bytes:
-            self._forget(model, key)
-            raise self._shed("queued_bytes", "the server is holding too many queued requests; retry later")
         waiter = _Waiter(ticket, size, asyncio.get_running_loop().create_future())
         self._waiters.append(waiter)
+        if m.free() and k.free():
+            self._bytes_blocked = 1  # waiting for the byte budget only
         m.queued += 1
         k.queued += 1
         self.queued_bytes += size
@@ -154,6 +168,7 @@ class Admission:
                 return ticket  # granted at the deadline: keep it
             waiter.future.cancel()
             self._unqueue(waiter, m, k)
+            self._wake()  # re-decide: it may have been the one holding the byte budget's line
             self._forget(model, key)
             if isinstance(exc, TimeoutError):
                 raise self._shed("queue_timeout", f"no capacity for this request within "
@@ -169,16 +184,23 @@ class Admission:
         m, k = self._models[ticket.model], self._keys[ticket.key]
         m.in_flight -= 1
         k.in_flight -= 1
+        self.in_flight_bytes -= ticket.size
         metrics.ADMITTED_IN_FLIGHT.dec()
         self._wake()
         self._forget(ticket.model, ticket.key)
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _take(self, m: _Bucket, k: _Bucket) -> None:
+    def _take(self, m: _Bucket, k: _Bucket, size: int) -> None:
         m.in_flight += 1
         k.in_flight += 1
+        self.in_flight_bytes += size
         metrics.ADMITTED_IN_FLIGHT.inc()
+
+    def _waiters_for_bytes(self) -> bool:
+        """Whether someone waits only for the byte budget (then newcomers queue behind them, so
+        that small requests cannot starve a large one)."""
+        return self._bytes_blocked > 0
 
     def _unqueue(self, waiter: _Waiter, m: _Bucket, k: _Bucket) -> None:
         try:
@@ -194,27 +216,33 @@ class Admission:
         """Grant slots to waiters in arrival order (one whose bucket is still full does not block
         waiters of other buckets behind it)."""
         if not self._waiters:
+            self._bytes_blocked = 0
             return
         keep: deque[_Waiter] = deque()
         blocked_m: set[str] = set()
         blocked_k: set[str] = set()
+        bytes_blocked = 0
         while self._waiters:
             w = self._waiters.popleft()
             t = w.ticket
             m, k = self._models[t.model], self._keys[t.key]
-            if w.future.done() or t.model in blocked_m or t.key in blocked_k or not (m.free() and k.free()):
+            if w.future.done() or t.model in blocked_m or t.key in blocked_k or not (m.free() and k.free()) \
+                    or bytes_blocked or not self._fits(w.size):
                 if not w.future.done():
                     blocked_m.add(t.model)
                     blocked_k.add(t.key)
+                    if m.free() and k.free() and not bytes_blocked and not self._fits(w.size):
+                        bytes_blocked = 1  # FIFO on the byte budget: nobody behind overtakes it
                 keep.append(w)
                 continue
             m.queued -= 1
             k.queued -= 1
             self.queued_bytes -= w.size
             metrics.QUEUED.dec()
-            self._take(m, k)
+            self._take(m, k, w.size)
             w.future.set_result(None)
         self._waiters = keep
+        self._bytes_blocked = bytes_blocked
 
     def _forget(self, model: str, key: str) -> None:
         m = self._models.get(model)
@@ -227,3 +255,42 @@ class Admission:
     def _shed(self, reason: str, message: str) -> Shed:
         metrics.SHED.labels(reason).inc()
         return Shed(reason, message)
+
+
+class BodyBudget:
+    """The bytes of request bodies held by the process (``max_buffered_bytes``): reserved on the
+    Content-Length before reading, or chunk by chunk, and given back at the end of the request."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def reserve(self, n: int, held: int = 0) -> None:
+        """Take *n* more bytes for a request already holding *held*; raises :class:`Shed` (a
+        request is always allowed its first bytes when the process holds no other body)."""
+        if self.limit and self.used + n > self.limit and self.used > held:
+            metrics.SHED.labels("buffered_bytes").inc()
+            raise Shed("buffered_bytes", "the server is holding too many request bodies; retry later")
+        self.used += n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+
+
+class Hold:
+    """One request's share of a :class:`BodyBudget`."""
+
+    __slots__ = ("budget", "n")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.n = 0
+
+    def take(self, n: int) -> None:
+        if n > 0:
+            self.budget.reserve(n, self.n)
+            self.n += n
+
+    def free(self) -> None:
+        self.budget.release(self.n)
+        self.n = 0

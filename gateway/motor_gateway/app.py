@@ -29,7 +29,7 @@ from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_failure
 from motor_gateway import metrics
-from motor_gateway.admission import Admission, AdmissionConfig, Shed
+from motor_gateway.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
 from motor_gateway.client import DispatchClient, DispatchFailed
 from motor_gateway.limits import (
     ENCODINGS,
@@ -92,6 +92,14 @@ def error_response(err: HttpError, request_id: str | None = None) -> web.Respons
     return web.Response(status=err.status, body=err.json(), headers=headers)
 
 
+def _shed(exc: Shed, rid: str, retry_after: int, *, close: bool = False) -> web.Response:
+    resp = error_response(HttpError(429, exc.message, "rate_limit_error", exc.reason), rid)
+    resp.headers["Retry-After"] = str(retry_after)
+    if close:
+        resp.force_close()
+    return resp
+
+
 def _refuse(status: int, message: str, code: str, rid: str, *, close: bool = False,
             param: str | None = None) -> web.Response:
     resp = error_response(HttpError(status, message, "invalid_request_error", code, param), rid)
@@ -110,6 +118,7 @@ class Gateway:
         self._api_key = api_key.encode() if api_key else None
         self.limits = limits or HttpLimits()
         self.admission = Admission(admission or AdmissionConfig())
+        self.bodies = BodyBudget(self.admission.cfg.max_buffered_bytes)
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=self.limits.max_body_bytes)
@@ -182,11 +191,12 @@ class Gateway:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._dispatch(request, "chat")
 
-    async def _read_body(self, request: web.Request, rid: str) -> bytes | web.Response:
+    async def _read_body(self, request: web.Request, rid: str, hold: Hold) -> bytes | web.Response:
         """The request body, decoded, or the refusal: 415 for a Content-Encoding other than one
         of ``limits.ENCODINGS``, 413 above ``max_body_bytes`` (on Content-Length before reading,
         else while reading, and after decompression), 400 for a body that does not decompress,
-        408 when it does not arrive within ``body_timeout_sec``."""
+        408 when it does not arrive within ``body_timeout_sec``, 429 when the process holds
+        ``admission.max_buffered_bytes`` of bodies already (taken from *hold*)."""
         limit = self.limits.max_body_bytes
         codings = [c for c in encodings(request.headers.get("Content-Encoding", "")) if c != "identity"]
         unknown = [c for c in codings if c not in ENCODINGS]
@@ -199,8 +209,10 @@ class Gateway:
             return _refuse(413, f"request body is {size} bytes; at most {limit} are accepted",
                            "request_too_large", rid, close=True)
         try:
+            if size is not None:
+                hold.take(size)  # the memory bound, before a byte of the body is read
             async with asyncio.timeout(self.limits.body_timeout_sec):
-                raw = await _read_at_most(request, limit)
+                raw = await _read_at_most(request, limit, None if size is not None else hold)
         except BodyTooLarge:
             return _refuse(413, f"request body is larger than {limit} bytes", "request_too_large", rid, close=True)
         except TimeoutError:
@@ -210,10 +222,16 @@ class Gateway:
             log.info("unreadable request body", extra={"detail": str(exc)})
             return _refuse(400, "request body could not be read: it does not match its Transfer-Encoding",
                            "invalid_body", rid, close=True)
+        except Shed as exc:
+            return _shed(exc, rid, self.admission.cfg.retry_after_sec, close=True)
         if not codings:
             return raw
         try:
-            return decompress(raw, codings[0], limit)
+            out = decompress(raw, codings[0], limit)
+            hold.take(len(out) - len(raw))
+            return out
+        except Shed as exc:
+            return _shed(exc, rid, self.admission.cfg.retry_after_sec)
         except BodyTooLarge:
             return _refuse(413, f"request body is larger than {limit} bytes after decompression",
                            "request_too_large", rid)
@@ -221,8 +239,15 @@ class Gateway:
             return _refuse(400, f"request body is not valid {codings[0]} data (Content-Encoding)", "invalid_body", rid)
 
     async def _dispatch(self, request: web.Request, api: str) -> web.StreamResponse:
+        hold = Hold(self.bodies)
+        try:
+            return await self._admit(request, api, hold)
+        finally:
+            hold.free()
+
+    async def _admit(self, request: web.Request, api: str, hold: Hold) -> web.StreamResponse:
         rid: str = request[REQUEST_ID_KEY]
-        raw = await self._read_body(request, rid)
+        raw = await self._read_body(request, rid, hold)
         if isinstance(raw, web.Response):
             return raw
         try:
@@ -232,9 +257,7 @@ class Gateway:
         try:
             ticket = await self.admission.acquire(body["model"], request[API_KEY_ID], len(raw))
         except Shed as exc:
-            resp = error_response(HttpError(429, exc.message, "rate_limit_error", exc.reason), rid)
-            resp.headers["Retry-After"] = str(self.admission.cfg.retry_after_sec)
-            return resp
+            return _shed(exc, rid, self.admission.cfg.retry_after_sec)
         try:
             return await self._forward(request, rid, api, raw, body)
         finally:
@@ -322,15 +345,18 @@ class Gateway:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def _read_at_most(request: web.Request, limit: int) -> bytes:
+async def _read_at_most(request: web.Request, limit: int, hold: Hold | None) -> bytes:
     """The body in the chunks the connection delivers (aiohttp's ``read()`` first enlarges its
-    buffer to the whole limit); ``BodyTooLarge`` as soon as it passes *limit*."""
+    buffer to the whole limit); ``BodyTooLarge`` as soon as it passes *limit*. With *hold* (no
+    Content-Length), each chunk is taken from the body budget as it arrives (``Shed``)."""
     buf = bytearray()
     content = request.content
     while chunk := await content.readany():
         buf += chunk
         if len(buf) > limit:
             raise BodyTooLarge(limit)
+        if hold is not None:
+            hold.take(len(chunk))
     return bytes(buf)
 
 

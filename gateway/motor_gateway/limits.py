@@ -25,7 +25,7 @@ _REQUEST_ID = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no spaces or control
 class HttpLimits:
     # Largest request body (after decompression); bigger → 413, refused on Content-Length before
     # any byte of the body is read, and while reading for chunked or compressed bodies.
-    max_body_bytes: int = 8 * MIB
+    max_body_bytes: int = 4 * MIB
     # Deepest nesting of JSON objects/arrays in a body (orjson serialises only 254 levels).
     max_json_depth: int = MAX_JSON_DEPTH
     # Longest `model` name.

@@ -34,7 +34,7 @@ QUEUED_TOTAL = Counter(
 )
 SHED = Counter(
     "motor_gateway_admission_shed_total",
-    "Requests refused with 429 by admission control, by reason (queue_full, queued_bytes, queue_timeout).",
+    "Requests refused with 429 by admission control, by reason (queue_full, queue_timeout, buffered_bytes).",
     ["reason"],
 )
 QUEUED = Gauge(

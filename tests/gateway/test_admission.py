@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
-from motor_gateway.admission import Admission, AdmissionConfig, Shed
+from motor_gateway.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
 from motor_gateway.config import GatewayConfig
 from tests.gateway.fakes import chunk, fake_coordinator, head, in_process_gateway, running_gateway
 from tests.gateway.test_dispatch import assert_openai_error
@@ -82,16 +82,18 @@ async def test_cancelled_waiter_leaves_the_queue() -> None:
     assert adm._models == {}
 
 
-async def test_queued_bytes_bound_sheds() -> None:
-    adm = Admission(AdmissionConfig(max_in_flight_per_model=1, max_queued_bytes=100))
-    held = await adm.acquire("m", "k", 1)
-    task = asyncio.create_task(adm.acquire("m", "k", 80))
-    await wait_for(lambda: adm.queued_bytes == 80, timeout=2, what="queued bytes")
+def test_body_budget_refuses_beyond_the_limit_but_never_a_lone_request() -> None:
+    budget = BodyBudget(100)
+    a, b = Hold(budget), Hold(budget)
+    a.take(80)
     with pytest.raises(Shed) as shed:
-        await adm.acquire("m", "k", 30)
-    assert shed.value.reason == "queued_bytes"
-    adm.release(held)
-    adm.release(await task)
+        b.take(30)
+    assert shed.value.reason == "buffered_bytes"
+    a.take(500)  # the only holder may grow past the limit (one request is always possible)
+    a.free()
+    b.take(30)
+    b.free()
+    assert budget.used == 0
 
 
 # --- through the HTTP front with concurrent clients -----------------------------------------
@@ -147,3 +149,22 @@ async def test_overload_is_answered_429_with_retry_after_and_admitted_requests_c
             text = await r.text()
     assert 'motor_gateway_admission_shed_total{reason="queue_full"}' in text
     assert "motor_gateway_admission_queue_length 0.0" in text
+
+
+async def test_in_flight_byte_budget_makes_large_bodies_wait_in_order() -> None:
+    adm = Admission(AdmissionConfig(max_in_flight_bytes=100))
+    big = await adm.acquire("m", "k", 90)  # the first is always admitted
+    alone = Admission(AdmissionConfig(max_in_flight_bytes=100))
+    adm.release(await adm.acquire("m", "k", 10))  # fits beside it
+    alone.release(await alone.acquire("m", "k", 500))  # larger than the budget, but alone: admitted
+    waiting = asyncio.create_task(adm.acquire("m", "k", 50))
+    await wait_for(lambda: adm.queued("m") == 1, timeout=2, what="large body queued")
+    small = asyncio.create_task(adm.acquire("m", "k", 5))  # would fit, but must not overtake
+    await wait_for(lambda: adm.queued("m") == 2, timeout=2, what="small body queued behind")
+    adm.release(big)
+    first = await asyncio.wait_for(waiting, 1)
+    second = await asyncio.wait_for(small, 1)
+    assert adm.in_flight_bytes == 55
+    for t in (first, second):
+        adm.release(t)
+    assert adm.in_flight_bytes == 0 and adm._models == {}
