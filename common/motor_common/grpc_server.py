@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,7 +34,22 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
-from motor_common.errors import ConfigError, InvalidArgument, MotorError, Unauthenticated
+from motor_common.credentials import (
+    AuthConfig,
+    Authenticator,
+    Principal,
+    Role,
+    audit,
+    is_mutation,
+    presented_key,
+)
+from motor_common.errors import (
+    ConfigError,
+    InvalidArgument,
+    MotorError,
+    PermissionDenied,
+    Unauthenticated,
+)
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_error, bind_failure, host_port
 from motor_common.strict_proto import unknown_field_paths
@@ -44,6 +58,13 @@ from motor_common.tls import TlsConfig, server_credentials
 log = logging.getLogger(__name__)
 
 MANAGEMENT_KEY_HEADER = "x-motor-management-key"
+AUTHORIZATION_HEADER = "authorization"
+MAX_REQUEST_ID = 128
+
+
+def valid_request_id(value: str) -> bool:
+    """A client's request id is used (logs, responses) only when short and printable ASCII."""
+    return 0 < len(value) <= MAX_REQUEST_ID and value.isascii() and value.isprintable()
 REQUEST_ID_HEADER = "x-request-id"
 ERROR_DOMAIN = "motor.dev"
 
@@ -75,6 +96,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # Operator, node and inference credentials (motor_common.credentials).
+    auth: AuthConfig = field(default_factory=AuthConfig)
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     management_key_file: str | None = None
@@ -145,9 +168,9 @@ class _Interceptor(grpc.aio.ServerInterceptor):
     """Wraps each method's handler once (cached by method name); the per-call work — request id,
     management key, metrics, error translation, unknown-field check — happens inside the call."""
 
-    def __init__(self, management_key: str | None, protected: set[str]) -> None:
-        self._key = management_key
-        self._protected = protected
+    def __init__(self, auth: Authenticator, roles: dict[str, tuple[Role, frozenset[str]]]) -> None:
+        self._auth = auth
+        self._roles = roles
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
@@ -162,18 +185,43 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         service, method = _split(details.method)
-        wrapped = _wrap(handler, service, method, self._key if service in self._protected else None)
+        role, open_methods = self._roles.get(service, (None, frozenset()))
+        needs = role if role is not None and method not in open_methods and self._auth.requires(role) else None
+        wrapped = _wrap(handler, service, method, self._auth if needs else None, needs)
         self._wrapped[details.method] = wrapped
         return wrapped
 
 
-def _authenticate(given: str | None, key: str) -> None:
-    if given is None:
-        raise Unauthenticated(
-            f"missing management key: send metadata '{MANAGEMENT_KEY_HEADER}'", reason="MANAGEMENT_KEY_REQUIRED"
+_ROLE_WORDS = {Role.OPERATOR: "an operator key", Role.NODE: "a node key", Role.INFERENCE: "an inference (API) key"}
+
+
+def _authenticate(given: str | None, auth: Authenticator, role: Role, service: str) -> Principal:
+    """The caller of a method that needs *role*: UNAUTHENTICATED without a known key,
+    PERMISSION_DENIED when the key is of another kind."""
+    short = service.rsplit(".", 1)[-1]
+    if not given:
+        if role is Role.INFERENCE:
+            hint = "send metadata 'authorization: Bearer <key>'"
+        else:
+            hint = f"send metadata '{MANAGEMENT_KEY_HEADER}'"
+        raise Unauthenticated(f"missing credential: {short} needs {_ROLE_WORDS[role]}; {hint}",
+                              reason="MANAGEMENT_KEY_REQUIRED")
+    principal = auth.identify(given)
+    if principal is None:
+        raise Unauthenticated(f"unknown credential: {short} needs {_ROLE_WORDS[role]}",
+                              reason="MANAGEMENT_KEY_REQUIRED")
+    if role not in principal.roles:
+        kinds = " and ".join(sorted(_ROLE_WORDS[r].split(" ", 1)[1] for r in principal.roles))
+        raise PermissionDenied(
+            f"key {principal.name!r} is {kinds}; {short} needs {_ROLE_WORDS[role]}",
+            reason="CREDENTIAL_ROLE", metadata={"needs": role.value, "key": principal.name},
         )
-    if not hmac.compare_digest(given.encode(), key.encode()):
-        raise Unauthenticated("wrong management key", reason="MANAGEMENT_KEY_REQUIRED")
+    return principal
+
+
+def _bearer(value: str) -> str:
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
 
 
 def _finish(service: str, method: str, start: float, code: str) -> None:
@@ -205,9 +253,11 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
 
 
 def _wrap(
-    handler: grpc.RpcMethodHandler, service: str, method: str, key: str | None
+    handler: grpc.RpcMethodHandler, service: str, method: str, auth: Authenticator | None,
+    role: Role | None,
 ) -> grpc.RpcMethodHandler:
-    """*key*: the management key this method requires (None = open)."""
+    """*auth*/*role*: the credential this method requires (None = open)."""
+    audited = role is Role.OPERATOR and is_mutation(method)
     des, ser = handler.request_deserializer, handler.response_serializer
     streaming_in = bool(handler.stream_unary or handler.stream_stream)
 
@@ -223,8 +273,11 @@ def _wrap(
             await _abort(context, exc)
         if isinstance(exc, NotImplementedError):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{service}/{method} is not implemented yet")
-        log.exception("unhandled error in %s/%s", service, method)
-        await _abort(context, MotorError(f"internal error: {type(exc).__name__}: {exc}"))
+        rid = request_id_var.get()
+        log.exception("unhandled error in %s/%s (request id %s)", service, method, rid)
+        await _abort(context, MotorError(
+            f"internal error in {method}; the server log has the details under request id {rid}",
+            metadata={"request_id": rid}))
 
     @contextlib.asynccontextmanager
     async def _scope(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -235,12 +288,17 @@ def _wrap(
                 request_id = v
             elif k == MANAGEMENT_KEY_HEADER:
                 given = v
+            elif k == AUTHORIZATION_HEADER and given is None:
+                given = _bearer(v)
+        if request_id is not None and not valid_request_id(request_id):
+            request_id = None
         token = request_id_var.set(request_id or new_request_id())
         start = time.perf_counter()
         code = "OK"
+        principal = None
         try:
-            if key is not None:
-                _authenticate(given, key)
+            if auth is not None and role is not None:
+                principal = _authenticate(given, auth, role, service)
             yield
         except MotorError as exc:
             code = exc.code
@@ -253,6 +311,8 @@ def _wrap(
             await _fail(exc, context)
         finally:
             _finish(service, method, start, code)
+            if audited and principal is not None:
+                audit(principal, service, method, request_id_var.get(), code)
             request_id_var.reset(token)
 
     if handler.unary_unary or handler.stream_unary:
@@ -294,11 +354,16 @@ class GrpcServer:
         await server.stop()
     """
 
-    def __init__(self, name: str, config: ServerConfig, *, management_key: str | None = None) -> None:
+    def __init__(self, name: str, config: ServerConfig, *, management_key: str | None = None,
+                 inference_keys_file: str | None = None) -> None:
+        """*inference_keys_file*: inference keys to use when ``server.auth.inference_keys_file``
+        is unset (the coordinator passes its HTTP front's ``api_key_file``)."""
         self.name = name
         self.config = config
         self._key = management_key if management_key is not None else read_secret(config.management_key_file)
+        self.auth = Authenticator.from_config(config.auth, self._key, inference_keys_file)
         self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []
+        self._roles: dict[str, tuple[Role, frozenset[str]]] = {}
         self._server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else _health_servicer()
         self.port = 0
@@ -309,28 +374,40 @@ class GrpcServer:
     def management_key(self) -> str | None:
         return self._key
 
+    @property
+    def client_key(self) -> str | None:
+        """The credential this program presents when it calls others (``server.auth.key_file``,
+        else the management key)."""
+        return presented_key(self.config.auth, self._key)
+
     def add_service(
-        self, full_name: str, register: Callable[[grpc.aio.Server], None], *, protected: bool = False
+        self, full_name: str, register: Callable[[grpc.aio.Server], None], *, protected: bool = False,
+        role: Role | None = None, open_methods: tuple[str, ...] = (),
     ) -> None:
+        """*protected*: the methods need an operator key (same as ``role=Role.OPERATOR``); *role*:
+        the kind of key they need when this program has such keys configured; *open_methods*:
+        methods of the service that need none."""
         if self._server is not None:
             raise RuntimeError("add_service after start")
-        self._services.append((full_name, register, protected))
+        role = role or (Role.OPERATOR if protected else None)
+        self._services.append((full_name, register, role is not None))
+        if role is not None:
+            self._roles[full_name] = (role, frozenset(open_methods))
 
     @property
     def service_names(self) -> list[str]:
         return [name for name, _, _ in self._services]
 
     async def start(self) -> int:
-        protected = {name for name, _, p in self._services if p}
-        if protected and self._key is None:
-            log.warning(
-                "no management key configured: management APIs are open to anyone who can reach "
-                "%s:%s (set server.management_key_file)",
-                self.config.host,
-                self.config.port,
-            )
+        for service, (role, _) in sorted(self._roles.items()):
+            if not self.auth.requires(role):
+                what = {Role.OPERATOR: "server.auth.operator_keys_file or server.management_key_file",
+                        Role.NODE: "server.auth.node_keys_file or server.management_key_file",
+                        Role.INFERENCE: "server.auth.inference_keys_file"}[role]
+                log.warning("%s is open to anyone who can reach %s:%s: no %s credential is configured (set %s)",
+                            service, self.config.host, self.config.port, role.value, what)
         server = grpc.aio.server(
-            interceptors=[_Interceptor(self._key, protected)],
+            interceptors=[_Interceptor(self.auth, self._roles)],
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_time_ms", 20_000),

@@ -25,6 +25,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from motor_common.credentials import KeyFile
 from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_failure
@@ -112,10 +113,13 @@ class Gateway:
     """Routes and handlers; the coordinator is reached through a :class:`DispatchClient` (gRPC
     pool with failover in ``motor-gateway``, in process in the co-located front)."""
 
-    def __init__(self, client: DispatchClient, *, api_key: str | None = None,
+    def __init__(self, client: DispatchClient, *, api_key: str | KeyFile | None = None,
                  limits: HttpLimits | None = None, admission: AdmissionConfig | None = None) -> None:
+        """*api_key*: one key, or named keys (a :class:`KeyFile`, re-read when it changes);
+        when set, /v1/* needs ``Authorization: Bearer <key>``."""
         self.client = client
-        self._api_key = api_key.encode() if api_key else None
+        self._api_key = api_key.encode() if isinstance(api_key, str) and api_key else None
+        self._api_keys = api_key if isinstance(api_key, KeyFile) else None
         self.limits = limits or HttpLimits()
         self.admission = Admission(admission or AdmissionConfig())
         self.bodies = BodyBudget(self.admission.cfg.max_buffered_bytes)
@@ -176,12 +180,16 @@ class Gateway:
     def _api_key_identity(self, request: web.Request) -> str | None:
         """The name of the inference key the request carries (its admission bucket), ANONYMOUS
         when the front needs no key, None when the key is missing or wrong."""
-        if self._api_key is None:
+        if self._api_key is None and self._api_keys is None:
             return ANONYMOUS
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._api_key):
-            return "default"
-        return None
+        token = given.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        if self._api_keys is not None:  # named keys, re-read when the file changes
+            return self._api_keys.lookup(token)
+        assert self._api_key is not None
+        return "default" if hmac.compare_digest(token.encode(), self._api_key) else None
 
     # -- OpenAI routes -----------------------------------------------------------------------------
 

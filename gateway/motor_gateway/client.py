@@ -24,6 +24,8 @@ from motor_gateway import failover
 from motor_gateway.openai import HttpError, error_for_status, error_from_motor
 from motor_gateway.pool import UNREACHABLE, CoordinatorPool, Readiness
 
+log = logging.getLogger(__name__)
+
 __all__ = ["DispatchClient", "DispatchFailed", "DispatchStream", "GrpcDispatchClient", "Head", "ModelInfo",
            "Readiness"]
 
@@ -96,6 +98,12 @@ def rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
             return _BAD_GATEWAY
     translated = translate(exc)
     code = exc.code().name if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else translated.code
+    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        # The client's key was accepted here: the coordinator refused the gateway itself.
+        log.error("a coordinator refused the gateway's credential: %s", exc.details())
+        return HttpError(502, "the coordinator refused this gateway's credential; the operator must set "
+                         "coordinator_key_file to one of the coordinators' inference keys",
+                         "server_error", "coordinator_credential_refused")
     return error_for_status(code, translated.message, translated.reason)
 
 
@@ -126,8 +134,11 @@ class _GrpcStream:
 class GrpcDispatchClient:
     """``DispatchService`` through the coordinator pool (failover before the head)."""
 
-    def __init__(self, pool: CoordinatorPool, *, request_timeout: float, control_timeout: float) -> None:
+    def __init__(self, pool: CoordinatorPool, *, request_timeout: float, control_timeout: float,
+                 credential: str | None = None) -> None:
+        """*credential*: presented as ``authorization: Bearer`` on Dispatch and ListModels."""
         self.pool = pool
+        self._auth: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {credential}"),) if credential else ()
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
 
@@ -137,7 +148,7 @@ class GrpcDispatchClient:
             # To the routed coordinator; resent to the new master while nothing reached the client.
             call, first = await failover.dispatch(
                 self.pool, cpb.DispatchRequest(request_id=request_id, api=_API[api], body=raw),
-                timeout=self.request_timeout, metadata=call_metadata(request_id=request_id),
+                timeout=self.request_timeout, metadata=call_metadata(request_id=request_id) + self._auth,
             )
             if first is grpc.aio.EOF or not first.HasField("head"):
                 raise DispatchFailed(_NO_HEAD)
@@ -156,7 +167,7 @@ class GrpcDispatchClient:
         try:
             resp = await self.pool.stub().ListModels(
                 cpb.ListModelsRequest(), timeout=self.control_timeout,
-                metadata=call_metadata(request_id=request_id),
+                metadata=call_metadata(request_id=request_id) + self._auth,
             )
         except grpc.aio.AioRpcError as exc:
             raise DispatchFailed(rpc_error(exc)) from None

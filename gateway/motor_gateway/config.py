@@ -24,8 +24,12 @@ class GatewayConfig:
     request_timeout_sec: float = 600.0
     # Deadline of the small coordinator calls (readiness, model list).
     control_timeout_sec: float = 3.0
-    # File holding the inference API key; when set, /v1/* needs `Authorization: Bearer <key>`.
+    # Inference API keys: one bare key, or `name: key` lines (several named keys); re-read when
+    # the file changes. When set, /v1/* needs `Authorization: Bearer <key>`.
     api_key_file: str | None = None
+    # The gateway's own credential to the coordinators' DispatchService (one of their inference
+    # keys); needed when the coordinators have inference keys (docs/security.md).
+    coordinator_key_file: str | None = None
     # TLS to the coordinators (motor_common.tls): ca_file verifies them (TLS on when set),
     # cert_file/key_file are presented as the client certificate (mutual TLS).
     tls: TlsConfig = field(default_factory=TlsConfig)

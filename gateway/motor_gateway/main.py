@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from motor_common.config import load_config
+from motor_common.credentials import KeyFile
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
@@ -64,8 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_api_key(path: str | None) -> str | None:
-    return read_secret(path, "API key")
+def read_api_key(path: str | None) -> KeyFile | None:
+    """The inference keys of *path* (one bare key, or ``name: key`` lines; re-read on change)."""
+    return KeyFile(path, "API key") if path else None
 
 
 
@@ -87,12 +89,14 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
 async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                 stop: asyncio.Event | None = None, *, reuse_port: bool = False) -> int:
     api_key = read_api_key(cfg.api_key_file)
+    # The gateway's own credential for the coordinators' DispatchService.
+    credential = read_secret(cfg.coordinator_key_file, "coordinator key")
     pool = CoordinatorPool(cfg.coordinators, tls=cfg.tls, tls_ca_file=cfg.tls_ca_file,
                            timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
                            probe_timeout=cfg.probe_timeout_sec, failover_timeout=cfg.failover_timeout_sec,
                            dispatch_attempts=cfg.dispatch_attempts)
     client = GrpcDispatchClient(pool, request_timeout=cfg.request_timeout_sec,
-                                control_timeout=cfg.control_timeout_sec)
+                                control_timeout=cfg.control_timeout_sec, credential=credential)
     try:
         app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=cfg.admission).make_app()
         runner, port = await start_site(app, cfg.host, cfg.port, shutdown_timeout=cfg.shutdown_grace_sec,

@@ -13,6 +13,7 @@ import socket
 from collections.abc import Callable
 
 from motor_common.config import load_config
+from motor_common.credentials import Role, presented_key
 from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.grpc_server import GrpcServer
@@ -52,7 +53,7 @@ def build_server(
         lambda s: pbgrpc.add_ControllerServiceServicer_to_server(
             ControllerServicer(controller, g), s
         ),
-        protected=True,
+        role=Role.NODE,
     )
     server.add_service(
         ADMIN_SERVICE,
@@ -84,17 +85,18 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     if config.store.backend == "etcd":
         return await serve_ha(config, ports_file, key)
     tls = config.server.tls
-    nms = GrpcNodeManagers(key, config.rpc_timeout_sec, tls)
+    out_key = presented_key(config.server.auth, key)  # this controller's operator credential
+    nms = GrpcNodeManagers(out_key, config.rpc_timeout_sec, tls)
     restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = await open_store(config.store.backend, config.store.path)
     controller = Controller(
         config,
         store,
         nms,
-        [GrpcCoordinator(a, key, config.rpc_timeout_sec, tls) for a in config.coordinators],
+        [GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls) for a in config.coordinators],
         restarter=restarter,
-        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec, tls),
-        scale_down_peers=GrpcScaleDown(key, tls),
+        coordinator_factory=lambda a: GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls),
+        scale_down_peers=GrpcScaleDown(out_key, tls),
     )
     await controller.load()
     server = build_server(config, controller, key)
@@ -127,17 +129,18 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
 
     ha, st = config.ha, config.store
     tls = config.server.tls
-    nms = GrpcNodeManagers(key, config.rpc_timeout_sec, tls)
+    out_key = presented_key(config.server.auth, key)  # this controller's operator credential
+    nms = GrpcNodeManagers(out_key, config.rpc_timeout_sec, tls)
     restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = EtcdStore(st.etcd_endpoints, st.etcd_prefix, timeout=st.etcd_timeout_sec)
     controller = Controller(
         config,
         store,
         nms,
-        [GrpcCoordinator(a, key, config.rpc_timeout_sec, tls) for a in config.coordinators],
+        [GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls) for a in config.coordinators],
         restarter=restarter,
-        coordinator_factory=lambda a: GrpcCoordinator(a, key, config.rpc_timeout_sec, tls),
-        scale_down_peers=GrpcScaleDown(key, tls),
+        coordinator_factory=lambda a: GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls),
+        scale_down_peers=GrpcScaleDown(out_key, tls),
     )
     server = build_server(config, controller, key, gate=lambda: leader.check())
     leader = ControllerLeader(controller, server, "controller")

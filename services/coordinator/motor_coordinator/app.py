@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from motor_common.credentials import Role
 from motor_common.domain import Instance
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
@@ -73,7 +74,8 @@ class Coordinator:
         # The management mirror: swapped only after the scheduler accepted the same snapshot.
         self.state = RegistryState()
         self._model_created: dict[str, int] = {}
-        self.server = GrpcServer("coordinator", cfg.server, management_key=management_key)
+        self.server = GrpcServer("coordinator", cfg.server, management_key=management_key,
+                                 inference_keys_file=cfg.http.api_key_file)
         self.server.add_service(
             REGISTRY_SERVICE,
             lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(
@@ -86,6 +88,9 @@ class Coordinator:
             lambda s: cgrpc.add_DispatchServiceServicer_to_server(
                 DispatchServicer(self), s
             ),
+            # With inference keys configured, Dispatch and ListModels need one (the gateway's own
+            # or a client's); readiness stays open for the gateways' probes.
+            role=Role.INFERENCE, open_methods=("GetReadiness",),
         )
         self.tasks = TaskOwner("coordinator")
         self.ops: OpsHttpServer | None = None
@@ -168,7 +173,7 @@ class Coordinator:
         self._dirty = asyncio.Event()
         await self._apply_readiness()
         await self._start_election()
-        self.precision.start(self.address, self.server.management_key, self.cfg.server.tls)
+        self.precision.start(self.address, self.server.client_key, self.cfg.server.tls)
         self.tasks.spawn(self._readiness_loop(), name="readiness")
         d = self.cfg.dispatch
         if d.health_probe_interval_sec > 0:
@@ -194,7 +199,7 @@ class Coordinator:
         if not isinstance(lead, EtcdLeadership):
             return
         if self.cfg.controller_address:
-            sink = ControllerAlarms(self.cfg.controller_address, management_key=self.server.management_key,
+            sink = ControllerAlarms(self.cfg.controller_address, management_key=self.server.client_key,
                                     timeout=2.0, tls=self.cfg.server.tls)
             announcer = self.announcer = PromotionAnnouncer(sink, self.address)
             lead.on_promoted(lambda view: announcer.promoted(view.term))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
+from motor_common.credentials import KeyFile
 from motor_common.errors import DeadlineExceeded, MotorError
 from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
@@ -145,7 +146,7 @@ class HttpFront:
     """The gateway app on ``http.host:http.port`` with the in-process client."""
 
     def __init__(self, backend: DispatchBackend, host: str, port: int, *, request_timeout: float,
-                 api_key: str | None = None, shutdown_timeout: float = 10.0,
+                 api_key: str | KeyFile | None = None, shutdown_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, limits: HttpLimits | None = None,
                  admission: AdmissionConfig | None = None) -> None:
         self.limits = limits or HttpLimits()

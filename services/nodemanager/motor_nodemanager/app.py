@@ -22,6 +22,7 @@ from typing import Protocol
 import orjson
 
 from motor_common.config import to_dict
+from motor_common.credentials import presented_key
 from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
@@ -475,7 +476,9 @@ class NodeManagerApp(Application):
         return ack.accepted
 
     def _management_key(self) -> str | None:
-        return read_secret(self.config.server.management_key_file)
+        """The node credential presented to the controller (server.auth.key_file, else the
+        management key)."""
+        return presented_key(self.config.server.auth, read_secret(self.config.server.management_key_file))
 
     async def register(self, *, first: bool) -> None:
         assert self.peer is not None

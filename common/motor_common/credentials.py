@@ -1,0 +1,231 @@
+"""Who may call what: operator, node and inference credentials, and the audit log of mutations.
+
+Three kinds of credential, each a set of *named* keys in a file (:class:`KeyFile`):
+
+- **operator** keys (``server.auth.operator_keys_file``): the admin RPCs (ControllerAdminService,
+  the coordinator's InstanceRegistryService, the nodemanager's services). The controller is an
+  operator of the coordinators and nodemanagers it drives (its ``auth.key_file``). Every mutation
+  made with an operator key is logged on the ``motor.audit`` logger: who, what, request id, result.
+- **node** keys (``server.auth.node_keys_file``, on the controller): what nodemanagers (and
+  coordinators reporting alarms) present to the controller's ControllerService. A node key cannot
+  call an admin RPC, an operator key cannot register a node.
+- **inference** keys (``server.auth.inference_keys_file`` on the coordinator, ``api_key_file`` on
+  the gateway): the coordinator's DispatchService (metadata ``authorization: Bearer <key>``) and
+  the OpenAI routes.
+
+The older single ``server.management_key_file`` still works: its key is accepted as an operator
+(named ``management``) and as a node credential, and is what the program presents when it calls
+others unless ``auth.key_file`` is set.
+
+Key files are YAML mappings ``name: key`` (one line each), or a single bare key (named
+``default``). They are re-read when they change (checked at most every ``RELOAD_CHECK_SEC``), so
+keys are rotated without a restart; an unreadable or empty new version keeps the old keys (logged).
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from motor_common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+audit_log = logging.getLogger("motor.audit")
+
+RELOAD_CHECK_SEC = 0.5
+MAX_KEY_NAME = 64
+
+
+class Role(enum.StrEnum):
+    OPERATOR = "operator"
+    NODE = "node"
+    INFERENCE = "inference"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who made a call: the key's name and the roles its key grants."""
+
+    name: str
+    roles: frozenset[Role]
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """``server.auth``: the keys this program accepts, and the one it presents."""
+
+    # Named operator keys accepted by this program's admin RPCs.
+    operator_keys_file: str | None = None
+    # Named node keys accepted by the controller's ControllerService (register, heartbeat, faults).
+    node_keys_file: str | None = None
+    # Named inference keys accepted by the coordinator's DispatchService (Dispatch, ListModels).
+    inference_keys_file: str | None = None
+    # The credential this program presents when it calls another program: the controller's
+    # operator key (to coordinators and nodemanagers), a node key (nodemanager and coordinator
+    # to the controller). Default: server.management_key_file.
+    key_file: str | None = None
+
+
+def parse_keys(text: str, source: str) -> dict[str, str]:
+    """name → key from a key file's text (a ``name: key`` mapping or one bare key)."""
+    stripped = text.strip()
+    if not stripped:
+        raise ConfigError(f"key file {source} is empty")
+    try:
+        data = yaml.safe_load(stripped)
+    except yaml.YAMLError:
+        data = None
+    if not isinstance(data, Mapping):
+        if len(stripped.split()) != 1:
+            raise ConfigError(f"key file {source} must hold one key, or 'name: key' lines")
+        return {"default": stripped}
+    keys: dict[str, str] = {}
+    for name, key in data.items():
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_KEY_NAME or not name.isprintable():
+            raise ConfigError(f"key file {source}: key names must be 1..{MAX_KEY_NAME} printable characters")
+        if not isinstance(key, str | int) or len(str(key)) < 8:
+            raise ConfigError(f"key file {source}: the key of {name!r} must be a string of at least 8 characters")
+        keys[name] = str(key)
+    if not keys:
+        raise ConfigError(f"key file {source} holds no key")
+    return keys
+
+
+class KeyFile:
+    """Named keys read from *path*, re-read when the file changes (see the module docstring)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        self.what = what
+        self._lock = threading.Lock()
+        self._stamp = self._stat()
+        self._keys = self._load()
+        self._checked = time.monotonic()
+        self.reloads = 0
+
+    def _stat(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc.strerror}") from exc
+        return st.st_mtime_ns, st.st_size
+
+    def _load(self) -> dict[str, bytes]:
+        try:
+            text = Path(self.path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc}") from exc
+        return {name: key.encode() for name, key in parse_keys(text, self.path).items()}
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < RELOAD_CHECK_SEC:
+            return
+        with self._lock:
+            self._checked = now
+            try:
+                stamp = self._stat()
+                if stamp == self._stamp:
+                    return
+                keys = self._load()
+            except ConfigError as exc:
+                log.warning("%s changed but cannot be used; keeping the previous keys: %s", self.what, exc.message)
+                return
+            self._keys, self._stamp = keys, stamp
+            self.reloads += 1
+            log.info("%s reloaded", self.what, extra={"file": self.path, "keys": len(keys)})
+
+    @property
+    def names(self) -> list[str]:
+        self._refresh()
+        return sorted(self._keys)
+
+    def lookup(self, token: str) -> str | None:
+        """The name of the key equal to *token*, else None (every key compared, constant time)."""
+        self._refresh()
+        given = token.encode()
+        found = None
+        for name, key in self._keys.items():
+            if hmac.compare_digest(given, key):
+                found = name
+        return found
+
+    def first(self) -> str:
+        """One key of the file (the credential a program presents)."""
+        self._refresh()
+        return next(iter(self._keys.values())).decode()
+
+
+class Authenticator:
+    """Maps a presented key to a :class:`Principal` (None = unknown key)."""
+
+    def __init__(self, *, management_key: str | None = None, operators: KeyFile | None = None,
+                 nodes: KeyFile | None = None, inference: KeyFile | None = None) -> None:
+        self._management = management_key.encode() if management_key else None
+        self._files = {Role.OPERATOR: operators, Role.NODE: nodes, Role.INFERENCE: inference}
+
+    @classmethod
+    def from_config(cls, auth: AuthConfig, management_key: str | None,
+                    inference_fallback: str | None = None) -> Authenticator:
+        def kf(path: str | None, what: str) -> KeyFile | None:
+            return KeyFile(path, what) if path else None
+
+        return cls(management_key=management_key,
+                   operators=kf(auth.operator_keys_file, "operator keys"),
+                   nodes=kf(auth.node_keys_file, "node keys"),
+                   inference=kf(auth.inference_keys_file or inference_fallback, "inference keys"))
+
+    def requires(self, role: Role) -> bool:
+        """Whether calls needing *role* must present a credential (some key grants it)."""
+        if role is Role.INFERENCE:
+            return self._files[Role.INFERENCE] is not None
+        return self._management is not None or self._files[role] is not None
+
+    def identify(self, token: str | None) -> Principal | None:
+        if not token:
+            return None
+        roles: set[Role] = set()
+        name = None
+        for role, keys in self._files.items():
+            found = keys.lookup(token) if keys is not None else None
+            if found is not None:
+                roles.add(role)
+                name = name or found
+        if self._management is not None and hmac.compare_digest(token.encode(), self._management):
+            roles |= {Role.OPERATOR, Role.NODE}
+            name = name or "management"
+        return Principal(name, frozenset(roles)) if roles and name else None
+
+
+def presented_key(auth: AuthConfig, management_key: str | None) -> str | None:
+    """The credential a program presents when it calls others (``auth.key_file``, else the
+    management key)."""
+    if auth.key_file:
+        return KeyFile(auth.key_file, "auth.key_file").first()
+    return management_key
+
+
+MUTATION_PREFIXES = ("List", "Get", "Watch", "Check")
+
+
+def is_mutation(method: str) -> bool:
+    return not method.startswith(MUTATION_PREFIXES)
+
+
+def audit(principal: Principal, service: str, method: str, request_id: str, code: str) -> None:
+    """One line per mutation made with an operator credential."""
+    audit_log.info(
+        "audit: %s %s/%s request_id=%s result=%s", principal.name, service.rsplit(".", 1)[-1], method,
+        request_id, code,
+        extra={"audit": True, "who": principal.name, "roles": sorted(principal.roles), "service": service,
+               "method": method, "request_id": request_id, "result": code},
+    )

@@ -1,0 +1,58 @@
+"""Key files (named keys, strict parsing, reload on change) and the Authenticator's roles."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from motor_common import credentials
+from motor_common.credentials import Authenticator, KeyFile, Role, parse_keys
+from motor_common.errors import ConfigError
+
+
+def test_key_files_are_parsed_strictly() -> None:
+    assert parse_keys("abcdefgh12345678\n", "f") == {"default": "abcdefgh12345678"}
+    assert parse_keys("alice: op-alice-0123\nbob: op-bob-01234\n", "f") == {"alice": "op-alice-0123",
+                                                                          "bob": "op-bob-01234"}
+    for bad in ("", "alice: short", "two words", "[1, 2]", "{}"):
+        with pytest.raises(ConfigError):
+            parse_keys(bad, "f")
+
+
+def _bump(path: Path) -> None:
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+
+
+def test_key_file_is_reloaded_on_change_and_keeps_old_keys_on_a_bad_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(credentials, "RELOAD_CHECK_SEC", 0.0)
+    path = tmp_path / "keys.yaml"
+    path.write_text("a: key-a-01234567\n")
+    keys = KeyFile(str(path), "test keys")
+    assert keys.lookup("key-a-01234567") == "a" and keys.lookup("key-b-01234567") is None
+    path.write_text("b: key-b-01234567\n")
+    _bump(path)
+    assert keys.lookup("key-b-01234567") == "b" and keys.lookup("key-a-01234567") is None
+    assert keys.reloads == 1
+    path.write_text("")  # a half-written rotation
+    _bump(path)
+    assert keys.lookup("key-b-01234567") == "b"
+    with pytest.raises(ConfigError, match="cannot read"):
+        KeyFile(str(tmp_path / "missing"), "test keys")
+
+
+def test_authenticator_grants_roles_by_key_kind(tmp_path: Path) -> None:
+    ops = tmp_path / "ops"
+    ops.write_text("alice: op-alice-0123\n")
+    auth = Authenticator(management_key="legacy-key-012345", operators=KeyFile(str(ops), "operators"))
+    alice = auth.identify("op-alice-0123")
+    assert alice is not None and alice.name == "alice" and alice.roles == {Role.OPERATOR}
+    legacy = auth.identify("legacy-key-012345")
+    assert legacy is not None and legacy.name == "management" and legacy.roles == {Role.OPERATOR, Role.NODE}
+    assert auth.identify("nope-nope-nope") is None and auth.identify("") is None
+    assert auth.requires(Role.OPERATOR) and auth.requires(Role.NODE) and not auth.requires(Role.INFERENCE)
+    assert not Authenticator().requires(Role.OPERATOR)

@@ -1,0 +1,74 @@
+"""Every gRPC method of Motor's protos, callable generically (security and fuzz tests)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor, message_factory
+
+from motor_common.gen.motor.controller.v1 import controller_pb2
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2
+
+FILES = {"controller": controller_pb2.DESCRIPTOR, "coordinator": coordinator_pb2.DESCRIPTOR,
+         "nodemanager": nodemanager_pb2.DESCRIPTOR}
+
+
+@dataclass(frozen=True)
+class Method:
+    program: str
+    service: str  # full name
+    name: str
+    desc: descriptor.MethodDescriptor
+
+    @property
+    def path(self) -> str:
+        return f"/{self.service}/{self.name}"
+
+    @property
+    def request_class(self) -> Any:
+        return message_factory.GetMessageClass(self.desc.input_type)
+
+    @property
+    def id(self) -> str:
+        return f"{self.service.rsplit('.', 1)[-1]}.{self.name}"
+
+    async def call(self, channel: grpc.aio.Channel, request: Any, metadata: Sequence[tuple[str, str]] = (),
+                   timeout: float = 5.0) -> list[Any]:
+        """Send *request* (one message; a one-message stream for client streaming) and collect the
+        responses (at most 3 of a server stream)."""
+        resp_cls = message_factory.GetMessageClass(self.desc.output_type)
+        ser, des = type(request).SerializeToString, resp_cls.FromString
+        cs, ss = self.desc.client_streaming, self.desc.server_streaming
+        if not cs and not ss:
+            return [await channel.unary_unary(self.path, ser, des)(request, metadata=metadata, timeout=timeout)]
+        if cs:
+            async def one() -> AsyncIterator[Any]:
+                yield request
+
+            call: Any = (channel.stream_stream if ss else channel.stream_unary)(self.path, ser, des)(
+                one(), metadata=metadata, timeout=timeout)
+        else:
+            call = channel.unary_stream(self.path, ser, des)(request, metadata=metadata, timeout=timeout)
+        if not ss:
+            return [await call]
+        out = []
+        try:
+            async for item in call:
+                out.append(item)
+                if len(out) >= 3:
+                    break
+        finally:
+            call.cancel()
+        return out
+
+
+def methods(program: str) -> list[Method]:
+    out = []
+    for svc in FILES[program].services_by_name.values():
+        for m in svc.methods:
+            out.append(Method(program, svc.full_name, m.name, m))
+    return out

@@ -1,0 +1,195 @@
+"""Credentials on a real fleet (tests/security/conftest.py): every protected method refuses a call
+without a key, with an unknown key and with another role's key, and changes nothing; operator
+mutations are audited; inference needs a credential on every route once one is configured; key
+files are rotated without a restart.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import grpc
+import openai
+import pytest
+import yaml
+
+from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_client import call_metadata, open_channel
+from motor_common.grpc_server import error_reason
+from tests.grpc_methods import Method, methods
+from tests.helpers import wait_for
+from tests.security.conftest import KEYS, SecuredFleet
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+OPERATOR_SERVICES = {"motor.controller.v1.ControllerAdminService", "motor.coordinator.v1.InstanceRegistryService",
+                     "motor.nodemanager.v1.NodeManagerService", "motor.nodemanager.v1.ScaleDownService"}
+NODE_SERVICES = {"motor.controller.v1.ControllerService"}
+INFERENCE_METHODS = {"motor.coordinator.v1.DispatchService/Dispatch", "motor.coordinator.v1.DispatchService/ListModels"}
+
+
+# A key of another kind that the program knows (→ PERMISSION_DENIED); the nodemanager knows only
+# operator keys, so a node key is an unknown credential there (→ UNAUTHENTICATED).
+OTHER = {("controller", "operator"): KEYS["fleet-nodes"], ("controller", "node"): KEYS["alice"],
+         ("coordinator", "operator"): KEYS["app-a"], ("coordinator", "inference"): KEYS["alice"],
+         ("nodemanager", "operator"): KEYS["fleet-nodes"]}
+
+
+def _protected() -> list[tuple[Method, str, str]]:
+    """(method, the key kind it needs, a key of another kind)."""
+    out = []
+    for program in ("controller", "coordinator", "nodemanager"):
+        for m in methods(program):
+            if m.service in OPERATOR_SERVICES:
+                kind = "operator"
+            elif m.service in NODE_SERVICES:
+                kind = "node"
+            elif f"{m.service}/{m.name}" in INFERENCE_METHODS:
+                kind = "inference"
+            else:
+                continue
+            out.append((m, kind, OTHER[program, kind]))
+    return out
+
+
+async def _state(fleet: SecuredFleet) -> tuple[bytes, ...]:
+    """What a refused call must not change: the controller's nodes and instances, the
+    coordinator's instances, the nodemanager's status (serialized)."""
+    md = call_metadata(KEYS["alice"])
+    async with open_channel(fleet.controller.address) as ch:
+        admin = pbg.ControllerAdminServiceStub(ch)
+        nodes = await admin.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=5)
+        insts = await admin.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=5)
+    async with open_channel(fleet.coordinator.address) as ch:
+        reg = await cgrpc.InstanceRegistryServiceStub(ch).ListInstances(
+            cpb.ListInstancesRequest(), metadata=md, timeout=5)
+    for n in nodes.nodes:
+        n.ClearField("last_heartbeat_at")
+    return (nodes.SerializeToString(deterministic=True), insts.SerializeToString(deterministic=True),
+            reg.SerializeToString(deterministic=True))
+
+
+def _md(kind: str, key: str) -> tuple[tuple[str, str], ...]:
+    if kind == "inference":
+        return (("authorization", f"Bearer {key}"),)
+    return call_metadata(key)
+
+
+async def test_every_protected_method_refuses_missing_wrong_and_other_role_keys(secured: SecuredFleet) -> None:
+    before = await _state(secured)
+    checked = 0
+    for m, kind, other in _protected():
+        async with open_channel(secured.address(m.program)) as ch:
+            for what, md, code in (
+                ("no key", (), grpc.StatusCode.UNAUTHENTICATED),
+                ("wrong key", _md(kind, "not-a-key-0000000"), grpc.StatusCode.UNAUTHENTICATED),
+                ("other role's key", _md(kind, other),
+                 grpc.StatusCode.UNAUTHENTICATED if m.program == "nodemanager" else grpc.StatusCode.PERMISSION_DENIED),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await m.call(ch, m.request_class(), md)
+                assert err.value.code() == code, f"{m.id} with {what}: {err.value.code()} {err.value.details()}"
+                reason = error_reason(err.value)
+                assert reason in ("MANAGEMENT_KEY_REQUIRED", "CREDENTIAL_ROLE"), (m.id, what, reason)
+                if code == grpc.StatusCode.PERMISSION_DENIED:
+                    assert f"needs an {kind}" in (err.value.details() or "") or f"needs a {kind}" in (
+                        err.value.details() or ""), err.value.details()
+                checked += 1
+    assert checked == 3 * len(_protected()) and len(_protected()) >= 25
+    assert await _state(secured) == before
+
+
+async def test_the_right_key_gets_past_authentication(secured: SecuredFleet) -> None:
+    """With the right kind of key no protected method answers UNAUTHENTICATED/PERMISSION_DENIED
+    (an empty request is then refused by validation, or served)."""
+    for m, kind, _ in _protected():
+        if m.name in ("StopNode", "Heartbeat", "SetInstances") or m.service.endswith("ScaleDownService"):
+            continue  # would stop the node / a long-lived stream / empty set = clear all / leases
+        key = {"operator": KEYS["alice"], "node": KEYS["fleet-nodes"], "inference": KEYS["app-a"]}[kind]
+        async with open_channel(secured.address(m.program)) as ch:
+            try:
+                await m.call(ch, m.request_class(), _md(kind, key))
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED), m.id
+
+
+async def test_operator_mutations_are_audited_with_who_what_and_request_id(secured: SecuredFleet) -> None:
+    async with open_channel(secured.coordinator.address) as ch:
+        reg = cgrpc.InstanceRegistryServiceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await reg.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[987654]),
+                                      metadata=call_metadata(KEYS["alice"], "audit-rid-1"), timeout=5)
+        await reg.ListInstances(cpb.ListInstancesRequest(), metadata=call_metadata(KEYS["alice"], "audit-rid-2"),
+                                timeout=5)
+    await wait_for(lambda: "request_id=audit-rid-1" in secured.log("coordinator"), timeout=5, what="audit line")
+    line = next(ln for ln in secured.log("coordinator").splitlines() if "request_id=audit-rid-1" in ln)
+    assert "audit: alice InstanceRegistryService/PauseInstances" in line and "result=" in line
+    assert "audit-rid-2" not in secured.log("coordinator").split("audit:")[-1]  # reads are not audited
+    # The controller's own pushes are audited under its name on the coordinator.
+    assert "audit: controller InstanceRegistryService/" in secured.log("coordinator")
+
+
+async def test_inference_needs_a_credential_on_every_route(secured: SecuredFleet) -> None:
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    gateway, front = secured.gateway.url, f"http://127.0.0.1:{secured.coordinator.ports['http']}"
+    async with aiohttp.ClientSession() as http:
+        for base in (gateway, front):
+            for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                 ("GET", "/v1/models")):
+                for auth in (None, "Bearer nope-0000000000", f"Bearer {KEYS['alice']}", f"Bearer {KEYS['gateway']}"):
+                    headers = {"Authorization": auth} if auth else {}
+                    if base == front and auth == f"Bearer {KEYS['gateway']}":
+                        continue  # the front accepts the api_keys file only; 'gateway' is not in it
+                    async with http.request(method, base + path, json=body, headers=headers) as resp:
+                        assert resp.status == 401, (base, path, auth, resp.status)
+                        err = (await resp.json())["error"]
+                        assert err["type"] == "authentication_error"
+    # gRPC Dispatch straight to the coordinator port.
+    async with open_channel(secured.coordinator.address) as ch:
+        stub = cgrpc.DispatchServiceStub(ch)
+        req = cpb.DispatchRequest(api=cpb.OPEN_AI_API_COMPLETIONS, body=b'{"model":"tiny","prompt":"x","max_tokens":2}')
+        for md in ((), (("authorization", "Bearer nope-0000000000"),), call_metadata(KEYS["alice"])):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in stub.Dispatch(req, metadata=md, timeout=5):
+                    pass
+            assert err.value.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+        frames = [f async for f in stub.Dispatch(req, metadata=(("authorization", f"Bearer {KEYS['app-b']}"),),
+                                                 timeout=10)]
+        assert frames[0].head.http_status == 200
+        # Readiness stays open for the gateways' probes.
+        assert (await stub.GetReadiness(cpb.GetReadinessRequest(), timeout=5)).ready
+
+
+async def test_named_api_keys_serve_and_rotate_without_restart(secured: SecuredFleet) -> None:
+    def client(key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=secured.gateway.url + "/v1", api_key=key, max_retries=0, timeout=10)
+
+    for name in ("app-a", "app-b"):
+        resp = await client(KEYS[name]).completions.create(model="tiny", prompt="hello", max_tokens=2)
+        assert resp.usage is not None and resp.usage.completion_tokens == 2
+    with pytest.raises(openai.AuthenticationError):
+        await client("unknown-key-000000").completions.create(model="tiny", prompt="x", max_tokens=1)
+
+    # Rotate: app-b is replaced by app-c in the gateway's and the coordinator's files.
+    new = "inf-app-c-0123456789"
+    api_keys = secured.files["api_keys"]
+    api_keys.write_text(yaml.safe_dump({"app-a": KEYS["app-a"], "app-c": new}))
+    inference = secured.files["inference"]
+    inference.write_text(yaml.safe_dump({"app-a": KEYS["app-a"], "app-c": new, "gateway": KEYS["gateway"]}))
+
+    async def rotated() -> bool:
+        try:
+            await client(new).completions.create(model="tiny", prompt="x", max_tokens=1)
+        except openai.AuthenticationError:
+            return False
+        return True
+
+    await wait_for(rotated, timeout=10, what="the new key accepted")
+    with pytest.raises(openai.AuthenticationError):
+        await client(KEYS["app-b"]).completions.create(model="tiny", prompt="x", max_tokens=1)
+    async with open_channel(secured.coordinator.address) as ch:
+        models = await cgrpc.DispatchServiceStub(ch).ListModels(
+            cpb.ListModelsRequest(), metadata=(("authorization", f"Bearer {new}"),), timeout=5)
+        assert [m.id for m in models.models] == ["tiny"]
