@@ -52,6 +52,7 @@ from motor_common.errors import (
 )
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_error, bind_failure, host_port
+from motor_common.request_limits import check_request
 from motor_common.strict_proto import unknown_field_paths
 from motor_common.tls import TlsConfig, server_credentials
 
@@ -244,6 +245,7 @@ def _check_known(request: Any) -> None:
             reason="UNKNOWN_FIELD",
             metadata={"fields": ",".join(paths)},
         )
+    check_request(request)
 
 
 async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:

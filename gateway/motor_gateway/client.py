@@ -24,8 +24,6 @@ from motor_gateway import failover
 from motor_gateway.openai import HttpError, error_for_status, error_from_motor
 from motor_gateway.pool import UNREACHABLE, CoordinatorPool, Readiness
 
-log = logging.getLogger(__name__)
-
 __all__ = ["DispatchClient", "DispatchFailed", "DispatchStream", "GrpcDispatchClient", "Head", "ModelInfo",
            "Readiness"]
 

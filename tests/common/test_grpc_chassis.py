@@ -192,3 +192,36 @@ async def test_a_stream_frame_with_unknown_fields_ends_the_stream_with_invalid_a
         assert "HeartbeatRequest.#99" in (err.value.details() or "")
     finally:
         await server.stop(0)
+
+
+class _Broken(cgrpc.InstanceRegistryServiceServicer):
+    async def GetInstance(self, request: cpb.GetInstanceRequest, context: object) -> cpb.GetInstanceResponse:
+        raise RuntimeError("secret detail at 10.1.2.3:8000")
+
+    async def AddInstances(self, request: cpb.AddInstancesRequest, context: object) -> cpb.AddInstancesResponse:
+        raise AssertionError("the bounds check must refuse this before the handler")
+
+
+async def test_internal_errors_name_the_request_id_not_the_exception(caplog: pytest.LogCaptureFixture) -> None:
+    server = GrpcServer("test", ServerConfig())
+    server.add_service(REGISTRY, lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(_Broken(), s))
+    port = await server.start()
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            stub = cgrpc.InstanceRegistryServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetInstance(cpb.GetInstanceRequest(instance_id=5), metadata=call_metadata(request_id="rid-7"),
+                                       timeout=5)
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            details = err.value.details() or ""
+            assert "rid-7" in details and "RuntimeError" not in details and "10.1.2.3" not in details
+            assert "secret detail" in caplog.text and "rid-7" in caplog.text
+            # Out-of-range input never reaches the handler: ids start at 1.
+            bad = tpb.Instance(id=0, role=tpb.ROLE_UNION, job_name="j", model_name="m",
+                               endpoints=[tpb.Endpoint(ip="127.0.0.1", business_port=8000)])
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.AddInstances(cpb.AddInstancesRequest(instances=[bad]), timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_reason(err.value) == "OUT_OF_RANGE" and "instance ids start at 1" in (err.value.details() or "")
+    finally:
+        await server.stop(0)

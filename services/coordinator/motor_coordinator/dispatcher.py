@@ -32,6 +32,7 @@ import orjson
 
 from motor_common.domain import Role
 from motor_common.errors import FailedPrecondition, Unavailable
+from motor_common.logs import request_id_var
 from motor_coordinator import metrics
 from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
@@ -136,8 +137,12 @@ class Dispatcher:
         return self.scheduler.pick(role, info, engine=route.engine, exclude=tried)
 
     def _exhausted(self, role: str, req: ParsedRequest, tried: int, last: str) -> Unavailable:
+        """The client's error names no engine address or exception: those go to the log."""
+        rid = request_id_var.get()
+        log.warning("%s failed on %d endpoint(s) for model %r (request id %s): %s", role, tried, req.model, rid, last)
         return Unavailable(
-            f"{role} failed on {tried} {role} endpoint(s) for model {req.model!r}: {last}",
+            f"{role} failed on {tried} {role} endpoint(s) for model {req.model!r}; retry later "
+            f"(the coordinator log has the details under request id {rid})",
             reason=f"{role.upper()}_FAILED",
             metadata={"model": req.model, "role": role},
         )
@@ -218,8 +223,10 @@ class Dispatcher:
                 yield await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
             self.scheduler.record_failure(cand.endpoint)
+            rid = request_id_var.get()
+            log.warning("engine %s broke the response stream (request id %s): %r", cand.endpoint.host_port, rid, exc)
             raise Unavailable(
-                f"engine {cand.endpoint.host_port} broke the response stream: {type(exc).__name__}",
+                f"the engine broke the response stream; the coordinator log has the details under request id {rid}",
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
 

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from motor_common.credentials import KeyFile
 from motor_common.errors import DeadlineExceeded, MotorError
+from motor_common.logs import request_id_var
 from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
 from motor_coordinator.dispatcher import Head as CoordinatorHead
@@ -71,8 +72,9 @@ class CoordinatorBackend:
 def _error(exc: BaseException) -> HttpError:
     """The OpenAI error the gateway would give for *exc* raised in the coordinator's Dispatch."""
     if not isinstance(exc, MotorError):
-        log.error("unhandled error in the in-process dispatch", exc_info=exc)
-        exc = MotorError("internal error")
+        rid = request_id_var.get()
+        log.error("unhandled error in the in-process dispatch (request id %s)", rid, exc_info=exc)
+        exc = MotorError(f"internal error; the server log has the details under request id {rid}")
     return error_for_status(exc.code, exc.message, exc.reason)
 
 

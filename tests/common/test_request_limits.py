@@ -1,0 +1,56 @@
+"""Request bounds checked by the chassis before any handler (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from motor_common.errors import InvalidArgument
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
+from motor_common.request_limits import MAX_INSTANCE_ID, MAX_REPEATED, check_request
+
+
+def _inst(**over: object) -> tpb.Instance:
+    fields: dict[str, object] = {"id": 7, "role": tpb.ROLE_UNION, "job_name": "j", "model_name": "m",
+                                 "endpoints": [tpb.Endpoint(ip="127.0.0.1", business_port=8000)]}
+    fields.update(over)
+    return tpb.Instance(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("request_msg", "field", "words"),
+    [
+        (cpb.AddInstancesRequest(instances=[_inst(id=0)]), "instances[0].id", "ids start at 1"),
+        (cpb.AddInstancesRequest(instances=[_inst(id=MAX_INSTANCE_ID + 1)]), "instances[0].id", "outside [1,"),
+        (cpb.AddInstancesRequest(instances=[_inst(endpoints=[tpb.Endpoint(ip="127.0.0.1", business_port=70000)])]),
+         "instances[0].endpoints[0].business_port", "outside [1, 65535]"),
+        (cpb.PauseInstancesRequest(instance_ids=[3, 0]), "instance_ids[1]", "outside [1,"),
+        (cpb.GetInstanceRequest(), "instance_id", "instance ids start at 1"),
+        (pb.TerminateInstanceRequest(), "instance_id", "instance ids start at 1"),
+        (cpb.ListInstancesRequest(page_token="x" * 5000), "page_token", "at most 4096"),
+        (cpb.SetInstancesRequest(request_id="r" * 300), "request_id", "at most 256"),
+        (cpb.PauseInstancesRequest(instance_ids=list(range(1, MAX_REPEATED + 2))), "instance_ids", "items"),
+        (npb.GuardScaleDownRequest(instance_id=1, lease_seconds=math.nan), "lease_seconds", "finite"),
+        (npb.GuardScaleDownRequest(instance_id=1, lease_seconds=1e9), "lease_seconds", "outside"),
+        (npb.StartEnginesRequest(instance_id=1, master_port=65536), "master_port", "outside [0, 65535]"),
+        (pb.RegisterNodeRequest(node=pb.NodeSpec(node_id="n", admin_port=99999)), "node.admin_port", "outside"),
+        (pb.RegisterNodeRequest(node=pb.NodeSpec(node_id="n" * 300)), "node.node_id", "at most 256"),
+    ],
+)
+def test_out_of_bounds_fields_are_named_with_their_allowed_range(request_msg: object, field: str, words: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        check_request(request_msg)
+    assert err.value.metadata["field"] == field
+    assert field in err.value.message and words in err.value.message
+    assert err.value.reason in ("OUT_OF_RANGE", "TOO_LONG")
+
+
+def test_valid_requests_pass() -> None:
+    for msg in (cpb.AddInstancesRequest(instances=[_inst()]), cpb.ListInstancesRequest(page_size=100),
+                npb.GuardScaleDownRequest(instance_id=1, lease_seconds=30, dead_dp_ranks=[1]),
+                pb.ListNodesRequest(), cpb.DispatchRequest(body=b"{}")):
+        check_request(msg)
