@@ -116,7 +116,7 @@ async def test_unreachable_decode_is_retried_on_another_decode_and_every_request
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_decode_retries_0_fails_requests_that_meet_the_unreachable_decode_with_decode_failed(
-    engine: str, tmp_path: Path
+    engine: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     etype = ENGINES[engine]
     async with AsyncExitStack() as st:
@@ -131,7 +131,11 @@ async def test_decode_retries_0_fails_requests_that_meet_the_unreachable_decode_
         assert len(ok) == 2 and len(failed) == 2, results
         for code, detail in failed:
             assert code == "UNAVAILABLE" and detail.startswith("DECODE_FAILED: decode failed on 1 decode endpoint(s)")
-            assert f"127.0.0.1:{dead.endpoints[0].business_port} unreachable" in detail, detail
+            # The engine's address stays in the coordinator's log, under the request id the error names.
+            dead_addr = f"127.0.0.1:{dead.endpoints[0].business_port}"
+            assert dead_addr not in detail and "request id" in detail, detail
+            rid = detail.rsplit(" ", 1)[-1].rstrip(")")
+            assert any(rid in r.getMessage() and f"{dead_addr} unreachable" in r.getMessage() for r in caplog.records)
         await nothing_in_flight(app, live_p, live_d, dead)
         await engines_idle(p, d)
 
