@@ -7,6 +7,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.conftest import tool
@@ -20,6 +21,9 @@ from tests.procs import http_status, start_coordinator
         ({"scheduler": {"policy": "fastest"}}, "unknown policy 'fastest'"),
         ({"dispatch": {"prefill_retries": -1}}, "prefill_retries"),
         ({"dispatch": {"decode_retries": -1}}, "decode_retries"),
+        ({"http": {"port": 0, "limits": {"max_body_byts": 1}}}, "max_body_byts"),
+        ({"http": {"port": 0, "limits": {"max_json_depth": 1}}}, "max_json_depth"),
+        ({"http": {"port": 0, "admission": {"queue_timeout_sec": 0}}}, "queue_timeout_sec"),
     ],
 )
 def test_bad_config_exits_2_naming_the_problem(tmp_path: Path, config: dict[str, object], needle: str) -> None:
@@ -40,3 +44,17 @@ async def test_ports_file_ops_endpoint_and_graceful_sigterm(tmp_path: Path) -> N
         assert http_status(ops + "/metrics") == 200
         c.popen.send_signal(signal.SIGTERM)
         assert c.popen.wait(timeout=15) == 0
+
+
+async def test_http_limits_and_admission_sections_reach_the_co_located_front(tmp_path: Path) -> None:
+    cfg = {"http": {"port": 0, "limits": {"max_model_chars": 8, "max_body_bytes": 2048},
+                    "admission": {"max_buffered_bytes": 4096, "retry_after_sec": 7}}}
+    async with start_coordinator(tmp_path, cfg) as c, aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{c.ports['http']}/v1/completions"
+        async with http.post(url, json={"model": "m" * 9, "prompt": "x"}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["code"] == "model_too_long"
+        async with http.post(url, data=b"x" * 3000) as r:
+            assert r.status == 413
+        async with http.get(f"http://127.0.0.1:{c.ports['http']}/metrics") as r:
+            assert "motor_gateway_admission_in_flight" in await r.text()

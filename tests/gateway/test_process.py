@@ -24,6 +24,21 @@ def test_unknown_config_key_exits_2_naming_it(tmp_path: Path) -> None:
     assert "coordinators" in out.stderr  # the did-you-mean hint
 
 
+@pytest.mark.parametrize(("yaml", "needle"), [
+    ("limits: {max_connections: 0}\n", "max_connections"),
+    ("limits: {max_body_bytes: 10}\n", "max_body_bytes"),
+    ("admission: {max_queued_per_model: -1}\n", "max_queued_per_model"),
+    ("admission: {max_inflight_per_model: 3}\n", "max_inflight_per_model"),
+])
+def test_bad_limits_or_admission_exit_2_naming_the_key(tmp_path: Path, yaml: str, needle: str) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("port: 0\n" + yaml)
+    out = subprocess.run([tool("motor-gateway"), "--config", str(cfg)], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert needle in out.stderr
+
+
 @pytest.mark.slow
 async def test_ports_file_and_graceful_sigterm(tmp_path: Path) -> None:
     ports = tmp_path / "gw.ports"
