@@ -1,9 +1,15 @@
 """Deterministic text generation (pure, no I/O).
 
-A generated token is a pure function of (model, prompt token ids, sampling key, salt, choice,
-position): a BLAKE2b digest picks a word from a fixed vocabulary. The same prompt, seed and
-sampling parameters therefore give identical text whether a request is served whole or split
-across a prefill and a decode process.
+Generation is autoregressive, like a real engine's: the next token is a pure function of (model,
+sampling key, salt, choice, *every token id before it*, prompt and generated alike) — a BLAKE2b
+digest of a rolling hash of the context picks a word from a fixed vocabulary. So the same prompt,
+seed and sampling parameters give identical text whether a request is served whole or split
+across a prefill and a decode process, and a request re-sent with its already generated text
+appended to the prompt (chat: as a partial assistant message, ``continue_final_message``)
+continues with exactly the tokens the uninterrupted run would have produced — what a greedy
+(temperature 0) real engine does too, and what mid-stream migration relies on. A real engine's
+*seeded sampling* draws from a random stream that restarts with the continuation, so there the
+continuation is a valid sample but not the same one; the simulator's "sampling" has no stream.
 
 Like a real engine, which samples in float32, the floating-point sampling parameters are rounded
 to float32 before they are hashed: a router that re-sends ``temperature: 0.8`` as
@@ -15,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -47,7 +52,6 @@ VOCAB: tuple[str, ...] = tuple(
 )
 _ID_TO_WORD: dict[int, str] = {token_id(w): w for w in VOCAB}
 _WORD_IDS: tuple[int, ...] = tuple(token_id(w) for w in VOCAB)
-_POS = struct.Struct("<II")
 _F32 = struct.Struct("<f")
 
 
@@ -76,41 +80,60 @@ def token_text(tid: int) -> str:
     return " " + word_for(tid)
 
 
+_MASK = (1 << 64) - 1
+_FNV = 0x100000001B3
+_CTX = struct.Struct("<QI")
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the next token depends on: the request's fixed part and a rolling hash of all ids."""
+
+    base: bytes
+    state: int
+
+    def advance(self, tid: int) -> Context:
+        return Context(self.base, ((self.state ^ tid) * _FNV) & _MASK)
+
+
 def sequence_digest(
     model: str, prompt_ids: Sequence[int], key: SamplingKey, salt: str = ""
-) -> bytes:
+) -> Context:
+    """The context after the prompt (a rolling FNV-1a hash over its ids)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(model.encode())
     h.update(b"\0")
-    h.update(array("I", prompt_ids).tobytes())
     h.update(repr((key.seed, f32(key.temperature), f32(key.top_p), key.top_k, salt)).encode())
-    return h.digest()
+    state = 0xCBF29CE484222325
+    for tid in prompt_ids:
+        state = ((state ^ tid) * _FNV) & _MASK
+    return Context(h.digest(), state)
 
 
-def _h(digest: bytes, choice: int, position: int) -> int:
-    d = hashlib.blake2b(digest + _POS.pack(choice, position), digest_size=8).digest()
+def _h(ctx: Context, choice: int) -> int:
+    d = hashlib.blake2b(ctx.base + _CTX.pack(ctx.state, choice), digest_size=8).digest()
     return int.from_bytes(d, "little")
 
 
-def token_at(digest: bytes, choice: int, position: int) -> int:
-    """Token id at ``position`` of choice ``choice``."""
-    return _WORD_IDS[_h(digest, choice, position) % len(_WORD_IDS)]
+def token_at(ctx: Context, choice: int) -> int:
+    """The next token of choice ``choice`` after context ``ctx``."""
+    return _WORD_IDS[_h(ctx, choice) % len(_WORD_IDS)]
 
 
-def logprob_of(digest: bytes, choice: int, position: int) -> float:
+def logprob_of(ctx: Context, choice: int) -> float:
     """A deterministic fake log-probability in (-4.0, -0.01], a float32 value."""
-    return f32(-0.01 - ((_h(digest, choice, position) >> 20) % 3990) / 1000.0)
+    return f32(-0.01 - ((_h(ctx, choice) >> 20) % 3990) / 1000.0)
 
 
-def top_alternatives(digest: bytes, choice: int, position: int, k: int) -> list[tuple[int, float]]:
+def top_alternatives(ctx: Context, choice: int, k: int) -> list[tuple[int, float]]:
     """``k`` (token id, logprob) pairs, the chosen token first, strictly decreasing logprobs.
     ``k`` is capped at the vocabulary size (-1: the whole vocabulary): a request can never ask
     for more distinct alternatives than exist (that loop used to spin for ever)."""
     k = len(_WORD_IDS) if k < 0 else min(k, len(_WORD_IDS))
-    chosen = token_at(digest, choice, position)
-    lp = logprob_of(digest, choice, position)
+    h = _h(ctx, choice)
+    chosen = _WORD_IDS[h % len(_WORD_IDS)]
+    lp = logprob_of(ctx, choice)
     out = [(chosen, lp)]
-    h = _h(digest, choice, position)
     i = 1
     while len(out) < k:
         alt = _WORD_IDS[(h + i * 7919) % len(_WORD_IDS)]
@@ -139,13 +162,14 @@ class Decoder:
     so streamed text never contains a partial stop string.
     """
 
-    digest: bytes
+    ctx: Context  # the context before the next token
     choice: int
     max_tokens: int
     stop: tuple[str, ...] = ()
     include_stop_str: bool = False
     first_token: int | None = None  # a token received from a remote prefill
     token_ids: list[int] = field(default_factory=list)
+    contexts: list[Context] = field(default_factory=list)  # the context before each token
     text: str = ""
     sent: int = 0
     finished: bool = False
@@ -153,16 +177,17 @@ class Decoder:
     stop_reason: str | None = None
 
     def next_token(self) -> int:
-        pos = len(self.token_ids)
-        if pos == 0 and self.first_token is not None:
+        if not self.token_ids and self.first_token is not None:
             return self.first_token
-        return token_at(self.digest, self.choice, pos)
+        return token_at(self.ctx, self.choice)
 
     def step(self) -> Step:
         if self.finished:
             raise RuntimeError("decoder already finished")
         tid = self.next_token()
         self.token_ids.append(tid)
+        self.contexts.append(self.ctx)
+        self.ctx = self.ctx.advance(tid)
         prev_len = len(self.text)
         self.text += token_text(tid)
         if self.stop:

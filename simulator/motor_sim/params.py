@@ -155,9 +155,13 @@ def parse(body: Any, kind: Kind, max_model_len: int | None = None) -> Job:
                                  "Provide at least one message.")
         if not all(isinstance(m, Mapping) for m in messages):
             raise InvalidRequest("every message must be an object", "messages")
+        cont = bool(body.get("continue_final_message", False))
+        if cont and body.get("add_generation_prompt"):
+            raise InvalidRequest("Cannot set both `continue_final_message` and "
+                                 "`add_generation_prompt` to True.")
         try:
             text = tokenizer.render_chat(
-                messages, bool(body.get("add_generation_prompt", True))
+                messages, bool(body.get("add_generation_prompt", True)), continue_final_message=cont
             )
         except ValueError as exc:
             raise InvalidRequest(str(exc), "messages") from exc

@@ -40,9 +40,9 @@ def _completion_logprobs(run: Run, d: Decoder, positions: range, k: int, offset:
         offsets.append(offset)
         offset += len(text)
         tokens.append(text)
-        lps.append(logprob_of(run.digest, d.choice, pos))
+        lps.append(logprob_of(d.contexts[pos], d.choice))
         if k != 0:  # -1: the whole vocabulary
-            tops.append({" " + word_for(t): lp for t, lp in top_alternatives(run.digest, d.choice, pos, k)})
+            tops.append({" " + word_for(t): lp for t, lp in top_alternatives(d.contexts[pos], d.choice, k)})
     return {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens,
             "top_logprobs": tops if k != 0 else None}
 
@@ -54,11 +54,11 @@ def _chat_logprobs(run: Run, d: Decoder, positions: range, k: int) -> dict[str, 
         text = " " + word_for(tid)
         content.append({
             "token": text,
-            "logprob": logprob_of(run.digest, d.choice, pos),
+            "logprob": logprob_of(d.contexts[pos], d.choice),
             "bytes": list(text.encode()),
             "top_logprobs": [
                 {"token": " " + word_for(t), "logprob": lp, "bytes": list((" " + word_for(t)).encode())}
-                for t, lp in top_alternatives(run.digest, d.choice, pos, k)
+                for t, lp in top_alternatives(d.contexts[pos], d.choice, k)
             ] if k != 0 else [],
         })
     return {"content": content}

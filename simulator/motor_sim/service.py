@@ -18,7 +18,7 @@ from typing import Any
 from motor_sim.config import Flavour, SimConfig
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import Fault, FaultMode
-from motor_sim.generator import VOCAB, Decoder, Step, sequence_digest
+from motor_sim.generator import VOCAB, Context, Decoder, Step, sequence_digest
 from motor_sim.kvcache import BlockManager, blocks_for
 from motor_sim.kvtransfer import KVPayload, Lease, LeaseTable, RoomTable
 from motor_sim.params import Job
@@ -65,7 +65,7 @@ class Run:
     job: Job
     plan: Plan
     created: int = field(default_factory=lambda: int(time.time()))
-    digest: bytes = b""
+    context: Context | None = None  # after the prompt
     decoders: list[Decoder] = field(default_factory=list)
     cached_tokens: int = 0
     kv_transfer_params: dict[str, Any] | None = None
@@ -221,11 +221,11 @@ class SimService:
                 await engine.prefill(len(job.prompt_ids) - alloc.cached_tokens)
                 st.prompt_tokens_local_compute += len(job.prompt_ids) - alloc.cached_tokens
             model = self.cfg.primary_name
-            run.digest = sequence_digest(model, job.prompt_ids, job.key, self.salt)
+            run.context = ctx = sequence_digest(model, job.prompt_ids, job.key, self.salt)
             greedy = job.key.temperature == 0.0
             run.decoders = [
                 Decoder(
-                    run.digest,
+                    ctx,
                     0 if greedy else i,
                     max_tokens,
                     job.stop,

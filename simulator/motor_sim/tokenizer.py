@@ -45,15 +45,22 @@ def _content_text(content: Any) -> str:
     raise ValueError("message content must be a string or a list of content parts")
 
 
-def render_chat(messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-    """The simulator's fixed chat template: ``<|role|>\\ncontent\\n`` per message."""
+def render_chat(messages: Iterable[Mapping[str, Any]], add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
+    """The simulator's fixed chat template: ``<|role|>\\ncontent\\n`` per message.
+
+    ``continue_final_message`` (vLLM's flag): the last message is left open (no closing newline) so
+    the model continues it: a partial assistant answer renders as the generation prompt followed
+    by that text, exactly the context the uninterrupted answer had at that point."""
     out: list[str] = []
     for message in messages:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise ValueError("every message needs a string 'role'")
         out.append(f"<|{role}|>\n{_content_text(message.get('content'))}\n")
-    if add_generation_prompt:
+    if continue_final_message and out:
+        out[-1] = out[-1][:-1]
+    elif add_generation_prompt:
         out.append("<|assistant|>\n")
     return "".join(out)
 

@@ -59,9 +59,32 @@ def test_generator_same_inputs_same_text_and_seed_changes_it() -> None:
     assert len(a.split()) == 8
 
 
-def test_generator_token_is_a_pure_function_of_position() -> None:
-    digest = sequence_digest("m", [1, 2, 3], SamplingKey())
-    assert [token_at(digest, 0, i) for i in range(5)] == [token_at(digest, 0, i) for i in range(5)]
+def test_generator_token_is_a_pure_function_of_the_context() -> None:
+    ctx = sequence_digest("m", [1, 2, 3], SamplingKey())
+    assert token_at(ctx, 0) == token_at(sequence_digest("m", [1, 2, 3], SamplingKey()), 0)
+    assert ctx.advance(7) == sequence_digest("m", [1, 2, 3, 7], SamplingKey())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_continuation_of_prompt_plus_generated_text_yields_the_remaining_tokens(temperature: float) -> None:
+    """Mid-stream migration: prompt + the text already sent, re-prefilled, continues exactly."""
+    key = SamplingKey(seed=5, temperature=temperature)
+    prompt = "Tell me, please: a story"
+    whole = Decoder(sequence_digest("m", tokenizer.encode(prompt), key), 0, 12)
+    text = _run(whole)
+    for k in (1, 5, 11):
+        sent = "".join(" " + w for w in text.split()[:k])
+        cont = Decoder(sequence_digest("m", tokenizer.encode(prompt + sent), key), 0, 12 - k)
+        assert sent + _run(cont) == text
+    # chat: the partial assistant message, rendered without a generation prompt
+    msgs = [{"role": "user", "content": "hi"}]
+    whole = Decoder(sequence_digest("m", tokenizer.encode(tokenizer.render_chat(msgs)), key), 0, 8)
+    text = _run(whole)
+    sent = "".join(" " + w for w in text.split()[:3])
+    partial = [*msgs, {"role": "assistant", "content": sent}]
+    rendered = tokenizer.render_chat(partial, add_generation_prompt=False, continue_final_message=True)
+    cont = Decoder(sequence_digest("m", tokenizer.encode(rendered), key), 0, 5)
+    assert sent + _run(cont) == text
 
 
 def test_sampling_parameters_count_as_float32_like_a_real_engine() -> None:
@@ -76,11 +99,12 @@ def test_sampling_parameters_count_as_float32_like_a_real_engine() -> None:
 
 
 def test_logprobs_are_float32_values() -> None:
-    digest = sequence_digest("m", [1, 2, 3], SamplingKey())
+    ctx = sequence_digest("m", [1, 2, 3], SamplingKey())
     for pos in range(20):
-        lp = logprob_of(digest, 0, pos)
+        ctx = ctx.advance(pos)
+        lp = logprob_of(ctx, 0)
         assert f32(lp) == lp and -4.0 < lp <= -0.01
-        alts = top_alternatives(digest, 0, pos, 5)
+        alts = top_alternatives(ctx, 0, 5)
         assert all(f32(v) == v for _, v in alts)
         assert [v for _, v in alts] == sorted((v for _, v in alts), reverse=True)
 
@@ -264,8 +288,9 @@ def test_fault_parsing_validates_modes_and_fields() -> None:
 
 def test_top_alternatives_never_asks_for_more_than_the_vocabulary() -> None:
     from motor_sim.generator import VOCAB, top_alternatives
-    d = b"\x01" * 16
+    d = sequence_digest("m", [1], SamplingKey())
     # k = 1000 used to loop for ever (373 distinct words); -1 is the whole vocabulary
-    assert len(top_alternatives(d, 0, 0, 1000)) == len(VOCAB)
-    assert len({t for t, _ in top_alternatives(d, 0, 0, -1)}) == len(VOCAB)
-    assert len(top_alternatives(d, 0, 0, 5)) == 5
+    assert len(top_alternatives(d, 0, 1000)) == len(VOCAB)
+    assert len({t for t, _ in top_alternatives(d, 0, -1)}) == len(VOCAB)
+    assert len(top_alternatives(d, 0, 5)) == 5
+
