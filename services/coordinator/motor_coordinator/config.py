@@ -58,6 +58,10 @@ class DispatchConfig:
     # Keep it above health_probe_interval_sec + probe_timeout_sec; an engine that is merely slow
     # on a long prefill still answers its probes and is waited for.
     first_byte_timeout_sec: float = 5.0
+    # Continuations per request when its engine dies after the response head: a stream goes on
+    # on another engine (prompt + the text already sent, re-prefilled), a non-streamed answer is
+    # run again; 0 = off (docs/fault-tolerance.md, mid-stream migration).
+    migration_budget: int = 1
     # Background GET /health of every registered endpoint; 0 disables probing.
     health_probe_interval_sec: float = 1.0
     # Timeout of one health probe or metrics scrape.
@@ -75,6 +79,8 @@ class DispatchConfig:
             raise ValueError("dispatch timeouts must be > 0")
         if self.prefill_retries < 0:
             raise ValueError("dispatch.prefill_retries must be >= 0")
+        if self.migration_budget < 0:
+            raise ValueError("dispatch.migration_budget must be >= 0")
         if self.decode_retries < 0:
             raise ValueError("dispatch.decode_retries must be >= 0")
         if self.kv_load_retries < 0:

@@ -16,14 +16,20 @@ life for ``first_byte_timeout_sec`` the attempt has stalled. Whether a stalled o
 is sent to another engine is decided by ``liveness.Liveness`` (innocent: yes; suspect: a stall is
 refused as a poison suspect, FAILED_PRECONDITION ``POISON_REQUEST_SUSPECTED``, and a drop gets one
 more engine).
+
+Mid-stream migration (``dispatch.migration_budget`` continuations per request): when an engine dies
+after the head, a stream continues on another engine — re-prefilled with the prompt plus the text
+already sent (``migration.StreamTracker``), its events rewritten into the original stream — and a
+non-streamed answer (nothing of it reached the client yet) is run again from the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,6 +44,7 @@ from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
 from motor_coordinator.engine_client import EngineClient, EngineUnreachable
 from motor_coordinator.liveness import Attempt
+from motor_coordinator.migration import StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
 from motor_coordinator.request import ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
@@ -90,9 +97,10 @@ class _Fate:
         self.rid = rid
         self.drops = 0
 
-    def poison(self, what: str) -> FailedPrecondition:
+    def poison(self, what: str, detail: str) -> FailedPrecondition:
+        """The refusal: *what* happened, for the client; *detail* (engine addresses) only in the log."""
         metrics.POISON_REQUESTS.labels(self.model).inc()
-        log.error("poison-request containment: request %s is not sent to another engine: %s", self.rid, what)
+        log.error("poison-request containment: request %s is not sent to another engine: %s", self.rid, detail)
         return FailedPrecondition(
             f"request {self.rid} was not completed: {what}. It is not sent to another engine, because "
             "it may be what stopped that one (poison-request containment). If the request is valid, "
@@ -120,16 +128,89 @@ class Dispatcher:
         self._seq = itertools.count()
 
     async def dispatch(self, req: ParsedRequest, request_id: str) -> AsyncIterator[Frame]:
+        fate = _Fate(req.model, request_id)
+        stream: AsyncGenerator[Frame, None]
+        if self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body)):
+            stream = self._migrating(req, request_id, fate)
+        else:
+            stream = self._once(req, request_id, fate)
+        async with contextlib.aclosing(stream):
+            async for frame in stream:
+                yield frame
+
+    async def _once(self, req: ParsedRequest, request_id: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
         info = RequestInfo(next(self._seq), req.model, prompt_prefix(req, self.prefix_chars))
         route = self.scheduler.route(info)
         if route.union is not None:
-            stream = self._union(req, route.union, info, request_id)
+            stream = self._union(req, route.union, info, request_id, fate)
         elif self.adapters[route.engine].concurrent:
-            stream = self._concurrent(req, route, info, request_id)
+            stream = self._concurrent(req, route, info, request_id, fate)
         else:
-            stream = self._sequential(req, route, info, request_id)
+            stream = self._sequential(req, route, info, request_id, fate)
         async for frame in stream:
             yield frame
+
+    async def _migrating(self, req: ParsedRequest, rid: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
+        """:meth:`_once`, continued on another engine when its engine dies mid-answer."""
+        tracker = StreamTracker(req.api) if req.stream else None
+        current = req
+        migrations = 0
+        head: Head | None = None  # the head the client got
+        held: Head | None = None  # a non-streamed answer's head, until its body arrived
+        plain = False  # not a 200 SSE stream: relayed unchanged, never continued
+        while True:
+            try:
+                async with contextlib.aclosing(self._once(current, rid, fate)) as frames:
+                    async for frame in frames:
+                        if isinstance(frame, Head):
+                            if head is not None:  # a continuation's own head
+                                if frame.http_status != 200 or not frame.content_type.startswith(SSE):
+                                    raise Unavailable(
+                                        f"the continuation of request {rid} on another engine was refused "
+                                        f"(HTTP {frame.http_status})", reason="ENGINE_STREAM_BROKEN")
+                                continue
+                            if tracker is None:
+                                held = frame
+                                continue
+                            head = frame
+                            plain = frame.http_status != 200 or not frame.content_type.startswith(SSE)
+                            yield frame
+                        elif tracker is None:
+                            if held is not None:
+                                head, held = held, None
+                                yield head
+                            yield frame
+                        elif plain:
+                            yield frame
+                        else:
+                            out = tracker.feed(frame) if current is req else tracker.rewrite(frame)
+                            if out:
+                                yield out
+                if held is not None:
+                    yield held
+                return
+            except Unavailable as exc:
+                if exc.reason != "ENGINE_STREAM_BROKEN" or plain or migrations >= self.cfg.migration_budget:
+                    raise
+                fate.drops += 1
+                if fate.drops >= 2:
+                    raise fate.poison(f"{fate.drops} engines died while serving it",
+                                      f"{fate.drops} engines died under it: {exc.message}") from exc
+                migrations += 1
+                held = None
+                if tracker is None or head is None:
+                    current = req  # nothing of the answer reached the client: run it again
+                else:
+                    cont = tracker.continuation(req.body)
+                    if cont is None:  # everything was generated; only the end was lost
+                        tail = tracker.tail()
+                        if tail:
+                            yield tail
+                        return
+                    current = ParsedRequest(req.api, cont, req.model, req.stream)
+                metrics.MIGRATIONS.labels(req.model).inc()
+                log.warning("request %s: its engine died mid-answer (%s); continuing on another engine (%d/%d)",
+                            rid, exc.message, migrations, self.cfg.migration_budget)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -186,7 +267,8 @@ class Dispatcher:
             what = (f"{role} engine {cand.endpoint.host_port} gave no sign of life for "
                     f"{self.cfg.first_byte_timeout_sec:g}s while serving it")
             if not innocent:
-                raise fate.poison(what) from None
+                raise fate.poison(f"its {role} engine gave no sign of life for "
+                                  f"{self.cfg.first_byte_timeout_sec:g}s while serving it", what) from None
             log.warning("%s; request %s arrived after it went silent: retrying on another engine",
                         what, fate.rid)
             raise EngineUnreachable(cand.endpoint, "stalled (no sign of life)", reached=False) from None
@@ -194,7 +276,8 @@ class Dispatcher:
             if exc.reached and not live.innocent(a):
                 fate.drops += 1
                 if fate.drops >= 2:
-                    raise fate.poison(f"{fate.drops} engines dropped it, the last {cand.endpoint.host_port}") from exc
+                    raise fate.poison(f"{fate.drops} engines dropped the connection while serving it",
+                                      f"{fate.drops} engines dropped it, the last {cand.endpoint.host_port}") from exc
             raise
         live.alive(a.key)
         return result
@@ -222,7 +305,7 @@ class Dispatcher:
             elif read is None:  # a complete answer: read as one message, sent as one chunk
                 yield await resp.read()
         except (aiohttp.ClientError, OSError) as exc:
-            self.scheduler.record_failure(cand.endpoint)
+            self.scheduler.trip(cand.endpoint)  # it died mid-answer: no new work until a probe passes
             rid = request_id_var.get()
             log.warning("engine %s broke the response stream (request id %s): %r", cand.endpoint.host_port, rid, exc)
             raise Unavailable(
@@ -274,12 +357,11 @@ class Dispatcher:
     # -- union ------------------------------------------------------------------------------
 
     async def _union(
-        self, req: ParsedRequest, first: Candidate, info: RequestInfo, rid: str
+        self, req: ParsedRequest, first: Candidate, info: RequestInfo, rid: str, fate: _Fate
     ) -> AsyncIterator[Frame]:
         cand: Candidate | None = first
         tried: list[EndpointKey] = []
         last = ""
-        fate = _Fate(req.model, rid)
         while cand is not None and len(tried) <= self.cfg.prefill_retries:
             async with self.scheduler.load_guard(cand):
                 try:
@@ -333,12 +415,11 @@ class Dispatcher:
             return p, pbody, parsed if isinstance(parsed, dict) else {}
 
     async def _sequential(
-        self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str
+        self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str, fate: _Fate
     ) -> AsyncIterator[Frame]:
         adapter = self.adapters[route.engine]
         p, d = route.prefill, route.decode
         assert p is not None and d is not None
-        fate = _Fate(req.model, rid)
         p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate)
         if isinstance(reply, _Answer):
             yield Head(reply.status, reply.content_type, rid, p.instance.id, d.instance.id)
@@ -396,7 +477,7 @@ class Dispatcher:
     # -- both at once (SGLang) ---------------------------------------------------------------
 
     async def _concurrent(
-        self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str
+        self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str, fate: _Fate
     ) -> AsyncIterator[Frame]:
         """The bootstrap room ties the pair together: a failed prefill retries with the next
         prefill, an unreachable decode with the next decode (same prefill); either way the whole
@@ -406,7 +487,6 @@ class Dispatcher:
         assert p is not None and d is not None
         tried: list[EndpointKey] = []
         tried_d: list[EndpointKey] = []
-        fate = _Fate(req.model, rid)
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             dbody = adapter.decode_body(req.body, pbody, None)

@@ -21,3 +21,8 @@ PROBE_FAILURES = Counter(
     "Health probes of an engine endpoint that got no passing answer",
     ["endpoint"],
 )
+MIGRATIONS = Counter(
+    "motor_coordinator_migrations",
+    "Requests continued on another engine after theirs died mid-answer (dispatch.migration_budget)",
+    ["model"],
+)
