@@ -98,17 +98,30 @@ def configure(p: argparse.ArgumentParser) -> None:
     """Add the register sub-commands to *p* (used by ``motor register`` and ``python -m``)."""
     common = _common()
     sub = p.add_subparsers(dest="action", required=True, metavar="{set,add,del,list}")
-    add = sub.add_parser("add", parents=[common], help="add one instance (or those of --file)")
+    raw = argparse.RawDescriptionHelpFormatter
+    add = sub.add_parser("add", parents=[common], help="add one instance (or those of --file)", formatter_class=raw,
+                         description="Add one instance (all its engines) or those of --file; an identical "
+                         "re-add is a no-op.\n\n"
+                         "  motor register add --role prefill --model M --engine vllm --endpoint 10.0.0.1:8100,kv=5600\n"
+                         "  motor register add --role decode --model M --engine vllm --endpoint 10.0.0.2:8200 "
+                         "--endpoint 10.0.0.2:8201\n"
+                         "  motor register add --file instances.yaml")
     _instance_flags(add, file_help="YAML/JSON file with an 'instances' list to add")
-    set_ = sub.add_parser("set", parents=[common], help="replace the whole instance set")
+    set_ = sub.add_parser("set", parents=[common], help="replace the whole instance set", formatter_class=raw,
+                          description="Replace the coordinator's whole instance set with --file (or one instance "
+                          "from the flags).\n\n  motor register set --file instances.yaml")
     _instance_flags(set_, file_help="YAML/JSON file with an 'instances' list (the complete set)")
     set_.add_argument("--force", action="store_true",
                       help="also drop instances the controller manages (ids without the standalone bit)")
-    del_ = sub.add_parser("del", parents=[common], help="delete instances by id or endpoint")
+    del_ = sub.add_parser("del", parents=[common], help="delete instances by id or endpoint", formatter_class=raw,
+                          description="Delete instances, named by id or by one of their endpoints.\n\n"
+                          "  motor register del --id 7209446036682503\n  motor register del --endpoint 10.0.0.1:8100")
     del_.add_argument("--id", type=int, action="append", default=[], help="instance id (repeatable)")
     del_.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT",
                       help="delete the instance serving this endpoint (repeatable)")
-    sub.add_parser("list", parents=[common], help="list registered instances")
+    sub.add_parser("list", parents=[common], help="list registered instances", formatter_class=raw,
+                   description="List the registered instances with their status and a summary.\n\n"
+                   "  motor register list\n  motor register list --json | jq '.instances[].id'")
 
 
 # -- building instances ----------------------------------------------------------------------------

@@ -115,13 +115,16 @@ def help_of(argv: list[str], tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("argv", [[s] for s in SCRIPTS] + [["motor", c] for c in ("up", "down", "status", "register")]
-                         + [["motor", "register", "add"], ["motor-sim", "vllm", "serve"], ["motor-sim", "sglang"]],
+                         + [["motor", "register", a] for a in ("add", "set", "del", "list")]
+                         + [["motor-sim", "vllm", "serve"], ["motor-sim", "sglang"]],
                          ids=" ".join)
 def test_help_is_written_for_the_terminal(argv: list[str], tmp_path: Path) -> None:
     text = help_of(argv, tmp_path)
     assert "``" not in text, "RST markup leaks into --help"
     assert not re.search(r"SPEC\s*§", text), "--help cites a document that is not shipped"
     assert len(text.strip().splitlines()) >= 8, text
+    if argv[:2] == ["motor", "register"] and len(argv) == 3:
+        assert f"motor register {argv[2]} " in text.split("options:")[0], "no example invocation"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
