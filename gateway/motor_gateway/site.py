@@ -16,6 +16,8 @@ import ssl
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
 from motor_gateway import metrics
 from motor_gateway.openai import HttpError
@@ -52,6 +54,32 @@ PROTOCOL_LOG = ProtocolLog("motor_gateway.http")
 PROTOCOL_LOG.parent = logging.getLogger("motor_gateway")
 
 
+class _Handler(RequestHandler):
+    """aiohttp's connection handler whose answers to malformed requests (before any route: bad
+    header bytes, over-long lines, broken chunking) are OpenAI error objects, not plain text."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs (ProtocolLog), may raise
+        if status >= 500:
+            err = HttpError(status, "internal error", "server_error", "internal_error")
+        else:
+            err = HttpError(status, "malformed HTTP request: check the request line, header names and "
+                            "values (visible ASCII), and the body framing", "invalid_request_error", "bad_request")
+        resp = web.Response(status=status, body=err.json(), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+def _handler(server: web.Server) -> asyncio.Protocol:
+    kwargs = getattr(server, "_kwargs", None)
+    if kwargs is None:  # another aiohttp: its own handler, plain-text errors
+        return server()
+    return _Handler(server, loop=asyncio.get_running_loop(), **kwargs)
+
+
 class GuardedSite(web.BaseSite):
     """``web.TCPSite`` with at most *max_connections* open client connections."""
 
@@ -85,7 +113,7 @@ class GuardedSite(web.BaseSite):
         def protocol() -> asyncio.Protocol:
             if len(server.connections) >= limit:
                 return _Busy()
-            return server()
+            return _handler(server)
 
         self._server = await asyncio.get_running_loop().create_server(
             protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,

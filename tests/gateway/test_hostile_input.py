@@ -136,8 +136,23 @@ async def test_control_bytes_in_a_header_are_a_protocol_400_without_a_traceback(
              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
     response = await raw_exchange(front.port, head_ + body)
     assert status_of(response) == 400  # aiohttp's parser refuses the message before any route
+    err = body_of(response)
+    assert_openai_error(err, "invalid_request_error")
+    assert err["error"]["code"] == "bad_request"
     assert front.fake.requests == []
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("head_", [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10000 + b"\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"GET /" + b"p" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+])
+async def test_malformed_http_is_answered_with_an_openai_error(front: Front, head_: bytes) -> None:
+    response = await raw_exchange(front.port, head_)
+    assert 400 <= status_of(response) < 500
+    assert_openai_error(body_of(response), "invalid_request_error")
+    assert front.fake.requests == []
 
 
 async def test_a_valid_request_id_is_kept(front: Front) -> None:
