@@ -98,22 +98,24 @@ class PortPickLock:
 
     PATH = Path(tempfile.gettempdir()) / "motor-up-ports.lock"
 
-    def __init__(self, timeout: float = 60.0) -> None:
+    def __init__(self, timeout: float = 60.0, path: Path | None = None) -> None:
         self._fd: int | None = None
         self.timeout = timeout
+        self.path = path or self.PATH
 
-    def acquire(self) -> None:
-        fd = os.open(self.PATH, os.O_RDWR | os.O_CREAT, 0o666)
+    def acquire(self) -> bool:
+        """Wait for the lock (at most ``timeout``); False when a stuck holder made us go ahead anyway."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         deadline = time.monotonic() + self.timeout
+        self._fd = fd
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return True
             except BlockingIOError:
                 if time.monotonic() > deadline:  # a stuck holder: pick anyway (the old behaviour)
-                    break
+                    return False
                 time.sleep(0.05)
-        self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:

@@ -62,6 +62,8 @@ from motor_common.tls import TlsConfig
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # Ctrl-C before the fleet was ready
+# Longest a starting motor up keeps other motor ups from picking ports (a program that never binds).
+PORT_PICK_HOLD_SEC = 30.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -393,11 +395,13 @@ async def _wait_ready(
     plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, key: str, stop: asyncio.Event, timeout: float,
     picking: statedir.PortPickLock | None = None,
 ) -> bool:
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     last = ""
     while not stop.is_set():
         sup.poll()
-        if picking is not None and all(c.spec.ports_file.exists() or c.proc is None for c in sup.children):
+        bound = all(c.spec.ports_file.exists() or c.proc is None for c in sup.children)
+        if picking is not None and (bound or time.monotonic() > started + PORT_PICK_HOLD_SEC):
             picking.release()  # every program holds its port (or has exited): another motor up may pick
         for event in sup.events:
             _say(f"  ! {event}")
