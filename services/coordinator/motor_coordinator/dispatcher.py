@@ -259,7 +259,9 @@ class Dispatcher:
         live = self.scheduler.liveness
         a = live.sent(endpoint_key(cand.endpoint))
         try:
-            result = await self._watch(a, aw)
+            # Without health probes an idle engine shows no sign of life while it works on a long
+            # request: the watchdog could not tell slow from hung, so it is off.
+            result = await (self._watch(a, aw) if self.cfg.health_probe_interval_sec > 0 else aw)
         except _Stalled:
             innocent = live.innocent(a)
             metrics.ENGINE_STALLS.labels(role).inc()
