@@ -248,7 +248,7 @@ async def _list(args: argparse.Namespace, reg: Registry) -> int:
     instances, resp = await reg.list()
     s = resp.summary
     summary = {"available": s.available, "unavailable": s.unavailable, "paused": s.paused,
-               "prefill": s.prefill, "decode": s.decode, "union": s.union}
+               "prefill": s.prefill, "decode": s.decode, "union": s.union_instances}
     text = output.table(instances) + "\n" + ", ".join(f"{k} {v}" for k, v in summary.items()) + (
         f", generation {resp.generation}")
     _emit(args, {"instances": [output.instance_dict(i) for i in instances], "summary": summary,

@@ -3,7 +3,8 @@
 :class:`GrpcServer` is a ``grpc.aio`` server with, on by default:
 
 - ``grpc.health.v1.Health`` (overall ``""`` and one status per registered service) and server
-  reflection, so ``grpcurl -plaintext HOST:PORT list`` works with no .proto files at hand. Health
+  reflection (v1 and v1alpha, descriptors with source comments, see :mod:`motor_common.reflection`),
+  so ``grpcurl -plaintext HOST:PORT list`` works with no .proto files at hand. Health
   service ``"liveness"`` (:data:`LIVENESS_SERVICE`) is SERVING from start to graceful stop whatever
   :meth:`GrpcServer.set_serving` says: the liveness check (Kubernetes' gRPC probe with ``service:
   liveness``); ``""`` is the program's readiness (a standby coordinator or controller is NOT_SERVING
@@ -31,7 +32,6 @@ import grpc
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Histogram
 
 from motor_common.credentials import (
@@ -52,6 +52,7 @@ from motor_common.errors import (
 )
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_error, bind_failure, host_port
+from motor_common.reflection import add_reflection
 from motor_common.request_limits import check_request
 from motor_common.strict_proto import unknown_field_paths
 from motor_common.tls import TlsConfig, server_credentials
@@ -422,9 +423,7 @@ class GrpcServer:
         for _, register, _ in self._services:
             register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-        )
+        add_reflection(server, [*self.service_names, health.SERVICE_NAME])
         address = host_port(self.config.host, self.config.port)
         early = bind_error(self.config.host, self.config.port) if self.config.port else None
         if early is not None and early.errno == errno.EADDRINUSE:

@@ -131,7 +131,53 @@ async def test_grpcurl_lists_services_through_reflection(served: tuple[int, Fake
     out, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, err.decode()
     names = set(out.decode().split())
-    assert {REGISTRY, DISPATCH, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert {REGISTRY, DISPATCH, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+            "grpc.reflection.v1.ServerReflection"} <= names, names
+
+
+async def test_grpcurl_describe_shows_the_proto_comments(served: tuple[int, FakeRegistry]) -> None:
+    port, _ = served
+    proc = await asyncio.create_subprocess_exec(
+        tool("grpcurl"), "-plaintext", f"127.0.0.1:{port}", "describe", "motor.common.v1.Instance",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    # The field comment from protos/motor/common/v1/types.proto, served through reflection.
+    assert "Served model name, as clients send it in" in out.decode()
+    assert "string model_name = 4;" in out.decode()
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+async def test_reflection_v1_and_v1alpha_answer_with_source_comments(
+    served: tuple[int, FakeRegistry], version: str,
+) -> None:
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2 as rpb  # v1 is wire-identical
+
+    port, _ = served
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=rpb.ServerReflectionRequest.SerializeToString,
+            response_deserializer=rpb.ServerReflectionResponse.FromString,
+        )
+        requests = [rpb.ServerReflectionRequest(list_services=""),
+                    rpb.ServerReflectionRequest(file_containing_symbol=REGISTRY),
+                    rpb.ServerReflectionRequest(file_containing_symbol="motor.NoSuchThing"),
+                    rpb.ServerReflectionRequest(file_by_filename="grpc/reflection/v1/reflection.proto")]
+        answers = [a async for a in call(iter(requests), timeout=10)]
+    assert len(answers) == 4
+    listed = {s.name for s in answers[0].list_services_response.service}
+    assert {REGISTRY, DISPATCH, "grpc.reflection.v1.ServerReflection"} <= listed
+    files = [descriptor_pb2.FileDescriptorProto.FromString(b)
+             for b in answers[1].file_descriptor_response.file_descriptor_proto]
+    assert [f.name for f in files][:2] == ["motor/coordinator/v1/coordinator.proto", "motor/common/v1/types.proto"]
+    comments = [loc.leading_comments for loc in files[0].source_code_info.location]
+    assert any("management key" in c for c in comments)
+    assert answers[2].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+    v1 = descriptor_pb2.FileDescriptorProto.FromString(answers[3].file_descriptor_response.file_descriptor_proto[0])
+    assert v1.package == "grpc.reflection.v1" and v1.service[0].name == "ServerReflection"
 
 
 async def test_unknown_fields_are_rejected_with_their_path_and_change_nothing(

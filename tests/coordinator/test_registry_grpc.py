@@ -110,7 +110,7 @@ async def test_pause_resume_list_summary_get_and_not_found(coord: tuple[Coordina
                  s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[99]), metadata=MD, timeout=5))
     resp = await s.list()
     assert (resp.summary.available, resp.summary.paused, resp.summary.unavailable) == (2, 2, 0)
-    assert (resp.summary.prefill, resp.summary.decode, resp.summary.union) == (2, 1, 1)
+    assert (resp.summary.prefill, resp.summary.decode, resp.summary.union_instances) == (2, 1, 1)
     got = await s.registry.GetInstance(cpb.GetInstanceRequest(instance_id=1), metadata=MD, timeout=5)
     assert got.instance.status == tpb.INSTANCE_STATUS_PAUSED
     await s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)

@@ -33,7 +33,8 @@ async def assert_lists_and_serves(address: str, services: set[str], overall: str
     listed = await grpcurl(address, "list")
     assert listed.returncode == 0, listed.stderr
     names = set(listed.stdout.split())
-    assert services | {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert services | {"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                           "grpc.reflection.v1.ServerReflection"} <= names
     assert await health(address) == overall
 
 

@@ -71,7 +71,7 @@ class RegistryServicer(cgrpc.InstanceRegistryServiceServicer):
             paused=sum(i.status is InstanceStatus.PAUSED for i in shown),
             prefill=sum(i.role is Role.PREFILL for i in shown),
             decode=sum(i.role is Role.DECODE for i in shown),
-            union=sum(i.role is Role.UNION for i in shown),
+            union_instances=sum(i.role is Role.UNION for i in shown),
         )
         return cpb.ListInstancesResponse(
             instances=[instance_to_pb(i) for i in page],

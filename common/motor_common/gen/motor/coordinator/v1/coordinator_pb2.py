@@ -26,17 +26,18 @@ _sym_db = _symbol_database.Default()
 from motor_common.gen.motor.common.v1 import types_pb2 as motor_dot_common_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&motor/coordinator/v1/coordinator.proto\x12\x14motor.coordinator.v1\x1a\x1bmotor/common/v1/types.proto\"k\n\x13SetInstancesRequest\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"B\n\x14SetInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x16\n\x0einstance_count\x18\x02 \x01(\r\"k\n\x13\x41\x64\x64InstancesRequest\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"=\n\x14\x41\x64\x64InstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x11\n\tadded_ids\x18\x02 \x03(\x04\"n\n\x16\x44\x65leteInstancesRequest\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"B\n\x17\x44\x65leteInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65leted_ids\x18\x02 \x03(\x04\"U\n\x15PauseInstancesRequest\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\",\n\x16PauseInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"V\n\x16ResumeInstancesRequest\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"-\n\x17ResumeInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"b\n\x14ListInstancesRequest\x12#\n\x04role\x18\x01 \x01(\x0e\x32\x15.motor.common.v1.Role\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"y\n\x0fInstanceSummary\x12\x11\n\tavailable\x18\x01 \x01(\r\x12\x13\n\x0bunavailable\x18\x02 \x01(\r\x12\x0e\n\x06paused\x18\x03 \x01(\r\x12\x0f\n\x07prefill\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65\x63ode\x18\x05 \x01(\r\x12\r\n\x05union\x18\x06 \x01(\r\"\xaa\x01\n\x15ListInstancesResponse\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x36\n\x07summary\x18\x02 \x01(\x0b\x32%.motor.coordinator.v1.InstanceSummary\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\")\n\x12GetInstanceRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\x04\"B\n\x13GetInstanceResponse\x12+\n\x08instance\x18\x01 \x01(\x0b\x32\x19.motor.common.v1.Instance\"G\n\x1b\x43learPrecisionAlarmsRequest\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"/\n\x1c\x43learPrecisionAlarmsResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\r\"a\n\x0f\x44ispatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x03\x61pi\x18\x02 \x01(\x0e\x32\x1f.motor.coordinator.v1.OpenAiApi\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"\x86\x01\n\x0cResponseHead\x12\x13\n\x0bhttp_status\x18\x01 \x01(\r\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1b\n\x13prefill_instance_id\x18\x04 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x05 \x01(\x04\"`\n\x10\x44ispatchResponse\x12\x32\n\x04head\x18\x01 \x01(\x0b\x32\".motor.coordinator.v1.ResponseHeadH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x07\n\x05\x66rame\"\x13\n\x11ListModelsRequest\"r\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x03\x12\x19\n\x11prefill_instances\x18\x03 \x01(\r\x12\x18\n\x10\x64\x65\x63ode_instances\x18\x04 \x01(\r\x12\x17\n\x0funion_instances\x18\x05 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.motor.coordinator.v1.Model\"\x15\n\x13GetReadinessRequest\"\xc6\x01\n\x14GetReadinessResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x33\n\x04role\x18\x03 \x01(\x0e\x32%.motor.coordinator.v1.CoordinatorRole\x12\x10\n\x08isolated\x18\x04 \x01(\x08\x12\x12\n\ngeneration\x18\x05 \x01(\x04\x12\x17\n\x0fstore_available\x18\x06 \x01(\x08\x12\x1b\n\x13\x61vailable_instances\x18\x07 \x01(\r*g\n\tOpenAiApi\x12\x1b\n\x17OPEN_AI_API_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPEN_AI_API_COMPLETIONS\x10\x01\x12 \n\x1cOPEN_AI_API_CHAT_COMPLETIONS\x10\x02*\x8f\x01\n\x0f\x43oordinatorRole\x12 \n\x1c\x43OORDINATOR_ROLE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43OORDINATOR_ROLE_STANDALONE\x10\x01\x12\x1b\n\x17\x43OORDINATOR_ROLE_MASTER\x10\x02\x12\x1c\n\x18\x43OORDINATOR_ROLE_STANDBY\x10\x03\x32\x81\x07\n\x17InstanceRegistryService\x12\x65\n\x0cSetInstances\x12).motor.coordinator.v1.SetInstancesRequest\x1a*.motor.coordinator.v1.SetInstancesResponse\x12\x65\n\x0c\x41\x64\x64Instances\x12).motor.coordinator.v1.AddInstancesRequest\x1a*.motor.coordinator.v1.AddInstancesResponse\x12n\n\x0f\x44\x65leteInstances\x12,.motor.coordinator.v1.DeleteInstancesRequest\x1a-.motor.coordinator.v1.DeleteInstancesResponse\x12k\n\x0ePauseInstances\x12+.motor.coordinator.v1.PauseInstancesRequest\x1a,.motor.coordinator.v1.PauseInstancesResponse\x12n\n\x0fResumeInstances\x12,.motor.coordinator.v1.ResumeInstancesRequest\x1a-.motor.coordinator.v1.ResumeInstancesResponse\x12h\n\rListInstances\x12*.motor.coordinator.v1.ListInstancesRequest\x1a+.motor.coordinator.v1.ListInstancesResponse\x12\x62\n\x0bGetInstance\x12(.motor.coordinator.v1.GetInstanceRequest\x1a).motor.coordinator.v1.GetInstanceResponse\x12}\n\x14\x43learPrecisionAlarms\x12\x31.motor.coordinator.v1.ClearPrecisionAlarmsRequest\x1a\x32.motor.coordinator.v1.ClearPrecisionAlarmsResponse2\xb6\x02\n\x0f\x44ispatchService\x12[\n\x08\x44ispatch\x12%.motor.coordinator.v1.DispatchRequest\x1a&.motor.coordinator.v1.DispatchResponse0\x01\x12_\n\nListModels\x12\'.motor.coordinator.v1.ListModelsRequest\x1a(.motor.coordinator.v1.ListModelsResponse\x12\x65\n\x0cGetReadiness\x12).motor.coordinator.v1.GetReadinessRequest\x1a*.motor.coordinator.v1.GetReadinessResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&motor/coordinator/v1/coordinator.proto\x12\x14motor.coordinator.v1\x1a\x1bmotor/common/v1/types.proto\"k\n\x13SetInstancesRequest\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"B\n\x14SetInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x16\n\x0einstance_count\x18\x02 \x01(\r\"k\n\x13\x41\x64\x64InstancesRequest\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"=\n\x14\x41\x64\x64InstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x11\n\tadded_ids\x18\x02 \x03(\x04\"n\n\x16\x44\x65leteInstancesRequest\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"B\n\x17\x44\x65leteInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12\x13\n\x0b\x64\x65leted_ids\x18\x02 \x03(\x04\"U\n\x15PauseInstancesRequest\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\",\n\x16PauseInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"V\n\x16ResumeInstancesRequest\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"-\n\x17ResumeInstancesResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x04\"b\n\x14ListInstancesRequest\x12#\n\x04role\x18\x01 \x01(\x0e\x32\x15.motor.common.v1.Role\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x83\x01\n\x0fInstanceSummary\x12\x11\n\tavailable\x18\x01 \x01(\r\x12\x13\n\x0bunavailable\x18\x02 \x01(\r\x12\x0e\n\x06paused\x18\x03 \x01(\r\x12\x0f\n\x07prefill\x18\x04 \x01(\r\x12\x0e\n\x06\x64\x65\x63ode\x18\x05 \x01(\r\x12\x17\n\x0funion_instances\x18\x06 \x01(\r\"\xaa\x01\n\x15ListInstancesResponse\x12,\n\tinstances\x18\x01 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x36\n\x07summary\x18\x02 \x01(\x0b\x32%.motor.coordinator.v1.InstanceSummary\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x17\n\x0fnext_page_token\x18\x04 \x01(\t\")\n\x12GetInstanceRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\x04\"B\n\x13GetInstanceResponse\x12+\n\x08instance\x18\x01 \x01(\x0b\x32\x19.motor.common.v1.Instance\"G\n\x1b\x43learPrecisionAlarmsRequest\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\x12\x12\n\nrequest_id\x18\x02 \x01(\t\"/\n\x1c\x43learPrecisionAlarmsResponse\x12\x0f\n\x07\x63leared\x18\x01 \x01(\r\"a\n\x0f\x44ispatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x03\x61pi\x18\x02 \x01(\x0e\x32\x1f.motor.coordinator.v1.OpenAiApi\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"\x86\x01\n\x0cResponseHead\x12\x13\n\x0bhttp_status\x18\x01 \x01(\r\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1b\n\x13prefill_instance_id\x18\x04 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x05 \x01(\x04\"`\n\x10\x44ispatchResponse\x12\x32\n\x04head\x18\x01 \x01(\x0b\x32\".motor.coordinator.v1.ResponseHeadH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x07\n\x05\x66rame\"\x13\n\x11ListModelsRequest\"r\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x03\x12\x19\n\x11prefill_instances\x18\x03 \x01(\r\x12\x18\n\x10\x64\x65\x63ode_instances\x18\x04 \x01(\r\x12\x17\n\x0funion_instances\x18\x05 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.motor.coordinator.v1.Model\"\x15\n\x13GetReadinessRequest\"\xc6\x01\n\x14GetReadinessResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x33\n\x04role\x18\x03 \x01(\x0e\x32%.motor.coordinator.v1.CoordinatorRole\x12\x10\n\x08isolated\x18\x04 \x01(\x08\x12\x12\n\ngeneration\x18\x05 \x01(\x04\x12\x17\n\x0fstore_available\x18\x06 \x01(\x08\x12\x1b\n\x13\x61vailable_instances\x18\x07 \x01(\r*g\n\tOpenAiApi\x12\x1b\n\x17OPEN_AI_API_UNSPECIFIED\x10\x00\x12\x1b\n\x17OPEN_AI_API_COMPLETIONS\x10\x01\x12 \n\x1cOPEN_AI_API_CHAT_COMPLETIONS\x10\x02*\x8f\x01\n\x0f\x43oordinatorRole\x12 \n\x1c\x43OORDINATOR_ROLE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x43OORDINATOR_ROLE_STANDALONE\x10\x01\x12\x1b\n\x17\x43OORDINATOR_ROLE_MASTER\x10\x02\x12\x1c\n\x18\x43OORDINATOR_ROLE_STANDBY\x10\x03\x32\x81\x07\n\x17InstanceRegistryService\x12\x65\n\x0cSetInstances\x12).motor.coordinator.v1.SetInstancesRequest\x1a*.motor.coordinator.v1.SetInstancesResponse\x12\x65\n\x0c\x41\x64\x64Instances\x12).motor.coordinator.v1.AddInstancesRequest\x1a*.motor.coordinator.v1.AddInstancesResponse\x12n\n\x0f\x44\x65leteInstances\x12,.motor.coordinator.v1.DeleteInstancesRequest\x1a-.motor.coordinator.v1.DeleteInstancesResponse\x12k\n\x0ePauseInstances\x12+.motor.coordinator.v1.PauseInstancesRequest\x1a,.motor.coordinator.v1.PauseInstancesResponse\x12n\n\x0fResumeInstances\x12,.motor.coordinator.v1.ResumeInstancesRequest\x1a-.motor.coordinator.v1.ResumeInstancesResponse\x12h\n\rListInstances\x12*.motor.coordinator.v1.ListInstancesRequest\x1a+.motor.coordinator.v1.ListInstancesResponse\x12\x62\n\x0bGetInstance\x12(.motor.coordinator.v1.GetInstanceRequest\x1a).motor.coordinator.v1.GetInstanceResponse\x12}\n\x14\x43learPrecisionAlarms\x12\x31.motor.coordinator.v1.ClearPrecisionAlarmsRequest\x1a\x32.motor.coordinator.v1.ClearPrecisionAlarmsResponse2\xb6\x02\n\x0f\x44ispatchService\x12[\n\x08\x44ispatch\x12%.motor.coordinator.v1.DispatchRequest\x1a&.motor.coordinator.v1.DispatchResponse0\x01\x12_\n\nListModels\x12\'.motor.coordinator.v1.ListModelsRequest\x1a(.motor.coordinator.v1.ListModelsResponse\x12\x65\n\x0cGetReadiness\x12).motor.coordinator.v1.GetReadinessRequest\x1a*.motor.coordinator.v1.GetReadinessResponseB\xb0\x01\n\x14motor.coordinator.v1B\x10\x43oordinatorProtoP\x01Z7motor/clients/go/gen/motor/coordinator/v1;coordinatorv1\xa2\x02\x03MCO\xaa\x02\x14Motor.Coordinator.V1\xca\x02\x14Motor\\Coordinator\\V1\xea\x02\x16Motor::Coordinator::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'motor.coordinator.v1.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-  DESCRIPTOR._loaded_options = None
-  _globals['_OPENAIAPI']._serialized_start=2281
-  _globals['_OPENAIAPI']._serialized_end=2384
-  _globals['_COORDINATORROLE']._serialized_start=2387
-  _globals['_COORDINATORROLE']._serialized_end=2530
+  _globals['DESCRIPTOR']._loaded_options = None
+  _globals['DESCRIPTOR']._serialized_options = b'\n\024motor.coordinator.v1B\020CoordinatorProtoP\001Z7motor/clients/go/gen/motor/coordinator/v1;coordinatorv1\242\002\003MCO\252\002\024Motor.Coordinator.V1\312\002\024Motor\\Coordinator\\V1\352\002\026Motor::Coordinator::V1'
+  _globals['_OPENAIAPI']._serialized_start=2292
+  _globals['_OPENAIAPI']._serialized_end=2395
+  _globals['_COORDINATORROLE']._serialized_start=2398
+  _globals['_COORDINATORROLE']._serialized_end=2541
   _globals['_SETINSTANCESREQUEST']._serialized_start=93
   _globals['_SETINSTANCESREQUEST']._serialized_end=200
   _globals['_SETINSTANCESRESPONSE']._serialized_start=202
@@ -59,36 +60,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESUMEINSTANCESRESPONSE']._serialized_end=888
   _globals['_LISTINSTANCESREQUEST']._serialized_start=890
   _globals['_LISTINSTANCESREQUEST']._serialized_end=988
-  _globals['_INSTANCESUMMARY']._serialized_start=990
-  _globals['_INSTANCESUMMARY']._serialized_end=1111
-  _globals['_LISTINSTANCESRESPONSE']._serialized_start=1114
-  _globals['_LISTINSTANCESRESPONSE']._serialized_end=1284
-  _globals['_GETINSTANCEREQUEST']._serialized_start=1286
-  _globals['_GETINSTANCEREQUEST']._serialized_end=1327
-  _globals['_GETINSTANCERESPONSE']._serialized_start=1329
-  _globals['_GETINSTANCERESPONSE']._serialized_end=1395
-  _globals['_CLEARPRECISIONALARMSREQUEST']._serialized_start=1397
-  _globals['_CLEARPRECISIONALARMSREQUEST']._serialized_end=1468
-  _globals['_CLEARPRECISIONALARMSRESPONSE']._serialized_start=1470
-  _globals['_CLEARPRECISIONALARMSRESPONSE']._serialized_end=1517
-  _globals['_DISPATCHREQUEST']._serialized_start=1519
-  _globals['_DISPATCHREQUEST']._serialized_end=1616
-  _globals['_RESPONSEHEAD']._serialized_start=1619
-  _globals['_RESPONSEHEAD']._serialized_end=1753
-  _globals['_DISPATCHRESPONSE']._serialized_start=1755
-  _globals['_DISPATCHRESPONSE']._serialized_end=1851
-  _globals['_LISTMODELSREQUEST']._serialized_start=1853
-  _globals['_LISTMODELSREQUEST']._serialized_end=1872
-  _globals['_MODEL']._serialized_start=1874
-  _globals['_MODEL']._serialized_end=1988
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1990
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2055
-  _globals['_GETREADINESSREQUEST']._serialized_start=2057
-  _globals['_GETREADINESSREQUEST']._serialized_end=2078
-  _globals['_GETREADINESSRESPONSE']._serialized_start=2081
-  _globals['_GETREADINESSRESPONSE']._serialized_end=2279
-  _globals['_INSTANCEREGISTRYSERVICE']._serialized_start=2533
-  _globals['_INSTANCEREGISTRYSERVICE']._serialized_end=3430
-  _globals['_DISPATCHSERVICE']._serialized_start=3433
-  _globals['_DISPATCHSERVICE']._serialized_end=3743
+  _globals['_INSTANCESUMMARY']._serialized_start=991
+  _globals['_INSTANCESUMMARY']._serialized_end=1122
+  _globals['_LISTINSTANCESRESPONSE']._serialized_start=1125
+  _globals['_LISTINSTANCESRESPONSE']._serialized_end=1295
+  _globals['_GETINSTANCEREQUEST']._serialized_start=1297
+  _globals['_GETINSTANCEREQUEST']._serialized_end=1338
+  _globals['_GETINSTANCERESPONSE']._serialized_start=1340
+  _globals['_GETINSTANCERESPONSE']._serialized_end=1406
+  _globals['_CLEARPRECISIONALARMSREQUEST']._serialized_start=1408
+  _globals['_CLEARPRECISIONALARMSREQUEST']._serialized_end=1479
+  _globals['_CLEARPRECISIONALARMSRESPONSE']._serialized_start=1481
+  _globals['_CLEARPRECISIONALARMSRESPONSE']._serialized_end=1528
+  _globals['_DISPATCHREQUEST']._serialized_start=1530
+  _globals['_DISPATCHREQUEST']._serialized_end=1627
+  _globals['_RESPONSEHEAD']._serialized_start=1630
+  _globals['_RESPONSEHEAD']._serialized_end=1764
+  _globals['_DISPATCHRESPONSE']._serialized_start=1766
+  _globals['_DISPATCHRESPONSE']._serialized_end=1862
+  _globals['_LISTMODELSREQUEST']._serialized_start=1864
+  _globals['_LISTMODELSREQUEST']._serialized_end=1883
+  _globals['_MODEL']._serialized_start=1885
+  _globals['_MODEL']._serialized_end=1999
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2001
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2066
+  _globals['_GETREADINESSREQUEST']._serialized_start=2068
+  _globals['_GETREADINESSREQUEST']._serialized_end=2089
+  _globals['_GETREADINESSRESPONSE']._serialized_start=2092
+  _globals['_GETREADINESSRESPONSE']._serialized_end=2290
+  _globals['_INSTANCEREGISTRYSERVICE']._serialized_start=2544
+  _globals['_INSTANCEREGISTRYSERVICE']._serialized_end=3441
+  _globals['_DISPATCHSERVICE']._serialized_start=3444
+  _globals['_DISPATCHSERVICE']._serialized_end=3754
 # @@protoc_insertion_point(module_scope)

@@ -125,20 +125,20 @@ class ListInstancesRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[_types_pb2.Role, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class InstanceSummary(_message.Message):
-    __slots__ = ("available", "unavailable", "paused", "prefill", "decode", "union")
+    __slots__ = ("available", "unavailable", "paused", "prefill", "decode", "union_instances")
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
-    UNION_FIELD_NUMBER: _ClassVar[int]
+    UNION_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     available: int
     unavailable: int
     paused: int
     prefill: int
     decode: int
-    union: int
-    def __init__(self, available: _Optional[int] = ..., unavailable: _Optional[int] = ..., paused: _Optional[int] = ..., prefill: _Optional[int] = ..., decode: _Optional[int] = ..., union: _Optional[int] = ...) -> None: ...
+    union_instances: int
+    def __init__(self, available: _Optional[int] = ..., unavailable: _Optional[int] = ..., paused: _Optional[int] = ..., prefill: _Optional[int] = ..., decode: _Optional[int] = ..., union_instances: _Optional[int] = ...) -> None: ...
 
 class ListInstancesResponse(_message.Message):
     __slots__ = ("instances", "summary", "generation", "next_page_token")
