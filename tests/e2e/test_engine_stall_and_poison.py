@@ -140,6 +140,8 @@ async def test_requests_reaching_a_sigstopped_prefill_fail_over_within_the_first
         zero = await first
         assert all(out.startswith("ok: ") and len(out) > 4 for out, _ in later), later
         slowest = max(t for _, t in later)
+        print(f"\n{engine}: SIGSTOPped prefill, first_byte_timeout_sec {FIRST_BYTE}: 6 requests answered in "
+              f"{', '.join(f'{t:.2f}' for _, t in later)} s; the one it was serving refused after {zero[1]:.2f} s")
         # failed over within the deadline (+ one prefill on p2 and a loaded machine's slack), far
         # below the ≈ 15-18 s after which a nodemanager would kill the engine
         assert slowest < FIRST_BYTE + 3.0, later
@@ -172,6 +174,8 @@ async def test_a_poison_request_hangs_one_prefill_and_is_never_sent_to_the_other
         # everyone else keeps being served meanwhile (by p2 once p1 hung)
         others = await asyncio.gather(*(timed(c, f"innocent {i}") for i in range(6)))
         out, took = await poison
+        print(f"\n{engine}: poison request refused after {took:.2f} s; others answered in "
+              f"{', '.join(f'{t:.2f}' for _, t in others)} s")
         assert out == "400 poison_request_suspected", out
         assert took < FIRST_BYTE + 3.0
         assert all(o.startswith("ok: ") for o, _ in others), others
