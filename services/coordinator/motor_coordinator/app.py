@@ -178,6 +178,8 @@ class Coordinator:
         d = self.cfg.dispatch
         if d.health_probe_interval_sec > 0:
             self.tasks.spawn(self.monitor.probe_loop(), name="health-probe")
+            self.dispatcher.probe_now = lambda ep: self.monitor.probe_now(
+                ep, lambda coro: self.tasks.spawn(coro, name="health-probe-now"))
         if d.metrics_scrape_interval_sec > 0:
             self.tasks.spawn(self.monitor.scrape_loop(), name="metrics-scrape")
         if self.cfg.server.metrics_port is not None:

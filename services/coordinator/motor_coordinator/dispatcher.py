@@ -29,14 +29,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
-from motor_common.domain import Role
+from motor_common.domain import Endpoint, Role
 from motor_common.errors import FailedPrecondition, Unavailable
 from motor_common.logs import request_id_var
 from motor_coordinator import metrics
@@ -84,6 +84,9 @@ class _Stalled(Exception):
 
 
 _T = TypeVar("_T")
+# Silence (no sign of life from the engine) after which a waiting attempt has its engine probed at
+# once: a healthy engine answers a probe in milliseconds, a hung one is then proven hung early.
+_PROBE_AFTER = 0.05
 
 
 class _Fate:
@@ -126,6 +129,8 @@ class Dispatcher:
         self.cfg = cfg
         self.prefix_chars = prefix_chars
         self._seq = itertools.count()
+        # Probe an engine now (the app wires Monitor.probe_now); None: only the periodic probes.
+        self.probe_now: Callable[[Endpoint], None] | None = None
 
     async def dispatch(self, req: ParsedRequest, request_id: str) -> AsyncIterator[Frame]:
         fate = _Fate(req.model, request_id)
@@ -228,18 +233,26 @@ class Dispatcher:
             metadata={"model": req.model, "role": role},
         )
 
-    async def _watch(self, a: Attempt, aw: Awaitable[_T]) -> _T:
+    async def _watch(self, a: Attempt, cand: Candidate, aw: Awaitable[_T]) -> _T:
         """Await *aw* (the engine's first answer to attempt *a*); raise :class:`_Stalled` once the
-        engine has given no sign of life for ``first_byte_timeout_sec`` meanwhile."""
+        engine has given no sign of life for ``first_byte_timeout_sec`` meanwhile. After
+        ``_PROBE_AFTER`` of silence the engine is probed at once (``probe_now``)."""
         task = asyncio.ensure_future(aw)
         live = self.scheduler.liveness
         limit = self.cfg.first_byte_timeout_sec
+        probed = self.probe_now is None
         try:
             while True:
-                left = limit - live.silent_for(a)
+                silent = live.silent_for(a)
+                left = limit - silent
                 if left <= 0:
                     raise _Stalled()
-                done, _ = await asyncio.wait((task,), timeout=left)
+                if not probed and silent >= _PROBE_AFTER:
+                    probed = True
+                    assert self.probe_now is not None
+                    self.probe_now(cand.endpoint)
+                wait = left if probed else min(left, _PROBE_AFTER - silent)
+                done, _ = await asyncio.wait((task,), timeout=wait)
                 if done:
                     return task.result()
         finally:
@@ -261,7 +274,7 @@ class Dispatcher:
         try:
             # Without health probes an idle engine shows no sign of life while it works on a long
             # request: the watchdog could not tell slow from hung, so it is off.
-            result = await (self._watch(a, aw) if self.cfg.health_probe_interval_sec > 0 else aw)
+            result = await (self._watch(a, cand, aw) if self.cfg.health_probe_interval_sec > 0 else aw)
         except _Stalled:
             innocent = live.innocent(a)
             metrics.ENGINE_STALLS.labels(role).inc()

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from motor_common.domain import EngineType
+from motor_common.domain import Endpoint, EngineType
 from motor_coordinator import metrics
 from motor_coordinator.engine_client import EngineClient
 from motor_coordinator.policies import EngineLoad
-from motor_coordinator.scheduler import ProbeTarget, Scheduler
+from motor_coordinator.scheduler import EndpointKey, ProbeTarget, Scheduler, endpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,27 @@ class Monitor:
         self.client = client
         self.probe_interval = probe_interval
         self.scrape_interval = scrape_interval
+        self._probing: set[EndpointKey] = set()  # on-demand probes under way
+
+    def probe_now(self, endpoint: Endpoint, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
+        """Probe *endpoint* at once (an attempt on it is waiting while it is silent), unless a
+        probe of it is already under way: a hung engine is then proven hung within milliseconds of
+        going silent, so fewer requests count as poison suspects (liveness.py)."""
+        key = endpoint_key(endpoint)
+        if key in self._probing:
+            return
+        self._probing.add(key)
+        spawn(self._probe_one(key, endpoint))
+
+    async def _probe_one(self, key: EndpointKey, endpoint: Endpoint) -> None:
+        try:
+            sent_at = self.scheduler.clock()
+            ok = await self.client.probe(endpoint)
+            if not ok:
+                metrics.PROBE_FAILURES.labels(endpoint.host_port).inc()
+            self.scheduler.record_probe(key, ok, sent_at)
+        finally:
+            self._probing.discard(key)
 
     async def _probe(self, t: ProbeTarget) -> None:
         sent_at = self.scheduler.clock()
