@@ -1,0 +1,213 @@
+"""Which engine holds which KV blocks, fed by the engines' own KV events (pure, no I/O).
+
+One :class:`KvIndex` per coordinator; engines are grouped by model (block hashes do not name the
+model, so two models' indexes never mix). Every engine's event stream carries sequence numbers:
+
+- ``seq == last + 1`` (or the first batch seen): applied.
+- ``seq == 0`` live after any batch: the engine restarted (its publisher counts from 0 again):
+  the engine's blocks are dropped, then the batch is applied.
+- ``seq <= last`` otherwise: a duplicate (replayed twice, or live batches that a replay already
+  delivered), ignored. A restart whose batch 0 was lost looks like duplicates until the stream
+  passes ``last``; the subscriber therefore also resets an engine that re-registers
+  (:meth:`KvIndex.remove_engine` / :meth:`KvIndex.add_engine`).
+- ``seq > last + 1``: a gap. Nothing is applied; the engine is marked stale and the caller is
+  told to replay from ``last + 1`` (:class:`Gap`). If the replay cannot fill it,
+  :meth:`KvIndex.resync` drops the engine's blocks and restarts from the given sequence number.
+
+``AllBlocksCleared`` drops the engine's blocks. Memory is bounded: at most ``max_blocks_per_engine``
+hashes per engine, the least recently stored dropped first (an under-estimate of what the engine
+holds, never an invention). A stale engine counts as holding nothing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from motor_common.kv_events import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """Batches ``from_seq .. seq - 1`` are missing: replay from ``from_seq``."""
+
+    from_seq: int
+
+
+ApplyResult = Applied | Duplicate | Gap
+
+
+@dataclass
+class _Engine:
+    model: str
+    last_seq: int | None = None
+    stale: bool = False
+    blocks: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
+    restarts: int = 0
+
+
+class KvIndex:
+    def __init__(self, max_blocks_per_engine: int = 200_000) -> None:
+        if max_blocks_per_engine <= 0:
+            raise ValueError("max_blocks_per_engine must be positive")
+        self.max_blocks = max_blocks_per_engine
+        self._engines: dict[str, _Engine] = {}
+        # model -> block hash -> engines holding it
+        self._holders: dict[str, dict[BlockHash, set[str]]] = {}
+
+    # --- membership -------------------------------------------------------------------------
+
+    def add_engine(self, engine: str, model: str) -> None:
+        """Start tracking *engine* (idempotent; a model change starts it afresh)."""
+        cur = self._engines.get(engine)
+        if cur is not None and cur.model == model:
+            return
+        if cur is not None:
+            self.remove_engine(engine)
+        self._engines[engine] = _Engine(model)
+        self._holders.setdefault(model, {})
+
+    def remove_engine(self, engine: str) -> None:
+        e = self._engines.pop(engine, None)
+        if e is not None:
+            self._drop_blocks(engine, e)
+
+    def engines(self) -> list[str]:
+        return list(self._engines)
+
+    def has_engine(self, engine: str) -> bool:
+        return engine in self._engines
+
+    def last_seq(self, engine: str) -> int | None:
+        return self._engines[engine].last_seq
+
+    def is_stale(self, engine: str) -> bool:
+        e = self._engines.get(engine)
+        return e is None or e.stale or e.last_seq is None
+
+    def mark_stale(self, engine: str) -> None:
+        """The stream is down (disconnected, undecodable): stop trusting what we know."""
+        e = self._engines.get(engine)
+        if e is not None:
+            e.stale = True
+
+    def block_count(self, engine: str) -> int:
+        return len(self._engines[engine].blocks)
+
+    def restarts(self, engine: str) -> int:
+        return self._engines[engine].restarts
+
+    # --- events -----------------------------------------------------------------------------
+
+    def apply(
+        self, engine: str, seq: int, batch: EventBatch, *, replayed: bool = False
+    ) -> ApplyResult:
+        """Apply one batch received live (PUB) or, with *replayed*, from the replay socket."""
+        e = self._engines.get(engine)
+        if e is None:
+            raise KeyError(engine)
+        if e.last_seq is not None:
+            if seq == 0 and not replayed:
+                # A live stream only repeats 0 when the engine's publisher restarted.
+                e.restarts += 1
+                self._drop_blocks(engine, e)
+            elif seq <= e.last_seq:
+                # Replayed twice, or live batches queued while a replay already delivered them.
+                return Duplicate()
+            elif seq > e.last_seq + 1:
+                e.stale = True
+                return Gap(e.last_seq + 1)
+        self._apply_events(engine, e, batch)
+        e.last_seq = seq
+        e.stale = False
+        return Applied()
+
+    def resync(self, engine: str, seq: int) -> None:
+        """The batches before *seq* are lost for good: forget the engine's blocks and continue
+        from *seq* (the next :meth:`apply` must carry *seq*)."""
+        e = self._engines[engine]
+        self._drop_blocks(engine, e)
+        e.last_seq = seq - 1 if seq > 0 else None
+        e.stale = False
+
+    def _apply_events(self, engine: str, e: _Engine, batch: EventBatch) -> None:
+        holders = self._holders[e.model]
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                for h in ev.block_hashes:
+                    if h in e.blocks:
+                        e.blocks.move_to_end(h)
+                        continue
+                    e.blocks[h] = None
+                    holders.setdefault(h, set()).add(engine)
+                while len(e.blocks) > self.max_blocks:
+                    old, _ = e.blocks.popitem(last=False)
+                    self._unhold(holders, old, engine)
+            elif isinstance(ev, BlockRemoved):
+                for h in ev.block_hashes:
+                    if h in e.blocks:
+                        del e.blocks[h]
+                        self._unhold(holders, h, engine)
+            elif isinstance(ev, AllBlocksCleared):
+                self._drop_blocks(engine, e)
+
+    @staticmethod
+    def _unhold(holders: dict[BlockHash, set[str]], h: BlockHash, engine: str) -> None:
+        s = holders.get(h)
+        if s is not None:
+            s.discard(engine)
+            if not s:
+                del holders[h]
+
+    def _drop_blocks(self, engine: str, e: _Engine) -> None:
+        holders = self._holders.get(e.model, {})
+        for h in e.blocks:
+            self._unhold(holders, h, engine)
+        e.blocks.clear()
+
+    # --- lookup -----------------------------------------------------------------------------
+
+    def prefix_lengths(
+        self, model: str, hashes: Sequence[BlockHash], engines: Iterable[str]
+    ) -> dict[str, int]:
+        """For each of *engines*: how many leading blocks of *hashes* it holds (0 for an unknown
+        or stale engine). Walks the chain once, stopping when no candidate holds the next block."""
+        holders = self._holders.get(model, {})
+        live = {
+            name
+            for name in engines
+            if (e := self._engines.get(name)) is not None
+            and e.model == model
+            and not e.stale
+            and e.last_seq is not None
+        }
+        out = dict.fromkeys(engines, 0)
+        depth = 0
+        for h in hashes:
+            have = holders.get(h)
+            if not have:
+                break
+            live &= have
+            if not live:
+                break
+            depth += 1
+            for name in live:
+                out[name] = depth
+        return out
