@@ -1,0 +1,57 @@
+"""The clients in clients/ (TypeScript, Go), generated from protos/, against a real `motor up` fleet:
+Health/Check, ListInstances on the controller and the coordinator with the management key,
+GetInstance on an id taken from the list (ids are exact in every language), a streamed Dispatch,
+and an error's google.rpc.ErrorInfo.reason decoded from grpc-status-details-bin."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tests.motor_up import UpFleet, motor_up
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+ROOT = Path(__file__).resolve().parents[2]
+MAX_SAFE = 2**53 - 1
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UpFleet]:
+    async with motor_up(tmp_path_factory.mktemp("clients"), "--prefill", "1", "--decode", "1",
+                        "--zero-latency") as up:
+        yield up
+
+
+async def run_client(argv: list[str], cwd: Path) -> list[dict[str, Any]]:
+    out = await asyncio.to_thread(subprocess.run, argv, cwd=cwd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, f"{argv} failed:\n{out.stdout}\n{out.stderr}"
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def assert_checks(checks: list[dict[str, Any]]) -> None:
+    by = {c["check"]: c for c in checks}
+    assert by["health"]["status"] == "SERVING"
+    ids = by["controller.ListInstances"]["ids"]
+    assert len(ids) == 2 and all(0 < int(i) <= MAX_SAFE for i in ids)
+    got = by["coordinator.GetInstance"]
+    assert got["id"] in ids and got["listed"] == 2 and got["role"] in ("ROLE_PREFILL", "ROLE_DECODE")
+    assert by["coordinator.Dispatch"]["http_status"] == 200 and by["coordinator.Dispatch"]["done"] is True
+    assert by["coordinator.Dispatch"]["frames"] >= 2  # head, then body chunks
+    assert by["error"] == {"check": "error", "code": "NOT_FOUND", "reason": "INSTANCE_NOT_FOUND"}
+
+
+async def test_typescript_client(fleet: UpFleet) -> None:
+    ts = ROOT / "clients" / "ts"
+    if not (ts / "dist" / "client.js").exists():
+        pytest.fail("clients/ts is not built: run scripts/setup --tools (npm ci && npx tsc in clients/ts)")
+    node = shutil.which("node")
+    assert node, "node is not installed"
+    assert_checks(await run_client([node, "dist/client.js", str(fleet.state / "fleet.json")], ts))
