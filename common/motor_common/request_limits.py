@@ -20,6 +20,8 @@ applied. Handlers keep their own semantic checks (which endpoint ids exist, ...)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
@@ -57,50 +59,97 @@ def _out_of_range(path: str, value: Any, lo: Any, hi: Any) -> InvalidArgument:
                            metadata={"field": path})
 
 
-def _check_scalar(fd: FieldDescriptor, full: str, path: str, value: Any) -> None:
-    name = fd.name
-    t = fd.type
-    if t == FieldDescriptor.TYPE_STRING:
-        limit = MAX_NAME if name in NAME_FIELDS else MAX_STRING
-        if len(value) > limit:
-            raise InvalidArgument(f"{path} is {len(value)} characters long; at most {limit} are allowed",
-                                  reason="TOO_LONG", metadata={"field": path})
-        return
-    if t == FieldDescriptor.TYPE_BYTES:
-        if len(value) > MAX_BYTES:
-            raise InvalidArgument(f"{path} is {len(value)} bytes; at most {MAX_BYTES} are allowed",
-                                  reason="TOO_LONG", metadata={"field": path})
-        return
-    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+# A scalar check returns None when the value is fine, else a function of the field path that
+# makes the error (so no string is built on the happy path).
+Check = Callable[[Any], Callable[[str], InvalidArgument] | None]
+
+
+def _too_long(limit: int, unit: str) -> Check:
+    def check(value: Any) -> Callable[[str], InvalidArgument] | None:
+        if len(value) <= limit:
+            return None
+        n = len(value)
+        return lambda path: InvalidArgument(f"{path} is {n} {unit} long; at most {limit} are allowed",
+                                            reason="TOO_LONG", metadata={"field": path})
+    return check
+
+
+def _range(lo: int | float, hi: int | float, shown_lo: Any = None) -> Check:
+    def check(value: Any) -> Callable[[str], InvalidArgument] | None:
+        if lo <= value <= hi:
+            return None
+        return lambda path: _out_of_range(path, value, lo if shown_lo is None else shown_lo, hi)
+    return check
+
+
+def _double(name: str) -> Check:
+    def check(value: Any) -> Callable[[str], InvalidArgument] | None:
         if not math.isfinite(value) or value < 0:
-            raise InvalidArgument(f"{path} {value} must be a finite number >= 0", reason="OUT_OF_RANGE",
-                                  metadata={"field": path})
+            return lambda path: InvalidArgument(f"{path} {value} must be a finite number >= 0",
+                                                reason="OUT_OF_RANGE", metadata={"field": path})
         if name == "lease_seconds" and not 0 < value <= MAX_LEASE_SEC:
-            raise _out_of_range(path, value, "more than 0", MAX_LEASE_SEC)
-        return
+            return lambda path: _out_of_range(path, value, "more than 0", MAX_LEASE_SEC)
+        return None
+    return check
+
+
+def _scalar_check(fd: FieldDescriptor, full: str) -> Check | None:
+    name, t = fd.name, fd.type
+    if t == FieldDescriptor.TYPE_STRING:
+        return _too_long(MAX_NAME if name in NAME_FIELDS else MAX_STRING, "characters")
+    if t == FieldDescriptor.TYPE_BYTES:
+        return _too_long(MAX_BYTES, "bytes")
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return _double(name)
     if t in (FieldDescriptor.TYPE_ENUM, FieldDescriptor.TYPE_BOOL):
-        return
-    # integers
+        return None
     if name.endswith("port"):
-        lo = 1 if full in REQUIRED_PORTS else 0
-        if not lo <= value <= MAX_PORT:
-            raise _out_of_range(path, value, lo, MAX_PORT)
-    elif name in ("instance_id", "instance_ids") or full == "motor.common.v1.Instance.id":
-        if not 1 <= value <= MAX_INSTANCE_ID:
-            raise _out_of_range(path, value, 1, MAX_INSTANCE_ID)
-    elif name in COUNT_FIELDS:
-        if not 0 <= value <= MAX_COUNT:
-            raise _out_of_range(path, value, 0, MAX_COUNT)
-    elif name in ("pid", "pids"):
-        if not 0 <= value <= MAX_PID:
-            raise _out_of_range(path, value, 0, MAX_PID)
-    elif name in ("generation", "sequence", "acked_sequence") and value > MAX_GENERATION:
-        raise _out_of_range(path, value, 0, MAX_GENERATION)
+        return _range(1 if full in REQUIRED_PORTS else 0, MAX_PORT)
+    if name in ("instance_id", "instance_ids") or full == "motor.common.v1.Instance.id":
+        return _range(1, MAX_INSTANCE_ID)
+    if name in COUNT_FIELDS:
+        return _range(0, MAX_COUNT)
+    if name in ("pid", "pids"):
+        return _range(0, MAX_PID)
+    if name in ("generation", "sequence", "acked_sequence"):
+        return _range(0, MAX_GENERATION)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    repeated: bool
+    message: bool  # a nested message (or map of messages): checked recursively
+    is_map: bool
+    check: Check | None  # scalars, map values
+
+
+_PLANS: dict[str, dict[str, _Rule | None]] = {}
+
+
+def _plan(desc: Any) -> dict[str, _Rule | None]:
+    """Per message type, once: how each field is checked (None = not at all)."""
+    plan = _PLANS.get(desc.full_name)
+    if plan is not None:
+        return plan
+    plan = {}
+    for fd in desc.fields:
+        full = f"{desc.full_name}.{fd.name}"
+        mt = fd.message_type
+        if mt is not None and mt.GetOptions().map_entry:
+            vfd = mt.fields_by_name["value"]
+            plan[fd.name] = _Rule(True, vfd.type == FieldDescriptor.TYPE_MESSAGE, True, _scalar_check(vfd, full))
+        elif mt is not None:
+            plan[fd.name] = None if mt.full_name.startswith("google.protobuf.") else _Rule(fd.is_repeated, True, False, None)
+        else:
+            plan[fd.name] = _Rule(fd.is_repeated, False, False, _scalar_check(fd, full))
+    _PLANS[desc.full_name] = plan
+    return plan
 
 
 def _required(msg: Any, path: str) -> None:
     desc = msg.DESCRIPTOR
-    if desc.full_name in ID_REQUIRED and "instance_id" in desc.fields_by_name and msg.instance_id == 0:
+    if desc.full_name in ID_REQUIRED and msg.instance_id == 0:
         raise InvalidArgument(f"{path}instance_id is required: instance ids start at 1", reason="OUT_OF_RANGE",
                               metadata={"field": f"{path}instance_id"})
     if desc.full_name == "motor.common.v1.Instance" and msg.id == 0:
@@ -111,33 +160,34 @@ def _required(msg: Any, path: str) -> None:
 def check_request(msg: Any, prefix: str = "") -> None:
     """Raise ``InvalidArgument`` for the first field of *msg* (recursively) out of its bounds."""
     _required(msg, prefix)
+    plan = _plan(msg.DESCRIPTOR)
     for fd, value in msg.ListFields():
-        path = f"{prefix}{fd.name}"
-        full = f"{msg.DESCRIPTOR.full_name}.{fd.name}"
-        is_map = fd.message_type is not None and fd.message_type.GetOptions().map_entry
-        if fd.is_repeated:
+        rule = plan.get(fd.name)
+        if rule is None:
+            continue
+        if rule.repeated:
             if len(value) > MAX_REPEATED:
+                path = f"{prefix}{fd.name}"
                 raise InvalidArgument(f"{path} has {len(value)} items; at most {MAX_REPEATED} are allowed",
                                       reason="TOO_LONG", metadata={"field": path})
-            if is_map:
-                vfd = fd.message_type.fields_by_name["value"]
+            if rule.is_map:
                 for k, v in value.items():
                     if isinstance(k, str) and len(k) > MAX_NAME:
+                        path = f"{prefix}{fd.name}"
                         raise InvalidArgument(f"{path} has a key of {len(k)} characters; at most {MAX_NAME}",
                                               reason="TOO_LONG", metadata={"field": path})
-                    if vfd.type == FieldDescriptor.TYPE_MESSAGE:
-                        check_request(v, f"{path}[{k!r}].")
-                    else:
-                        _check_scalar(vfd, full, f"{path}[{k!r}]", v)
-                continue
-            for i, item in enumerate(value):
-                if fd.type == FieldDescriptor.TYPE_MESSAGE:
-                    check_request(item, f"{path}[{i}].")
-                else:
-                    _check_scalar(fd, full, f"{path}[{i}]", item)
-        elif fd.type == FieldDescriptor.TYPE_MESSAGE:
-            if fd.message_type.full_name.startswith("google.protobuf."):
-                continue
-            check_request(value, f"{path}.")
-        else:
-            _check_scalar(fd, full, path, value)
+                    if rule.message:
+                        check_request(v, f"{prefix}{fd.name}[{k!r}].")
+                    elif rule.check is not None and (bad := rule.check(v)) is not None:
+                        raise bad(f"{prefix}{fd.name}[{k!r}]")
+            elif rule.message:
+                for i, item in enumerate(value):
+                    check_request(item, f"{prefix}{fd.name}[{i}].")
+            elif rule.check is not None:
+                for i, item in enumerate(value):
+                    if (bad := rule.check(item)) is not None:
+                        raise bad(f"{prefix}{fd.name}[{i}]")
+        elif rule.message:
+            check_request(value, f"{prefix}{fd.name}.")
+        elif rule.check is not None and (bad := rule.check(value)) is not None:
+            raise bad(f"{prefix}{fd.name}")
