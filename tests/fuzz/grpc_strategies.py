@@ -1,6 +1,7 @@
 """Hypothesis strategies for any protobuf request message, built from its descriptor (bounded).
 
-Every field may be absent or set; integers lean to the edges of their type and of the ranges the
+Half the messages stay inside the servers' bounds (they reach the handlers); in the others every
+field may be absent or set; integers lean to the edges of their type and of the ranges the
 servers enforce (0, 1, 65535, 65536, 2^53, max), strings and bytes are short mostly and sometimes
 just over the servers' limits, doubles include NaN and infinities, enums include unknown numbers,
 nested messages stop at ``MAX_DEPTH``, repeated fields hold at most ``MAX_ITEMS`` items.
@@ -44,7 +45,25 @@ def _text() -> st.SearchStrategy[str]:
     )
 
 
-def _scalar(fd: FieldDescriptor) -> st.SearchStrategy[Any]:
+def _plausible(fd: FieldDescriptor) -> st.SearchStrategy[Any]:
+    """Values inside the servers' bounds (so the request reaches the handler)."""
+    t = fd.type
+    if t in _INT_EDGES:
+        lo, hi = _INT_EDGES[t]
+        return st.one_of(st.integers(max(lo, 0), min(hi, 70_000)),
+                         st.sampled_from([v for v in (1, 2**31 - 1, 2**40 + 1, 2**53 - 1) if v <= hi]))
+    if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return st.floats(0, 4000, allow_nan=False)
+    if t == FieldDescriptor.TYPE_STRING:
+        return st.one_of(st.text(max_size=12), st.sampled_from(["127.0.0.1", "tiny", "job-a", "vm:fuzz:0"]))
+    if t == FieldDescriptor.TYPE_ENUM:
+        return st.sampled_from([v.number for v in fd.enum_type.values])
+    return _scalar(fd, plausible=False)
+
+
+def _scalar(fd: FieldDescriptor, plausible: bool = False) -> st.SearchStrategy[Any]:
+    if plausible:
+        return _plausible(fd)
     t = fd.type
     if t in _INT_EDGES:
         return _int(*_INT_EDGES[t])
@@ -63,27 +82,27 @@ def _scalar(fd: FieldDescriptor) -> st.SearchStrategy[Any]:
     raise TypeError(f"unsupported field type {t} of {fd.full_name}")
 
 
-def _value(fd: FieldDescriptor, depth: int) -> st.SearchStrategy[Any] | None:
+def _value(fd: FieldDescriptor, depth: int, plausible: bool) -> st.SearchStrategy[Any] | None:
     if fd.type == FieldDescriptor.TYPE_MESSAGE:
         if fd.message_type.full_name.startswith("google.protobuf."):
             return None  # well-known types (timestamps) are set by servers, not fuzzed here
         if depth >= MAX_DEPTH:
             return None
-        return message_dicts(fd.message_type, depth + 1)
-    return _scalar(fd)
+        return message_dicts(fd.message_type, depth + 1, plausible)
+    return _scalar(fd, plausible)
 
 
-def message_dicts(desc: Descriptor, depth: int = 0) -> st.SearchStrategy[dict[str, Any]]:
+def message_dicts(desc: Descriptor, depth: int = 0, plausible: bool = False) -> st.SearchStrategy[dict[str, Any]]:
     """Dicts of field name → value (nested messages as dicts) for *desc*."""
     optional: dict[str, st.SearchStrategy[Any]] = {}
     for fd in desc.fields:
         if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
             vfd = fd.message_type.fields_by_name["value"]
-            val = _value(vfd, depth)
+            val = _value(vfd, depth, plausible)
             if val is not None:
                 optional[fd.name] = st.dictionaries(_text(), val, max_size=MAX_ITEMS)
             continue
-        val = _value(fd, depth)
+        val = _value(fd, depth, plausible)
         if val is None:
             continue
         optional[fd.name] = st.lists(val, max_size=MAX_ITEMS) if fd.is_repeated else val
@@ -117,7 +136,9 @@ def _fill(msg: Any, data: dict[str, Any]) -> None:
 
 
 def requests(desc: Descriptor) -> st.SearchStrategy[Any]:
-    """Messages of type *desc* (any field set or not, bounded sizes and depth)."""
+    """Messages of type *desc* (any field set or not, bounded sizes and depth): half hostile
+    (edge values, too long, NaN, unknown enums), half plausible (inside the servers' bounds, so
+    they reach the handlers and their semantic checks)."""
     cls = message_factory.GetMessageClass(desc)
 
     def build(data: dict[str, Any]) -> Any:
@@ -125,4 +146,4 @@ def requests(desc: Descriptor) -> st.SearchStrategy[Any]:
         _fill(msg, data)
         return msg
 
-    return message_dicts(desc).map(build)
+    return st.one_of(message_dicts(desc, plausible=True), message_dicts(desc)).map(build)
