@@ -17,9 +17,11 @@ from typing import Any
 
 import orjson
 
+from motor_common.kv_events import Flavour as KvEventFlavour
 from motor_sim.config import Flavour, Role, SimConfig
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import FaultMode
+from motor_sim.kv_events_pub import KvEventsConfig, parse_kv_events_config
 
 log = logging.getLogger("motor_sim")
 
@@ -91,6 +93,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", nargs="+", default=None)
     p.add_argument("--kv-transfer-config", type=_json_arg, default=None)
+    p.add_argument("--kv-events-config", type=_json_arg, default=None)
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
     p.add_argument("--data-parallel-rank", "-dpn", type=int, default=None)
     p.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None)
@@ -135,6 +138,7 @@ def sglang_parser() -> argparse.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--log-level", default="info")
+    p.add_argument("--kv-events-config", type=_json_arg, default=None)
     _add_sim_flags(p)
     return p
 
@@ -155,6 +159,16 @@ def _check_fault(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
         p.error(f"argument --sim-fault: invalid choice: {ns.sim_fault!r}")
     if ns.sim_fault == FaultMode.POISON.value:
         p.error("argument --sim-fault: poison needs its 'match' bytes: POST /sim/fault instead")
+
+
+def _kv_events(p: argparse.ArgumentParser, ns: argparse.Namespace, fl: KvEventFlavour,
+               dp_rank: int) -> KvEventsConfig | None:
+    if ns.kv_events_config is None:
+        return None
+    try:
+        return parse_kv_events_config(fl, ns.kv_events_config, dp_rank)
+    except ValueError as exc:
+        p.error(f"argument --kv-events-config: {exc}")
 
 
 def _env_float(name: str, default: float) -> float:
@@ -195,10 +209,12 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
     if lease is None:
         lease = _env_float("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", 480.0)
     engine_id = ns.sim_engine_id or (str(ktc.get("engine_id")) if ktc and ktc.get("engine_id") else "")
+    kv_events = _kv_events(p, ns, KvEventFlavour.VLLM, dp_rank)
     return SimConfig(
         flavour=Flavour.VLLM, model=model,
         served_model_names=tuple(ns.served_model_name or [model]),
         host=ns.host, port=ns.port, role=role, kv_transfer_config=ktc, engine_id=engine_id,
+        kv_events=kv_events,
         dp_size=ns.data_parallel_size, dp_rank=dp_rank, dp_address=ns.data_parallel_address,
         dp_rpc_port=ns.data_parallel_rpc_port, tp_size=ns.tensor_parallel_size,
         max_num_seqs=ns.max_num_seqs, max_model_len=ns.max_model_len,
@@ -232,6 +248,7 @@ def config_from_sglang(argv: Sequence[str]) -> SimConfig:
         flavour=Flavour.SGLANG, model=ns.model_path,
         served_model_names=(ns.served_model_name or ns.model_path,),
         host=ns.host, port=ns.port, role=role, engine_id=ns.sim_engine_id or "",
+        kv_events=_kv_events(p, ns, KvEventFlavour.SGLANG, 0),
         dp_size=ns.dp_size, tp_size=ns.tp_size,
         max_num_seqs=ns.max_running_requests or 256,
         max_model_len=ns.context_length or 8192,

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from motor_sim.costmodel import CostModel
+from motor_sim.kv_events_pub import KvEventsConfig
 
 
 class Flavour(enum.Enum):
@@ -31,6 +32,8 @@ class SimConfig:
     port: int = 8000
     role: Role = Role.UNION
     kv_transfer_config: dict[str, object] | None = None
+    # --kv-events-config: publish KV-cache events (None = off)
+    kv_events: KvEventsConfig | None = None
     engine_id: str = ""
     # parallelism (reported, and used to derive ports)
     dp_size: int = 1

@@ -6,13 +6,23 @@ recomputing it. Freed blocks keep their hash and are evicted least-recently-free
 
 A sequence reserves, at admission, every block it can ever need (prompt plus ``max_tokens`` per
 choice); there is therefore no preemption, and ``usage`` counts reserved blocks.
+
+With ``kv_events`` on (the engine's ``--kv-events-config``), blocks are hashed the engine's way
+(``hasher``: vLLM's or SGLang's chained SHA-256, :mod:`motor_common.kv_events`) and every change of
+the prefix cache is queued in ``pending_events`` as the engine reports it: one ``BlockStored`` per
+allocation for its newly cached full prompt blocks (parent = the block before them), one
+``BlockRemoved`` per cached block evicted to make room, ``AllBlocksCleared`` on :meth:`reset`.
+``on_events`` (no I/O) is called when events were queued so a publisher can wake up.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from motor_common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 
 class NoFreeBlocks(Exception):
@@ -51,6 +61,10 @@ class BlockManager:
     _block_hash: dict[int, int] = field(init=False, default_factory=dict)
     _by_hash: dict[int, int] = field(init=False, default_factory=dict)
     _seqs: dict[str, tuple[int, ...]] = field(init=False, default_factory=dict)
+    # KV events (off unless a hasher is given)
+    hasher: Callable[[Sequence[int], int], list[Any]] | None = None
+    on_events: Callable[[], None] | None = None
+    pending_events: list[KVEvent] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if self.num_blocks <= 0 or self.block_size <= 0:
@@ -70,6 +84,27 @@ class BlockManager:
     def usage(self) -> float:
         return self.num_used / self.num_blocks
 
+    def _hashes(self, prompt_ids: Sequence[int]) -> list[Any]:
+        if self.hasher is not None:
+            return self.hasher(prompt_ids, self.block_size)
+        return block_hashes(prompt_ids, self.block_size)
+
+    def take_events(self) -> list[KVEvent]:
+        out, self.pending_events = self.pending_events, []
+        return out
+
+    def reset(self) -> bool:
+        """Drop every cached block not in use (vLLM's reset_prefix_cache); False if some are."""
+        if any(r > 0 for r in self._ref):
+            return False
+        self._by_hash.clear()
+        self._block_hash.clear()
+        if self.hasher is not None:
+            self.pending_events.append(AllBlocksCleared())
+            if self.on_events is not None:
+                self.on_events()
+        return True
+
     def holds(self, seq_id: str) -> bool:
         return seq_id in self._seqs
 
@@ -88,7 +123,7 @@ class BlockManager:
         return hit
 
     def can_allocate(self, prompt_ids: Sequence[int], total_tokens: int) -> bool:
-        hashes = block_hashes(prompt_ids, self.block_size)
+        hashes = self._hashes(prompt_ids)
         hit = self._cached_prefix(hashes, (len(prompt_ids) - 1) // self.block_size)
         reusable_free = sum(1 for b in hit if self._ref[b] == 0)
         need = blocks_for(total_tokens, self.block_size) - len(hit)
@@ -103,7 +138,7 @@ class BlockManager:
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
         total_tokens = max(total_tokens, len(prompt_ids), 1)
-        hashes = block_hashes(prompt_ids, self.block_size)
+        hashes = self._hashes(prompt_ids)
         hit = self._cached_prefix(hashes, (len(prompt_ids) - 1) // self.block_size)
         reusable_free = sum(1 for b in hit if self._ref[b] == 0)
         need = blocks_for(total_tokens, self.block_size) - len(hit)
@@ -114,20 +149,39 @@ class BlockManager:
                 del self._free[b]
             self._ref[b] += 1
         new: list[int] = []
+        events = self.hasher is not None
+        evicted: list[Any] = []
         for _ in range(need):
             b, _none = self._free.popitem(last=False)
             old = self._block_hash.pop(b, None)
             if old is not None and self._by_hash.get(old) == b:
                 del self._by_hash[old]
+                if events:
+                    evicted.append(old)
             self._ref[b] = 1
             new.append(b)
         blocks = tuple(hit + new)
+        stored: list[Any] = []
+        first_stored = -1
         if self.enable_prefix_caching:
             for i in range(len(hit), len(hashes)):
                 h = hashes[i]
                 if h not in self._by_hash:
                     self._by_hash[h] = blocks[i]
                     self._block_hash[blocks[i]] = h
+                    if events and (not stored or i == first_stored + len(stored)):
+                        if not stored:
+                            first_stored = i
+                        stored.append(h)
+        if evicted:
+            self.pending_events.extend(BlockRemoved((h,)) for h in evicted)
+        if stored:
+            bs = self.block_size
+            parent = hashes[first_stored - 1] if first_stored > 0 else None
+            toks = tuple(prompt_ids[first_stored * bs : (first_stored + len(stored)) * bs])
+            self.pending_events.append(BlockStored(tuple(stored), parent, toks, bs))
+        if (evicted or stored) and self.on_events is not None:
+            self.on_events()
         self._seqs[seq_id] = blocks
         cached = len(hit) * self.block_size
         self.prefix_queries += len(prompt_ids)

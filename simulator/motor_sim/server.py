@@ -17,12 +17,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from motor_common.kv_events import Flavour as EventFlavour
 from motor_sim import bootstrap, framing, params, responses, side_channel
 from motor_sim.config import Flavour as FlavourName
 from motor_sim.config import Role, SimConfig
 from motor_sim.dp_group import DpGroup
 from motor_sim.faults import Fault, FaultMode, InvalidFault, parse_fault
 from motor_sim.flavour import Flavour
+from motor_sim.kv_events_pub import KvEventPublisher
 from motor_sim.kvtransfer import TransferError
 from motor_sim.metrics import make_registry, render
 from motor_sim.service import ApiError, Run, SimService
@@ -75,6 +77,7 @@ class SimServer:
         self._frame_servers: list[framing.FrameServer] = []
         self._runner: web.AppRunner | None = None
         self._zmq: FaultPublisher | None = None
+        self.kv_events: KvEventPublisher | None = None
         self.active_dp_ranks: list[int] = list(range(cfg.dp_size))
         self._dp_group: DpGroup | None = None
         self._reconfig_until = 0.0
@@ -410,6 +413,12 @@ class SimServer:
             await fs.start(c.host, c.bootstrap_port)
             self._frame_servers.append(fs)
             log.info("bootstrap server listening on %s:%d", c.host, c.bootstrap_port)
+        if c.kv_events is not None:
+            self.kv_events = KvEventPublisher(EventFlavour(c.flavour.value), c.kv_events,
+                                              self.svc.blocks.take_events, c.dp_rank)
+            self.svc.blocks.on_events = self.kv_events.poke
+            self.kv_events.start()
+            log.info("KV events published on %s (replay %s)", *self.kv_events.endpoints)
         if c.zmq_pub_port is not None:
             self._zmq = FaultPublisher(c.host, c.zmq_pub_port + c.dp_rank, self._ft_status,
                                        c.zmq_interval_s)
@@ -443,6 +452,8 @@ class SimServer:
             await self._runner.cleanup()
         if self._zmq is not None:
             await self._zmq.close()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         if self._dp_group is not None:
             await self._dp_group.close()
         for lease in self.svc.leases.drain():

@@ -15,6 +15,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from motor_common.kv_events import Flavour as EventFlavour
+from motor_common.kv_events import block_hashes as engine_block_hashes
 from motor_sim.config import Flavour, SimConfig
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import Fault, FaultMode
@@ -84,6 +86,10 @@ class SimService:
         self.cfg = cfg
         self.engine_id = cfg.engine_id or str(uuid.uuid4())
         self.blocks = BlockManager(cfg.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        if cfg.kv_events is not None:
+            # hash blocks the engine's way so the published hashes are the engine's
+            ev_flavour = EventFlavour(cfg.flavour.value)
+            self.blocks.hasher = lambda ids, bs: engine_block_hashes(ev_flavour, ids, bs)
         self.engine = Engine(self.blocks, cfg.cost, cfg.max_num_seqs)
         self.leases = LeaseTable(self.engine_id)
         self.rooms = RoomTable()
