@@ -33,6 +33,8 @@ from motor_controller.store import Store
 
 log = logging.getLogger(__name__)
 
+CHECK_WARN_EVERY = 30.0  # seconds between repeated "cannot read the coordinator" warnings
+
 
 class CoordinatorPusher:
     def __init__(
@@ -55,6 +57,10 @@ class CoordinatorPusher:
         self._next_check = 0.0
         self.state = SyncState()
         self.pushes: dict[str, int] = {}  # op kind -> successful count (observability, tests)
+        # When the coordinator's list stopped answering (None = it answers); repeated warnings are
+        # spaced by CHECK_WARN_EVERY so a coordinator that cannot be synced is visible in the log.
+        self.check_failing_since: float | None = None
+        self._check_warned_at = 0.0
 
     @property
     def key(self) -> str:
@@ -139,5 +145,23 @@ class CoordinatorPusher:
             try:
                 await self.check_now()
             except MotorError as exc:
-                log.debug("coordinator check failed", extra={"coordinator": self.client.address, "error": exc.message})
+                self._check_failed(exc, now)
+            else:
+                if self.check_failing_since is not None:
+                    log.info("coordinator answers again", extra={
+                        "coordinator": self.client.address, "after_sec": round(now - self.check_failing_since, 1)})
+                self.check_failing_since = None
         await self.flush()
+
+    def _check_failed(self, exc: MotorError, now: float) -> None:
+        first = self.check_failing_since is None
+        if first:
+            self.check_failing_since = now
+        if first or now - self._check_warned_at >= CHECK_WARN_EVERY:
+            self._check_warned_at = now
+            assert self.check_failing_since is not None
+            log.warning(
+                "cannot read the coordinator's instance list: it cannot be synced until this succeeds",
+                extra={"coordinator": self.client.address, "error": exc.message, "reason": exc.reason,
+                       "failing_for_sec": round(now - self.check_failing_since, 1)},
+            )

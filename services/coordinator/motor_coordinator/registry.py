@@ -9,8 +9,10 @@ Errors:
     AlreadyExists       ADD of an id registered with another identity, or of an endpoint that
                         another instance already serves (reason ENDPOINT_IN_USE)
     NotFound            DELETE/PAUSE/RESUME/GET of an unknown id
+    InvalidArgument     also: a generation above MAX_GENERATION (GENERATION_OUT_OF_RANGE)
     FailedPrecondition  DELETE whose role, job name or endpoint group differs from the registered
-                        instance (reason IDENTITY_MISMATCH); generation gap (GENERATION_GAP)
+                        instance (reason IDENTITY_MISMATCH); generation gap (GENERATION_GAP); the
+                        next generation would exceed MAX_GENERATION (GENERATION_EXHAUSTED)
     Aborted             stale generation (STALE_GENERATION)
 """
 
@@ -32,12 +34,19 @@ from motor_coordinator.validation import validate_batch
 
 DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 1000
+# Highest generation the registry accepts or reaches (2^53 - 1: exact in every JSON client, and far
+# below the uint64 wire limit, so ``generation + 1`` can always be encoded in a response).
+MAX_GENERATION = 2**53 - 1
 
 
 @dataclass(frozen=True)
 class RegistryState:
     generation: int = 0
     instances: Mapping[int, Instance] = field(default_factory=lambda: MappingProxyType({}))
+    # False until the first accepted SET or ADD (see :func:`authoritative_after`): until then the
+    # coordinator does not know the fleet, so "model not found" would be a guess (Dispatch answers
+    # UNAVAILABLE REGISTRY_NOT_SYNCED instead).
+    authoritative: bool = False
 
     def get(self, instance_id: int) -> Instance:
         try:
@@ -50,16 +59,32 @@ class RegistryState:
             ) from None
 
 
-def _state(generation: int, instances: Mapping[int, Instance]) -> RegistryState:
-    return RegistryState(generation, MappingProxyType(dict(instances)))
+def _state(generation: int, instances: Mapping[int, Instance], authoritative: bool) -> RegistryState:
+    return RegistryState(generation, MappingProxyType(dict(instances)), authoritative)
 
 
 # -- generations ------------------------------------------------------------------------------
 
 
+def _bounded(current: int, requested: int) -> int:
+    """*requested*, or ``current + 1`` for 0, checked against :data:`MAX_GENERATION`."""
+    if requested > MAX_GENERATION or requested < 0:
+        raise InvalidArgument(
+            f"generation {requested} is out of range: use 0 (not tracked) or 1..{MAX_GENERATION}",
+            reason="GENERATION_OUT_OF_RANGE",
+            metadata={"requested_generation": str(requested), "max_generation": str(MAX_GENERATION)},
+        )
+    if requested == 0 and current >= MAX_GENERATION:
+        raise FailedPrecondition(
+            f"the coordinator is at the highest generation {current}; restart it to start again from 0",
+            reason="GENERATION_EXHAUSTED",
+            metadata={"current_generation": str(current)},
+        )
+    return current + 1 if requested == 0 else requested
+
+
 def next_generation_for_set(current: int, requested: int) -> int:
-    if requested == 0:
-        return current + 1
+    requested = _bounded(current, requested)
     if requested < current:
         raise Aborted(
             f"stale generation {requested}: the coordinator is at generation {current}",
@@ -70,8 +95,7 @@ def next_generation_for_set(current: int, requested: int) -> int:
 
 
 def next_generation_for_increment(current: int, requested: int) -> int:
-    if requested == 0:
-        return current + 1
+    requested = _bounded(current, requested)
     if requested <= current:
         raise Aborted(
             f"stale generation {requested}: the coordinator is at generation {current}; "
@@ -100,7 +124,7 @@ def _registered(inst: Instance) -> Instance:
 def set_instances(state: RegistryState, instances: Sequence[Instance], generation: int) -> RegistryState:
     gen = next_generation_for_set(state.generation, generation)
     validate_batch(instances)
-    return _state(gen, {i.id: _registered(i) for i in instances})
+    return _state(gen, {i.id: _registered(i) for i in instances}, True)
 
 
 def _describe_identity_diff(registered: Instance, given: Instance) -> str:
@@ -150,7 +174,7 @@ def add_instances(
                 )
         merged[inst.id] = _registered(inst)
         added.append(inst.id)
-    return _state(gen, merged), added
+    return _state(gen, merged, True), added
 
 
 def delete_instances(
@@ -173,7 +197,7 @@ def delete_instances(
                 metadata={"instance_id": str(inst.id)},
             )
     remaining = {k: v for k, v in state.instances.items() if k not in seen}
-    return _state(gen, remaining), [i.id for i in instances]
+    return _state(gen, remaining, state.authoritative), [i.id for i in instances]
 
 
 def _set_status(
@@ -186,7 +210,7 @@ def _set_status(
     merged = dict(state.instances)
     for iid in wanted:
         merged[iid] = replace(merged[iid], status=status)
-    return _state(gen, merged)
+    return _state(gen, merged, state.authoritative)
 
 
 def pause_instances(state: RegistryState, ids: Iterable[int], generation: int) -> RegistryState:
