@@ -41,6 +41,7 @@ from motor_gateway.limits import (
     encodings,
 )
 from motor_gateway.openai import (
+    RETRY_AFTER_SEC,
     HttpError,
     engine_error_body,
     error_from_motor,
@@ -90,6 +91,8 @@ def error_response(err: HttpError, request_id: str | None = None) -> web.Respons
         if shown is not err:
             log.warning("request failed", extra={"status": err.status, "code": err.code, "detail": err.message})
             err = shown
+    if err.status == 503:  # temporary by definition: tell clients when to try again
+        headers["Retry-After"] = str(RETRY_AFTER_SEC)
     return web.Response(status=err.status, body=err.json(), headers=headers)
 
 

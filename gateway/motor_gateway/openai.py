@@ -60,12 +60,17 @@ _BY_CODE: dict[str, tuple[int, str]] = {
     "DEADLINE_EXCEEDED": (504, "timeout_error"),
 }
 _DEFAULT_CODE = {404: "model_not_found", 504: "timeout", 503: "service_unavailable"}
+# Transient refusals an SDK should simply retry: the OpenAI code stays the generic
+# ``service_unavailable`` (the message says why), and the response carries ``Retry-After``.
+_TRANSIENT_REASONS = frozenset({"REGISTRY_NOT_SYNCED"})
+# Seconds a client should wait before retrying a 503 (``Retry-After``).
+RETRY_AFTER_SEC = 1
 
 
 def error_for_status(code_name: str, message: str, reason: str | None = None) -> HttpError:
     """The OpenAI error for a failure with canonical status *code_name* and optional *reason*."""
     status, kind = _BY_CODE.get(code_name, (500, "server_error"))
-    if reason and reason != code_name:
+    if reason and reason != code_name and reason not in _TRANSIENT_REASONS:
         code: str | None = reason.lower()
     else:
         code = _DEFAULT_CODE.get(status, code_name.lower() if status != 500 else "internal_error")

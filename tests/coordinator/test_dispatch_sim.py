@@ -147,9 +147,13 @@ async def test_errors_before_the_head_and_engine_4xx_relayed(tmp_path: Path, sta
                 pass
         return err.value.code(), error_reason(err.value), err.value.details() or ""
 
+    # no instance set received yet (a restart, a first sync): retryable UNAVAILABLE, never NOT_FOUND
     code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "x"}))
-    assert code == grpc.StatusCode.NOT_FOUND and reason == "MODEL_NOT_FOUND"
+    assert code == grpc.StatusCode.UNAVAILABLE and reason == "REGISTRY_NOT_SYNCED", msg
     await s.set(instance(3, Role.UNION, EngineType.VLLM, [u]))
+    # NOT_FOUND only for a model the authoritative set does not contain
+    code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": "no-such-model", "prompt": "x"}))
+    assert code == grpc.StatusCode.NOT_FOUND and reason == "MODEL_NOT_FOUND"
     assert (await code_of(COMPLETIONS, b"{nope"))[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert (await code_of(COMPLETIONS, b'{"prompt": "x"}'))[1] == "MISSING_MODEL"
     assert (await code_of(cpb.OPEN_AI_API_UNSPECIFIED, b"{}"))[0] == grpc.StatusCode.INVALID_ARGUMENT

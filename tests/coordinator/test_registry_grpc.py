@@ -16,6 +16,7 @@ from motor_common.grpc_server import ServerConfig, error_reason
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, DispatchConfig
 from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH
+from motor_coordinator.registry import MAX_GENERATION
 from tests.coordinator.factories import inst
 from tests.coordinator.grpc_util import KEY, MD, Stubs
 from tests.helpers import wait_for
@@ -137,6 +138,39 @@ async def test_generation_rules_over_grpc(coord: tuple[Coordinator, Stubs]) -> N
     assert (await s.list()).generation == 12
 
 
+@pytest.mark.parametrize("generation", [2**64 - 1, 2**63, MAX_GENERATION + 1])
+async def test_out_of_range_generation_is_invalid_argument_and_cannot_wedge_the_registry(
+    coord: tuple[Coordinator, Stubs], generation: int,
+) -> None:
+    _, s = coord
+    await s.set(P, generation=5)
+    for call in (s.set(D, generation=generation), s.add(D, generation=generation),
+                 s.delete(P, generation=generation)):
+        await expect(grpc.StatusCode.INVALID_ARGUMENT, call, "GENERATION_OUT_OF_RANGE")
+    assert (await s.list()).generation == 5 and await s.ids() == {1}  # nothing applied
+    # the highest accepted value: every later mutation is answered, List/GetReadiness keep working
+    assert (await s.set(P, generation=MAX_GENERATION)).generation == MAX_GENERATION
+    await expect(grpc.StatusCode.FAILED_PRECONDITION, s.add(D), "GENERATION_EXHAUSTED")
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, s.add(D, generation=MAX_GENERATION + 1),
+                 "GENERATION_OUT_OF_RANGE")
+    listed = await s.list()
+    assert listed.generation == MAX_GENERATION and [i.id for i in listed.instances] == [1]
+    r = await s.readiness()
+    assert r.generation == MAX_GENERATION and r.reason == "no schedulable prefill+decode pair or union instance"
+    assert (await s.set(P, generation=MAX_GENERATION)).generation == MAX_GENERATION  # idempotent retry
+
+
+async def test_registry_is_authoritative_after_the_first_set_or_add(coord: tuple[Coordinator, Stubs]) -> None:
+    app, s = coord
+    assert not app.state.authoritative
+    await expect(grpc.StatusCode.NOT_FOUND, s.delete(P), "INSTANCE_NOT_FOUND")  # a failed call changes nothing
+    assert not app.state.authoritative
+    await s.add(P)  # standalone: the first `motor register add` makes the registry authoritative
+    assert app.state.authoritative and (await s.readiness()).reason != "instance set not received yet"
+    await s.delete(P)
+    assert app.state.authoritative  # an empty set that was *given* is still authoritative
+
+
 async def test_readiness_and_health_follow_the_instance_set(coord: tuple[Coordinator, Stubs]) -> None:
     _, s = coord
     health = health_pb2_grpc.HealthStub(s.channel)
@@ -148,12 +182,13 @@ async def test_readiness_and_health_follow_the_instance_set(coord: tuple[Coordin
         return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
 
     r = await s.readiness()
-    assert not r.ready and r.reason == "no schedulable prefill+decode pair or union instance"
+    assert not r.ready and r.reason == "instance set not received yet"
     assert r.role == cpb.COORDINATOR_ROLE_STANDALONE and r.available_instances == 0
     assert not await serving()
     await s.set(P)  # prefill alone is not enough
     r = await s.readiness()
     assert not r.ready and r.available_instances == 1
+    assert r.reason == "no schedulable prefill+decode pair or union instance"
     await s.add(D)
     r = await s.readiness()
     assert r.ready and r.generation == 2 and r.available_instances == 2

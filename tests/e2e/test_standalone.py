@@ -40,6 +40,8 @@ class Stack:
     union: AsyncOpenAI
     health_before: tuple[int, dict[str, Any]]
     cli_env: dict[str, str]
+    # a completion sent before any registration: (HTTP status, Retry-After header, body)
+    completion_before: tuple[int, str | None, dict[str, Any]]
 
 
 async def gateway_health(url: str) -> tuple[int, dict[str, Any]]:
@@ -87,6 +89,10 @@ async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             procs += [coordinator]
             front_url = f"http://127.0.0.1:{coordinator.ports['http']}"
         health_before = await gateway_health(front_url)
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{front_url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1},
+        ) as r:
+            completion_before = (r.status, r.headers.get("Retry-After"), await r.json())
 
         (logs / "cli.key").write_text(KEY)
         env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
@@ -99,7 +105,7 @@ async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         ref = AsyncOpenAI(base_url=f"{union.url}/v1", api_key="unused", max_retries=0)
         es.push_async_callback(pd.close)
         es.push_async_callback(ref.close)
-        yield Stack(flavour, procs, front_url, pd, ref, health_before, env)
+        yield Stack(flavour, procs, front_url, pd, ref, health_before, env, completion_before)
 
 
 async def _ready(url: str) -> bool:
@@ -111,8 +117,13 @@ async def test_readiness_is_503_before_registration_and_200_after(stack: Stack) 
     status, body = stack.health_before
     assert status == 503
     assert body["status"] == "unavailable"
-    assert "no schedulable" in body["reason"]
+    assert "instance set not received yet" in body["reason"]
     assert await gateway_health(stack.gateway_url) == (200, {"status": "ok"})
+
+
+async def test_a_request_before_the_first_registration_is_503_with_retry_after_never_404(stack: Stack) -> None:
+    status, retry_after, body = stack.completion_before
+    assert (status, retry_after, body["error"]["code"]) == (503, "1", "service_unavailable"), body
 
 
 async def test_models_lists_the_registered_model(stack: Stack) -> None:

@@ -137,6 +137,15 @@ async def test_model_not_found_code_is_model_not_found(rig: Rig) -> None:
         assert (await resp.json())["error"]["code"] == "model_not_found"
 
 
+async def test_registry_not_synced_is_503_service_unavailable_with_retry_after(rig: Rig) -> None:
+    rig.fake.script = failing(errors.Unavailable("instance set not received yet", reason="REGISTRY_NOT_SYNCED"))
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION) as resp:
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        body = await resp.json()
+    assert body["error"]["code"] == "service_unavailable"
+    assert body["error"]["message"] == "instance set not received yet"
+
+
 async def test_dispatch_deadline_gives_504(tmp_path: Path) -> None:
     async with fake_coordinator() as (addr, fake):
         fake.script = hanging()

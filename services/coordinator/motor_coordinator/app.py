@@ -105,7 +105,12 @@ class Coordinator:
     def commit(self, new: RegistryState) -> None:
         """Scheduler first, then the mirror: no await between validation and this call."""
         self.scheduler.accept(new)
+        became_authoritative = new.authoritative and not self.state.authoritative
         self.state = new
+        if became_authoritative:
+            log.info("instance registry is authoritative", extra={"generation": new.generation,
+                                                                   "instances": len(new.instances)})
+            self._mark_dirty()
         now = int(time.time())
         for inst in new.instances.values():
             self._model_created.setdefault(inst.model_name, now)
@@ -129,6 +134,7 @@ class Coordinator:
             is_master=self.leadership.is_master,
             isolated=self.leadership.isolated,
             schedulable=self.scheduler.has_schedulable_route(),
+            synced=self.state.authoritative,
         )
 
     def _mark_dirty(self) -> None:

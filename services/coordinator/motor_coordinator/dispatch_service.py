@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from motor_common.domain import InstanceStatus, Role
-from motor_common.errors import DeadlineExceeded, InvalidArgument
+from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.logs import new_request_id, request_id_var
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
-from motor_coordinator.readiness import DEGRADED_HEADER, admission
+from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
 from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
 
 if TYPE_CHECKING:
@@ -91,11 +91,18 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
 
 
 def admit(app: Coordinator, *, degraded_hint: bool) -> None:
-    """Raise the refusal of a Dispatch by this coordinator (standby, isolated master), if any."""
+    """Raise the refusal of a Dispatch by this coordinator (standby, isolated master, registry not
+    authoritative yet), if any."""
     lead = app.leadership
     refusal = admission(lead.role, isolated=lead.isolated, degraded_hint=degraded_hint)
     if refusal is not None:
         raise refusal
+    if not app.state.authoritative:
+        raise Unavailable(
+            f"{NOT_SYNCED}: this coordinator has not received its instance set yet "
+            "(restarted, waiting for the controller's SetInstances or a first `motor register`); retry shortly",
+            reason="REGISTRY_NOT_SYNCED",
+        )
 
 
 def _degraded_hint(context: Any) -> bool:

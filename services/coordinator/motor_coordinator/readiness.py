@@ -27,9 +27,10 @@ from motor_common.errors import Unavailable
 from motor_common.leadership import DEGRADED_HEADER, LeaderRole
 
 NO_ROUTE = "no schedulable prefill+decode pair or union instance"
+NOT_SYNCED = "instance set not received yet"
 NOT_MASTER = "Coordinator is not master"
 ISOLATED = "isolated"
-__all__ = ["DEGRADED_HEADER", "ISOLATED", "NOT_MASTER", "NO_ROUTE", "Readiness", "admission", "evaluate"]
+__all__ = ["DEGRADED_HEADER", "ISOLATED", "NOT_MASTER", "NOT_SYNCED", "NO_ROUTE", "Readiness", "admission", "evaluate"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,13 @@ class Readiness:
     reason: str = ""
 
 
-def evaluate(*, is_master: bool, isolated: bool, schedulable: bool) -> Readiness:
+def evaluate(*, is_master: bool, isolated: bool, schedulable: bool, synced: bool = True) -> Readiness:
     if isolated:
         return Readiness(False, ISOLATED)
     if not is_master:
         return Readiness(False, NOT_MASTER)
+    if not synced:
+        return Readiness(False, NOT_SYNCED)
     if not schedulable:
         return Readiness(False, NO_ROUTE)
     return Readiness(True)
