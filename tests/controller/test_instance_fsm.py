@@ -105,11 +105,15 @@ def test_node_returning_fresh_brings_instance_back() -> None:
     assert transition(S.INACTIVE, observe(mi, nodes, ob, now, TIMEOUT, 0.0)[0]) is S.ACTIVE
 
 
-def test_nodes_loaded_from_store_are_unknown_for_one_timeout_then_lost() -> None:
+def test_nodes_loaded_from_store_are_unknown_for_the_whole_reattach_grace_then_lost() -> None:
     mi, nodes = make_instance()
     loaded = {n: r.__class__(r.spec, r.registered_at, None) for n, r in nodes.items()}
-    assert observe(mi, loaded, {}, 1.0, TIMEOUT, 0.0)[0] is Signal.UNKNOWN
-    assert observe(mi, loaded, {}, TIMEOUT + 0.1, TIMEOUT, 0.0)[0] is Signal.NODE_LOST
+    grace_end = 9.0  # longer than the heartbeat timeout: the fleet's reconnect back-off
+    for now in (1.0, TIMEOUT + 0.1, grace_end - 0.01):
+        assert observe(mi, loaded, {}, now, TIMEOUT, grace_end)[0] is Signal.UNKNOWN
+    assert observe(mi, loaded, {}, grace_end, TIMEOUT, grace_end)[0] is Signal.NODE_LOST
+    # UNKNOWN moves no state: an ACTIVE instance stays ACTIVE (and in the coordinators) meanwhile
+    assert transition(S.ACTIVE, Signal.UNKNOWN) is None
 
 
 def test_freshly_registered_node_without_heartbeat_is_pending_then_lost() -> None:

@@ -123,6 +123,13 @@ def test_unknown_config_key_exits_2_naming_it(tmp_path: Path) -> None:
     assert "fault_tolerance_config.enable_engine_relunch" in out.stderr and "enable_engine_relaunch" in out.stderr
 
 
+def test_enable_dp_scale_up_is_rejected_not_silently_ignored(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("fault_tolerance_config:\n  enable_dp_scale_up: true\n")
+    out = subprocess.run([tool("motor-controller"), "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "fault_tolerance_config.enable_dp_scale_up" in out.stderr
+
+
 
 async def test_ops_endpoint_serves_metrics_health_and_readiness(tmp_path: Path) -> None:
     import json

@@ -13,7 +13,7 @@ from tests.controller.factories import obs, record, spec
 def world(**kw: object) -> World:
     base: dict[str, object] = dict(
         nodes={}, observations={}, instances={}, incarnations={}, start_gates={}, now=10.0, wall=1000.0,
-        started_at=0.0, heartbeat_timeout=3.0, master_port=29550,
+        reattach_until=0.0, heartbeat_timeout=3.0, master_port=29550,
     )
     base.update(kw)
     return World(**base)  # type: ignore[arg-type]
@@ -85,11 +85,26 @@ def test_restarted_controller_sends_no_start_to_nodes_running_the_instance() -> 
     w, _ = step(replace(w, observations=running))
     # restart: nodes loaded from store (registered_mono None), no heartbeats yet
     loaded = two_nodes(None)
-    r = world(nodes=loaded, instances=w.instances, now=100.0, started_at=100.0)
+    r = world(nodes=loaded, instances=w.instances, now=100.0, reattach_until=103.0)
     r, p = step(r)
     assert p.starts == [] and p.upserts == {}  # UNKNOWN within grace: nothing moves
     r, p = step(replace(r, now=100.5, observations={n: obs(100.5, IID, [ES.NORMAL] * 2) for n in loaded}))
     assert p.starts == [] and r.instances[IID].state is InstanceState.ACTIVE
+
+
+def test_restarted_controller_changes_nothing_until_its_reattach_grace_ends() -> None:
+    w, _ = step(world(nodes=two_nodes()))
+    w, _ = step(replace(w, observations={n: obs(10.0, IID, [ES.NORMAL, ES.NORMAL]) for n in w.nodes}))
+    assert w.instances[IID].state is InstanceState.ACTIVE
+    loaded = two_nodes(None)
+    # restarted at 100 with a 9 s grace: far beyond the 3 s heartbeat timeout nothing moves
+    r = world(nodes=loaded, instances=w.instances, now=100.0, reattach_until=109.0)
+    for now in (100.0, 103.5, 108.9):
+        r, p = step(replace(r, now=now))
+        assert p.upserts == {} and p.starts == [] and p.partial_losses == {}
+    # a node that never re-attached is lost only once the grace is over
+    r, p = step(replace(r, now=109.0))
+    assert r.instances[IID].state is InstanceState.INACTIVE
 
 
 def test_node_displaced_by_another_pod_retires_the_instance_and_bumps_the_id() -> None:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
+from motor_common.heartbeats import default_reattach_grace
 from motor_common.logs import LogConfig
 
 
@@ -36,7 +37,8 @@ class FaultToleranceConfig:
     # (docs/precision.md). Only with enable_fault_tolerance.
     enable_precision_recovery: bool = True
     enable_dp_scale_down: bool = False
-    enable_dp_scale_up: bool = False
+    # No `enable_dp_scale_up`: a retired rank rejoins only through an engine relaunch (see
+    # docs/fault-tolerance.md); an accepted key that did nothing was removed, so it is now rejected.
     dp_scale_down_config: DpScaleDownConfig = field(default_factory=DpScaleDownConfig)
 
     def __post_init__(self) -> None:
@@ -127,6 +129,12 @@ class ControllerConfig:
     heartbeat_interval_sec: float = 1.0
     # A node whose last heartbeat is older than this is lost (about 3x the interval).
     heartbeat_timeout_sec: float = 3.0
+    # After a restart or an election (also after the store was unavailable) this controller waits
+    # this long for the nodemanagers' heartbeat streams to re-attach before it judges any node it has
+    # not heard from since: no node is marked lost and no instance leaves the coordinators only
+    # because of that. Unset = the nodemanagers' reconnect back-off cap (5 s) + heartbeat_interval_sec
+    # + heartbeat_timeout_sec (9 s with the defaults). Must be >= heartbeat_timeout_sec.
+    reattach_grace_sec: float | None = None
     reconcile_interval_sec: float = 0.5
     # Periodic full sync with every coordinator (the final safety net).
     sync_interval_sec: float = 5.0
@@ -143,6 +151,11 @@ class ControllerConfig:
     fault_tolerance_config: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     node_restart: NodeRestartConfig = field(default_factory=NodeRestartConfig)
 
+    def reattach_grace(self) -> float:
+        if self.reattach_grace_sec is not None:
+            return self.reattach_grace_sec
+        return default_reattach_grace(self.heartbeat_interval_sec, self.heartbeat_timeout_sec)
+
     def __post_init__(self) -> None:
         for name in (
             "heartbeat_interval_sec",
@@ -157,6 +170,9 @@ class ControllerConfig:
                 raise ValueError(f"{name} must be > 0")
         if self.heartbeat_timeout_sec <= self.heartbeat_interval_sec:
             raise ValueError("heartbeat_timeout_sec must be greater than heartbeat_interval_sec")
+        if self.reattach_grace_sec is not None and self.reattach_grace_sec < self.heartbeat_timeout_sec:
+            raise ValueError("reattach_grace_sec must be >= heartbeat_timeout_sec (unset = derived from the "
+                             "heartbeat settings and the nodemanagers' reconnect back-off)")
         if not 1 <= self.dp_master_port <= 65535:
             raise ValueError("dp_master_port must be in [1, 65535]")
         for addr in self.coordinators:

@@ -90,6 +90,9 @@ class Controller:
         self._clock = clock
         self._wall = wall
         self.started_at = clock()
+        # Until then a node loaded from the store that has not heartbeated yet is UNKNOWN (never
+        # lost): the fleet's heartbeat streams re-attach after a restart or an election.
+        self.reattach_until = self.started_at + config.reattach_grace()
         self.epoch = ""
         self.nodes: dict[str, NodeRecord] = {}
         self.observations: dict[str, NodeObservation] = {}
@@ -170,9 +173,11 @@ class Controller:
         for pusher in self.pushers:
             await pusher.load()
         self.started_at = self._clock()
+        self.reattach_until = self.started_at + self.config.reattach_grace()
         log.info(
-            "controller state loaded",
-            extra={"nodes": len(self.nodes), "instances": len(self.instances), "epoch": self.epoch},
+            "controller state loaded; waiting for the fleet to re-attach before judging any node",
+            extra={"nodes": len(self.nodes), "instances": len(self.instances), "epoch": self.epoch,
+                   "reattach_grace_sec": self.config.reattach_grace()},
         )
 
     def start(self) -> None:
@@ -287,7 +292,7 @@ class Controller:
         if mi is None:
             return False
         sig, _ = observe(mi, self.nodes, self.observations, self._clock(), self.config.heartbeat_timeout_sec,
-                         self.started_at)  # fmt: skip
+                         self.reattach_until)  # fmt: skip
         return sig in (Signal.HEALTHY, Signal.PAUSED)
 
     def node_gone(self, node_id: str) -> bool:
@@ -412,7 +417,7 @@ class Controller:
             mi = replace(mi, state=nxt, reason=f"recovery {result.outcome.value}: {result.detail}",
                          state_changed_at=self._wall())  # fmt: skip
             observed, why = observe(mi, self.nodes, self.observations, self._clock(),
-                                    self.config.heartbeat_timeout_sec, self.started_at)  # fmt: skip
+                                    self.config.heartbeat_timeout_sec, self.reattach_until)  # fmt: skip
             again = transition(mi.state, observed)
             if again is not None:  # straight back to ACTIVE: coordinators see RESUME, not DEL + ADD
                 mi = replace(mi, state=again, reason=why, state_changed_at=self._wall())
@@ -561,7 +566,7 @@ class Controller:
                 start_gates=self.start_gates,
                 now=self._clock(),
                 wall=self._wall(),
-                started_at=self.started_at,
+                reattach_until=self.reattach_until,
                 heartbeat_timeout=self.config.heartbeat_timeout_sec,
                 master_port=self.config.dp_master_port,
             )

@@ -12,7 +12,9 @@ Observation signals are computed level-triggered by :func:`observe` from the who
 (registry + last heartbeats + clock). ACTIVE needs every node *fresh* (last heartbeat younger than
 the timeout) and every endpoint NORMAL, so a partly lost instance never flaps back to ACTIVE:
 hysteresis comes from freshness, not timers. UNKNOWN (a node loaded from the store has not
-heartbeated yet, still within one timeout of the controller start) never moves anything.
+heartbeated yet and the controller is still within its re-attach grace, ``reattach_until``: a
+restarted or newly elected controller waits for the fleet's heartbeat streams to come back) never
+moves anything.
 """
 
 from __future__ import annotations
@@ -81,14 +83,15 @@ def observe(
     observations: Mapping[str, NodeObservation],
     now: float,
     timeout: float,
-    started_at: float,
+    reattach_until: float,
 ) -> tuple[Signal, str]:
     """Summarise the observed state of *inst*'s nodes into one signal and a reason."""
     if inst.instance is None:
         return Signal.PENDING, inst.reason
     found: dict[Signal, str] = {}
     for node_id in inst.node_ids:
-        sig, why = _observe_node(inst, node_id, nodes.get(node_id), observations.get(node_id), now, timeout, started_at)
+        sig, why = _observe_node(inst, node_id, nodes.get(node_id), observations.get(node_id), now, timeout,
+                                 reattach_until)
         found.setdefault(sig, f"node {node_id}: {why}")
     for sig in _PRIORITY:
         if sig in found:
@@ -103,7 +106,7 @@ def _observe_node(
     ob: NodeObservation | None,
     now: float,
     timeout: float,
-    started_at: float,
+    reattach_until: float,
 ) -> tuple[Signal, str]:
     if rec is None:
         return Signal.NODE_LOST, "not registered"
@@ -112,8 +115,8 @@ def _observe_node(
             if now - rec.registered_mono < timeout:
                 return Signal.PENDING, "registered, waiting for its first heartbeat"
             return Signal.NODE_LOST, "no heartbeat since registration"
-        if now - started_at < timeout:
-            return Signal.UNKNOWN, "no heartbeat since the controller started"
+        if now < reattach_until:
+            return Signal.UNKNOWN, "no heartbeat since the controller started (waiting for the fleet to re-attach)"
         return Signal.NODE_LOST, "no heartbeat since the controller started"
     age = now - ob.seen_at
     if age >= timeout:

@@ -43,7 +43,9 @@ class World:
     start_gates: Mapping[str, tuple[int, float]]
     now: float  # monotonic
     wall: float
-    started_at: float  # monotonic start of this controller process
+    # Monotonic end of this controller's re-attach grace (its start or election + the grace): until
+    # then a node loaded from the store that has not heartbeated yet is UNKNOWN, never lost.
+    reattach_until: float
     heartbeat_timeout: float
     master_port: int
 
@@ -71,8 +73,8 @@ def partial_loss(mi: ManagedInstance, world: World) -> tuple[str, ...]:
     """Surviving nodes of a multi-node instance that lost some but not all of its nodes (else ())."""
     if len(mi.node_ids) < 2 or mi.state not in (InstanceState.STARTING, InstanceState.ACTIVE, InstanceState.INACTIVE):
         return ()
-    if world.now - world.started_at < world.heartbeat_timeout:
-        return ()  # nodes loaded from the store have not had a chance to heartbeat yet
+    if world.now < world.reattach_until:
+        return ()  # nodes loaded from the store may not have re-attached their heartbeat streams yet
     lost, survivors = [], []
     for node_id in mi.node_ids:
         rec = world.nodes.get(node_id)
@@ -183,7 +185,7 @@ def plan(world: World) -> Plan:
     for mi in list(live_by_job.values()):
         if mi.blocked:
             continue
-        sig, why = observe(mi, world.nodes, world.observations, now, timeout, world.started_at)
+        sig, why = observe(mi, world.nodes, world.observations, now, timeout, world.reattach_until)
         out.signals[mi.id] = sig
         nxt = transition(mi.state, sig)
         if nxt is not None:

@@ -14,17 +14,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from motor_common.errors import MotorError
+from motor_common.heartbeats import reconnect_delay
 from motor_nodemanager.controller_client import AckCommand, ControllerPeer, HeartbeatFrame
 
 log = logging.getLogger(__name__)
 
-
-def reconnect_delay(failures: int, base: float = 0.25, cap: float = 5.0, addresses: int = 1) -> float:
-    """0.25, 0.5, 1, 2, 4, 5, 5, ... seconds; with several controller addresses the delay grows
-    only once every address was tried (each failure moves to the next one), so a standby that
-    just took over is reached in about one base delay, not after the back-off of the old master."""
-    rounds = (max(failures, 1) - 1) // max(addresses, 1)
-    return float(min(cap, base * (2**rounds)))
+__all__ = ["HeartbeatSender", "reconnect_delay"]
 
 
 class HeartbeatSender:
