@@ -111,6 +111,11 @@ class Controller:
         self.coordinator_factory = coordinator_factory
         self.acting = False  # background work running (always, unless a controller election pauses it)
         self.pushers: list[CoordinatorPusher] = []
+        self._pusher_tasks: dict[str, asyncio.Task[Any]] = {}
+        # Push targets: the configured coordinators, plus at most one master that announced itself
+        # (promotion alarm) during this term of this controller; nothing else ever gets the key.
+        self.configured_coordinators = frozenset(c.address for c in coordinators)
+        self.announced_master: str | None = None
         for c in coordinators:
             self._add_pusher(c)
         self.fault_manager = self._new_fault_manager()
@@ -135,8 +140,23 @@ class Controller:
         )
         self.pushers.append(pusher)
         if self.acting:
-            self._tasks.spawn(pusher.run(), name=f"pusher:{client.address}")
+            self._pusher_tasks[client.address] = self._tasks.spawn(pusher.run(), name=f"pusher:{client.address}")
         return pusher
+
+    async def _drop_pusher(self, pusher: CoordinatorPusher, why: str) -> None:
+        """Stop pushing to *pusher*'s coordinator for good: task cancelled, channel closed, its
+        persisted generation deleted (a stale address is never contacted again)."""
+        address = pusher.client.address
+        self.pushers.remove(pusher)
+        task = self._pusher_tasks.pop(address, None)
+        if task is not None:
+            task.cancel()
+        try:
+            await pusher.client.close()
+            await self.store.delete(pusher.key)
+        except MotorError as exc:
+            log.warning("could not forget a coordinator target", extra={"coordinator": address, "error": exc.message})
+        log.info("coordinator target dropped", extra={"coordinator": address, "why": why})
 
     # ---- life cycle -------------------------------------------------------------------------
 
@@ -165,11 +185,18 @@ class Controller:
             self.scale_downs[txn.instance_id] = txn
         for _, value in await self.store.list(KEYS.ALARM):
             self.alarms.report(codec.decode_alarm(value))
-        known = {p.client.address for p in self.pushers}
-        for key, _ in await self.store.list(KEYS.COORDINATOR):  # targets added by a promotion
-            address = key[len(KEYS.COORDINATOR) :]
-            if address not in known and self.coordinator_factory is not None:
-                self._add_pusher(self.coordinator_factory(address))
+        # A new term of this controller: only configured coordinators are targets until a master
+        # announces itself again; generations persisted for any other address (an earlier
+        # announced master, an earlier configuration) are stale and deleted, never pushed to.
+        for pusher in [p for p in self.pushers if p.client.address not in self.configured_coordinators]:
+            await self._drop_pusher(pusher, "announced in an earlier term")
+        self.announced_master = None
+        stale = [key for key, _ in await self.store.list(KEYS.COORDINATOR)
+                 if key[len(KEYS.COORDINATOR):] not in self.configured_coordinators]
+        if stale:
+            await self.store.batch({}, stale)
+            log.info("dropped stale coordinator addresses from the store",
+                     extra={"coordinators": [k[len(KEYS.COORDINATOR):] for k in stale]})
         for pusher in self.pushers:
             await pusher.load()
         self.started_at = self._clock()
@@ -192,7 +219,8 @@ class Controller:
             if self._start_precision_recovery(alarm):
                 log.warning("resumed precision alarm recovery", extra={"instance_ids": list(alarm.instance_ids)})
         for pusher in self.pushers:
-            self._tasks.spawn(pusher.run(), name=f"pusher:{pusher.client.address}")
+            self._pusher_tasks[pusher.client.address] = self._tasks.spawn(
+                pusher.run(), name=f"pusher:{pusher.client.address}")
 
     async def pause(self) -> None:
         """Stop acting (this controller lost the election): background work stops, clients stay."""
@@ -436,20 +464,27 @@ class Controller:
         elif changed is not None:
             await self.store.delete(key)
         if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
-            self.on_coordinator_promoted(alarm.address)
+            await self.on_coordinator_promoted(alarm.address)
         if alarm.action is AlarmAction.RAISE and changed is not None:
             self._start_precision_recovery(changed)
         log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
                                                             "instance_ids": list(alarm.instance_ids)})
         return True
 
-    def on_coordinator_promoted(self, address: str) -> None:
+    async def on_coordinator_promoted(self, address: str) -> None:
         """A coordinator became master: full SET to it at its own address (a new target if it is
-        not configured), retried every ``set_retry_interval_sec`` until it succeeds; every channel
-        is re-opened so no connection stays pinned to the old master."""
-        if address and all(p.client.address != address for p in self.pushers) and self.coordinator_factory:
-            self._add_pusher(self.coordinator_factory(address))
-            log.info("coordinator target added on promotion", extra={"coordinator": address})
+        not configured, replacing any master announced before), retried every
+        ``set_retry_interval_sec`` until it succeeds; every channel is re-opened so no connection
+        stays pinned to the old master."""
+        if address and address != self.announced_master:  # a new coordinator term: the old master is stale
+            old = next((p for p in self.pushers if p.client.address == self.announced_master), None)
+            if old is not None:
+                await self._drop_pusher(old, f"superseded by the newly announced master {address}")
+            self.announced_master = None
+            if address not in self.configured_coordinators and self.coordinator_factory is not None:
+                self.announced_master = address
+                self._add_pusher(self.coordinator_factory(address))
+                log.info("coordinator target added on promotion", extra={"coordinator": address})
         for pusher in self.pushers:
             pusher.request_full_set(reconnect=True)
 
