@@ -66,7 +66,7 @@ class FleetOptions:
 @dataclass(frozen=True)
 class ProgramSpec:
     name: str
-    kind: Literal["coordinator", "controller", "gateway", "nodemanager"]
+    kind: Literal["coordinator", "controller", "gateway", "nodemanager", "etcd"]
     argv: tuple[str, ...]
     config: Mapping[str, Any]
     config_path: Path

@@ -5,7 +5,9 @@
     motor status --json | jq '.instances[].id'
 
 Shows every node (role, state, instance, endpoint health, heartbeat age) and every instance
-(role, state, endpoints, reason).
+(role, state, endpoints, reason). A controller that is not acting — isolated from its store (etcd
+down: STORE_UNAVAILABLE alarm) or a standby — is said so first, with what it cannot do meanwhile;
+its node and instance lists are then its last known view, not live state.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from motor_cli import output, target
 from motor_cli.tls_args import add_tls_flags, tls_from_args
@@ -44,6 +47,21 @@ class FleetView:
     nodes: list[dict[str, Any]] = field(default_factory=list)
     instances: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    # False: the controller answers but does not act (standby, or isolated from its store).
+    acting: bool = True
+    # Message of an active STORE_UNAVAILABLE alarm ("" = the store is reachable).
+    store_unavailable: str = ""
+
+    @property
+    def isolation(self) -> str:
+        """What an operator must know when the controller does not act ("" when it does)."""
+        if self.acting and not self.store_unavailable:
+            return ""
+        why = f"controller ISOLATED: store unavailable ({self.store_unavailable})" if self.store_unavailable \
+            else "controller NOT ACTING (standby: another controller holds the lock)"
+        return (why + "; meanwhile no node registration, heartbeat intake, fault recovery or instance change "
+                "reaches the coordinators — engines and coordinators keep serving what they have; node and "
+                "instance states below are the last known, not live")
 
     @property
     def ok(self) -> bool:
@@ -65,10 +83,15 @@ async def fetch_view(address: str, key: str | None, timeout: float = 2.0, tls: T
             stub = pbg.ControllerAdminServiceStub(channel)
             nodes = await stub.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=timeout)
             insts = await stub.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=timeout)
+            alarms = await stub.ListAlarms(pb.ListAlarmsRequest(active_only=True), metadata=md, timeout=timeout)
+            health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                     timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         return FleetView(error=f"controller {address}: {exc.code().name}: {exc.details()}")
     now = time.time()
-    view = FleetView()
+    view = FleetView(acting=health.status == health_pb2.HealthCheckResponse.SERVING)
+    view.store_unavailable = next((a.message or "store unavailable" for a in alarms.alarms
+                                   if a.kind == pb.ALARM_KIND_STORE_UNAVAILABLE), "")
     for n in nodes.nodes:
         hb = n.last_heartbeat_at.ToSeconds() + n.last_heartbeat_at.nanos / 1e9 if n.HasField("last_heartbeat_at") else None
         view.nodes.append(
@@ -119,6 +142,8 @@ def format_line(view: FleetView) -> str:
         line += f" ({roles})"
     if others:
         line += " · " + ", ".join(others)
+    if view.isolation:
+        line = f"{view.isolation} · last known: {line}"
     return line
 
 
@@ -147,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {view.error}", file=sys.stderr)
         return EXIT_FAILED
     if args.json:
-        print(json.dumps({"nodes": view.nodes, "instances": view.instances}, indent=2))
+        print(json.dumps({"controller": {"acting": view.acting, "store_unavailable": view.store_unavailable,
+                                         "isolation": view.isolation},
+                          "nodes": view.nodes, "instances": view.instances}, indent=2))
         return 0
     print(format_line(view))
     print()

@@ -12,6 +12,12 @@ exits (a nodemanager that terminates itself for rescheduling comes back and re-r
 program that rejects its configuration (exit 2) is not restarted: motor up stops and says why.
 Ctrl-C (or motor down) stops everything; every child dies with this process, so nothing is left
 behind even after a SIGKILL. One fleet per state dir (--state-dir, default .motor/up).
+On Ctrl-C every program gets SIGTERM and a grace longer than a nodemanager's engine stop timeout
+(which escalates SIGTERM → SIGKILL on each engine's process group), then SIGKILL; finally every
+descendant still running — including engines orphaned by a killed nodemanager, re-parented here
+because motor up is a child subreaper — has its process group SIGKILLed, and "no process left
+running" is printed only once none is left (leftovers.py). With --ha the local etcd is supervised
+like the other programs (restarted when it exits).
 
 The fleet config file (YAML/JSON) may hold the sections controller, coordinator, gateway and
 nodemanager; each is deep-merged into that program's generated configuration and checked by the
@@ -43,6 +49,7 @@ import yaml
 
 from motor_cli import config_errors, statedir
 from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
+from motor_cli.leftovers import become_subreaper, kill_leftovers, reap_adopted
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_common.config import read_config_file
 from motor_common.errors import ConfigError, FailedPrecondition, MotorError
@@ -129,6 +136,11 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
     )
 
 
+# SIGTERM → SIGKILL grace of every program on stop: longer than a nodemanager's default engine
+# stop timeout (10 s), so nodemanagers finish their own SIGTERM → SIGKILL of the engines first.
+STOP_GRACE_SEC = 15.0
+
+
 @dataclass
 class Child:
     spec: ProgramSpec
@@ -175,8 +187,12 @@ class Supervisor:
         if child not in self.children:
             self.children.append(child)
 
+    def tracked(self) -> set[int]:
+        return {c.proc.pid for c in self.children if c.proc is not None}
+
     def poll(self) -> None:
         """Notice exits and restart programs whose delay has passed (level-triggered)."""
+        reap_adopted(self.tracked())  # orphans re-parented to us (child subreaper)
         now = time.monotonic()
         for child in self.children:
             if child.proc is not None and child.restart_at is None:
@@ -201,7 +217,7 @@ class Supervisor:
                 self.start(child)
                 self.events.append(f"{child.spec.name} restarted (pid {child.pid})")
 
-    async def stop_all(self, grace: float = 10.0) -> None:
+    async def stop_all(self, grace: float = STOP_GRACE_SEC) -> None:
         self.stopping = True
         for child in reversed(self.children):
             if child.proc is not None and child.proc.poll() is None:
@@ -355,9 +371,12 @@ def _banner(plan: FleetPlan) -> str:
 
 
 async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file: str | None = None,
-               picking: statedir.PortPickLock | None = None) -> int:
+               picking: statedir.PortPickLock | None = None, etcd: tuple[ProgramSpec, str] | None = None) -> int:
+    """Run the fleet until Ctrl-C; *etcd* = (its program spec, health URL) for ``--ha``: started
+    first, supervised like the others, stopped last."""
     opts = plan.options
     _write_configs(plan)
+    become_subreaper()
     sup = Supervisor(restart_delay)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -368,6 +387,15 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file:
     _say(f"Starting Motor in {opts.state_dir} (logs in {logs}/)")
     key = opts.key_file.read_text().strip()
     try:
+        if etcd is not None:
+            spec, health = etcd
+            child = Child(spec, logs / "etcd.log")
+            sup.start(child)
+            _say(f"  started etcd           pid {child.pid:<7} port {spec.port}")
+            assert child.proc is not None
+            if not await _etcd_healthy(health, child.proc, 20.0):
+                _say(f"error: etcd did not become healthy; see {child.log_path}\n{_tail(child.log_path)}")
+                return EXIT_FAILED
         for spec in order:
             child = Child(spec, logs / f"{spec.name}.log")
             sup.start(child)
@@ -386,9 +414,15 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file:
     finally:
         _say("\nStopping Motor…")
         await sup.stop_all()
+        killed, still = await kill_leftovers(sup.tracked())
         with contextlib.suppress(FileNotFoundError):
             (opts.state_dir / "fleet.json").unlink()
-        _say("Stopped; no process left running.")
+        if killed:
+            _say(f"  killed {len(killed)} process(es) that outlived their program: " + "; ".join(killed))
+        if still:
+            _say("error: still running after SIGKILL: " + "; ".join(still))
+        else:
+            _say("Stopped; no process left running.")
 
 
 async def _wait_ready(
@@ -585,32 +619,13 @@ async def _run_with_etcd(
     opts.state_dir.mkdir(parents=True, exist_ok=True)
     (opts.state_dir / "logs").mkdir(exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="etcd-", dir=opts.state_dir))
-    log_path = opts.state_dir / "logs" / "etcd.log"
-    proc = _spawn(etcd.argv(data_dir), log_path)
+    spec = ProgramSpec("etcd", "etcd", tuple(etcd.argv(data_dir)), {},
+                       opts.state_dir / "etcd.unused", opts.state_dir / "etcd.ports", client_port)
     try:
-        _say(f"  started etcd           pid {proc.pid:<7} port {client_port} (data {data_dir})")
-        if not await _etcd_healthy(f"http://{opts.etcd_endpoint}/health", proc, 20.0):
-            _say(f"error: etcd did not become healthy; see {log_path}\n{_tail(log_path)}")
-            return EXIT_FAILED
-        return await _run(plan, restart_delay, timeout, user_file, picking)
+        return await _run(plan, restart_delay, timeout, user_file, picking,
+                          etcd=(spec, f"http://{opts.etcd_endpoint}/health"))
     finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.to_thread(proc.wait, 5)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
         await asyncio.to_thread(shutil.rmtree, data_dir, True)
-
-
-def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    with open(log_path, "ab") as out:
-        return subprocess.Popen(
-            die_with_parent(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
 
 
 async def _etcd_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -38,6 +38,7 @@ _SIM_FLAGS: list[tuple[str, Callable[[str], Any] | str, Any, str]] = [
     ("--sim-no-prefix-caching", "bool", False, "disable the prefix cache"),
     ("--sim-fault", str, "none", "fault at start-up: " + "|".join(m.value for m in FaultMode)),
     ("--sim-crash-after-s", float, None, "crash (exit 1) this many seconds after start-up"),
+    ("--sim-ignore-sigterm", "bool", False, "ignore SIGTERM like a wedged engine (only SIGKILL stops it)"),
     ("--sim-kv-lease-s", float, None, "pinned-KV lease (default VLLM_NIXL_ABORT_REQUEST_TIMEOUT or 480)"),
     ("--sim-kv-fetch-timeout-s", float, 5.0, "decode-side side-channel fetch timeout"),
     ("--sim-side-channel-host", str, None, "advertised side-channel host"),
@@ -225,7 +226,7 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         kv_fetch_timeout_s=ns.sim_kv_fetch_timeout_s,
         kv_load_failure_policy=str(ktc.get("kv_load_failure_policy", "fail")) if ktc else "fail",
         cost=_cost(ns),
-        initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s,
+        initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s, ignore_sigterm=ns.sim_ignore_sigterm,
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
         version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,
         max_logprobs=ns.max_logprobs,
@@ -257,7 +258,7 @@ def config_from_sglang(argv: Sequence[str]) -> SimConfig:
         bootstrap_port=ns.disaggregation_bootstrap_port,
         transfer_backend=ns.disaggregation_transfer_backend,
         bootstrap_timeout_s=boot_to, waiting_timeout_s=wait_to, cost=_cost(ns),
-        initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s,
+        initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s, ignore_sigterm=ns.sim_ignore_sigterm,
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
     )
 

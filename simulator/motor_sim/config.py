@@ -65,6 +65,7 @@ class SimConfig:
     cost: CostModel = field(default_factory=CostModel)
     initial_fault: str = "none"
     crash_after_s: float | None = None
+    ignore_sigterm: bool = False  # a wedged engine: SIGTERM does nothing, only SIGKILL stops it
     zmq_pub_port: int | None = None
     zmq_interval_s: float = 1.0
     version: str = "0.11.0"

@@ -473,6 +473,10 @@ async def serve(cfg: SimConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if cfg.ignore_sigterm:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log.warning("fault injection: SIGTERM is ignored")
     try:
         await server.start()
     except OSError as exc:

@@ -291,3 +291,31 @@ async def test_unknown_config_key_exits_2_naming_it(tmp_path: Path, key_file: st
     nm = await start_nodemanager(tmp_path, cfg, wait_ready=False)
     assert await exited(nm, 15) == 2
     assert "heartbeat_interval" in nm.log_text()
+
+
+@pytest.mark.slow
+async def test_stop_escalates_to_sigkill_on_an_engine_that_ignores_sigterm_within_the_stop_timeout(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    server, impl = controller
+    cfg = nm_config(server.port, key_file, tmp_path,
+                    engine={"env": {"MOTOR_SIM_ZERO_LATENCY": "1", "MOTOR_SIM_IGNORE_SIGTERM": "1"},
+                            "stop_timeout_sec": 2.0})
+    nm = await start_nodemanager(tmp_path, cfg)
+    admin = Admin(nm.address)
+    try:
+        spec = await registered(impl)
+        pids = list((await admin.call("StartEngines", start_request(spec))).pids)
+        await wait_for(lambda: all_normal(admin), timeout=20, what="engines NORMAL")
+        engines = family(pids)
+        os.kill(pids[0], signal.SIGTERM)  # really ignored: the engine keeps serving
+        await wait_for(lambda: all_normal(admin), timeout=5, what="engine still NORMAL after SIGTERM")
+        assert not gone(pids[0])
+        nm.proc.send_signal(signal.SIGTERM)  # stop the node: SIGTERM, then SIGKILL after 2 s
+        assert await exited(nm, 15) == 0
+        assert all(gone(p) for p in engines), [p for p in engines if not gone(p)]
+        assert "still running after SIGTERM and the stop timeout: SIGKILL" in nm.log_text()
+        assert all(port_free(e.business_port) for e in spec.endpoints)
+    finally:
+        await admin.close()
+        nm.terminate()

@@ -202,6 +202,8 @@ class EngineSupervisor:
             # the leader is gone; give the rest of its group the remaining time
             while _group_alive(pgid):
                 if time.monotonic() >= deadline:
+                    log.warning("engine process group still running after SIGTERM and the stop timeout: SIGKILL",
+                                extra={"endpoint_id": p.endpoint_id, "pgid": pgid, "stop_timeout_sec": timeout})
                     break
                 await asyncio.sleep(0.05)
             _signal_group(pgid, signal.SIGKILL)
