@@ -58,3 +58,13 @@ def test_freeze_only_extends() -> None:
     a.freeze(50.0)
     a.freeze(20.0)
     assert a.frozen_until == 50.0
+
+
+def test_no_streak_counts_while_the_states_are_being_replaced_and_it_restarts_from_zero() -> None:
+    a = Arbiter(2)
+    assert not a.tick([ep(0, S.ABNORMAL)], 0).terminate  # 1/2
+    for i in range(1, 10):  # a start command replaces the engines: the stale ABNORMAL never counts
+        v = a.tick([ep(0, S.ABNORMAL)], i, replacing=True)
+        assert not v.terminate and v.streaks == ()
+    assert not a.tick([ep(0, S.ABNORMAL)], 10).terminate  # counting starts again at 1/2
+    assert a.tick([ep(0, S.ABNORMAL)], 11).terminate

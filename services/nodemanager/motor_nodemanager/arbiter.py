@@ -4,6 +4,9 @@ An endpoint counts against the node when it is ABNORMAL **and has once been NORM
 launch (a slow model load is not a death). After ``threshold`` consecutive ABNORMAL intervals the
 verdict is "terminate" (stop engines, exit with the reschedule code), unless arbitration is frozen:
 an engine relaunch in place is expected (fault-tolerance), until a deadline that expires by itself.
+Nothing is counted while the endpoint states are about to be replaced (``replacing``: a start command
+is running, or engines restored from a snapshot wait for the start command that adopts or replaces
+them): a streak then starts from zero with the new engines.
 """
 
 from __future__ import annotations
@@ -50,10 +53,13 @@ class Arbiter:
         self._streaks.clear()
 
     # --- the decision ---------------------------------------------------------------------
-    def tick(self, endpoints: Iterable[EndpointState], now: float) -> Verdict:
+    def tick(self, endpoints: Iterable[EndpointState], now: float, *, replacing: bool = False) -> Verdict:
         expired = self._frozen_until is not None and now >= self._frozen_until
         if expired:
             self._frozen_until = None
+        if replacing:
+            self._streaks = {}
+            return Verdict(False, "", (), self.is_frozen(now), expired)
         streaks: dict[int, int] = {}
         for ep in endpoints:
             if ep.status is EndpointStatus.ABNORMAL and ep.was_normal:

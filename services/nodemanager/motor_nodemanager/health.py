@@ -74,26 +74,39 @@ class HealthPoller:
         self._observe = observe
         self._tasks = TaskOwner("health-poller")
         self._session: aiohttp.ClientSession | None = None
+        # start/stop are serialised: a stop (shutdown) racing a start (StartEngines) must never leave
+        # a probe task running on a session the other one closed.
+        self._lock = asyncio.Lock()
 
     async def start(self, endpoints: list[Endpoint]) -> None:
-        await self.stop()
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
-        for ep in endpoints:
-            self._tasks.spawn(self._run(ep, self._session), name=f"poll-{ep.id}")
+        async with self._lock:
+            await self._stop()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+            for ep in endpoints:
+                self._tasks.spawn(self._run(ep, self._session), name=f"poll-{ep.id}")
 
     async def _run(self, ep: Endpoint, session: aiohttp.ClientSession) -> None:
         request_id_var.set("")  # a background task, not part of the request that started it
         s = self._settings()
         if not await wait_port(ep, time.monotonic() + s.port_wait_sec):
             log.warning("engine port not open after %ss, polling anyway", s.port_wait_sec, extra={"endpoint_id": ep.id})
-        while True:
+        while not session.closed:  # closed = this poller is being stopped: end quietly
             s = self._settings()
             gen = self._generation(ep.id)
-            obs, detail = await probe(session, ep, s.timeout_sec)
+            try:
+                obs, detail = await probe(session, ep, s.timeout_sec)
+            except RuntimeError:  # aiohttp: "Session is closed" — closed under us while stopping
+                if session.closed:
+                    return
+                raise
             self._observe(ep.id, obs, gen, detail)
             await asyncio.sleep(s.poll_interval_sec)
 
     async def stop(self) -> None:
+        async with self._lock:
+            await self._stop()
+
+    async def _stop(self) -> None:
         await self._tasks.close()
         self._tasks = TaskOwner("health-poller")
         if self._session is not None:

@@ -391,6 +391,9 @@ class Node:
     async def _launch(self, cmd: StartCommand) -> list[int]:
         plans = plan_launch(cmd, self._launch_settings(), self._environ)
         pids = await self.supervisor.launch(plans, self.cfg.engine.log_dir)
+        if self.stopping:  # the node began stopping while the engines were spawned: start nothing more
+            await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+            raise FailedPrecondition("the node is stopping", reason="NODE_STOPPING")
         now = self._clock()
         self.states = {
             p.endpoint.id: es.launched(p.endpoint.id, generation=cmd.generation, now=now, pid=pid)
@@ -534,7 +537,10 @@ class Node:
             if not self.relaunching and not self._held:
                 log.info("engines are NORMAL again: self-termination unfrozen")
                 self.arbiter.unfreeze()
-        verdict = self.arbiter.tick(visible, now)
+        # No arbitration on state a start command is about to replace: a running StartEngines, or
+        # engines restored from a snapshot that no start command has adopted yet (node RESTORED).
+        replacing = self._start_lock.locked() or (self.restored and self.command is None)
+        verdict = self.arbiter.tick(visible, now, replacing=replacing)
         if verdict.freeze_expired:
             log.warning("self-termination freeze expired")
         for eid, n in verdict.streaks:
