@@ -55,6 +55,7 @@ from motor_controller.push_plan import desired_view, fingerprint
 from motor_controller.pusher import CoordinatorPusher
 from motor_controller.reconcile import World, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
+from motor_controller.stall_clock import StallCompensatedClock
 from motor_controller.store import Store
 from motor_controller.strategies.await_recovery import AwaitRecovery
 from motor_controller.strategies.dp_scale_down import DpScaleDown, ScaleDownPeers
@@ -75,7 +76,7 @@ class Controller:
         node_managers: NodeManagers,
         coordinators: Sequence[CoordinatorClient] = (),
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         wall: Callable[[], float] = time.time,
         restarter: NodeRestarter | None = None,
         coordinator_factory: Callable[[str], CoordinatorClient] | None = None,
@@ -87,9 +88,15 @@ class Controller:
         self.store = store
         self.node_managers = node_managers
         self.restarter: NodeRestarter = restarter if restarter is not None else StopNodeRestarter(node_managers)
+        # Default: heartbeat ages and every other timer of the controller stop while its event loop
+        # is stalled (stall_clock.py), so load alone never makes a node look lost.
+        self.stall_clock: StallCompensatedClock | None = None
+        if clock is None:
+            clock = self.stall_clock = StallCompensatedClock()
         self._clock = clock
+        self._clock_tasks = TaskOwner("controller-clock")
         self._wall = wall
-        self.started_at = clock()
+        self.started_at = self._clock()
         # Until then a node loaded from the store that has not heartbeated yet is UNKNOWN (never
         # lost): the fleet's heartbeat streams re-attach after a restart or an election.
         self.reattach_until = self.started_at + config.reattach_grace()
@@ -207,7 +214,18 @@ class Controller:
                    "reattach_grace_sec": self.config.reattach_grace()},
         )
 
+    async def _lag_monitor(self, clock: StallCompensatedClock) -> None:
+        while True:
+            await asyncio.sleep(clock.period)
+            stall = clock.tick()
+            if stall >= 1.0:
+                log.warning("event loop stalled: %.1fs not counted in heartbeat ages", stall,
+                            extra={"stalled_total_sec": round(clock.stalled_total, 1)})
+
     def start(self) -> None:
+        if self.stall_clock is not None and len(self._clock_tasks) == 0:
+            self.stall_clock.tick()  # the time before the monitor ran is not a stall
+            self._clock_tasks.spawn(self._lag_monitor(self.stall_clock), name="lag-monitor")
         self.acting = True
         self._tasks.spawn(self._reconcile_loop(), name="reconcile")
         for rec in list(self.scale_downs.values()):
@@ -234,6 +252,7 @@ class Controller:
         self.acting = False
         await self.fault_manager.close()
         await self._tasks.close()
+        await self._clock_tasks.close()
         for pusher in self.pushers:
             await pusher.client.close()
         await self.node_managers.close()

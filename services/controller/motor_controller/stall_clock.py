@@ -1,0 +1,54 @@
+"""Heartbeat ages that survive a busy box: a monotonic clock that stops while this process's event
+loop is stalled (pure; the lag monitor that feeds it lives in the controller).
+
+A node is lost when its last heartbeat is older than the timeout. Measured with the raw monotonic
+clock, a controller whose event loop was starved for seconds (CPU contention, a long synchronous
+step, a burst of other work) wakes up, judges first, and declares lost every node whose frames are
+still waiting unread in its sockets: an instance flap caused by load alone.
+
+:class:`StallCompensatedClock` only advances while the loop proves it is running: a monitor task
+sleeps ``period`` seconds and calls :meth:`tick`; time beyond ``period + tolerance`` between two
+ticks is a stall and is not counted. Between ticks, reading the clock never runs more than
+``period + tolerance`` ahead of the last tick, so a judgement made right after a stall (before the
+monitor ran) does not count the stall either. Heartbeat ages therefore count missed intervals of
+*responsive* receiving time; on a loop that is merely slow the clock runs slower and a lost node is
+declared later, never earlier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class StallCompensatedClock:
+    def __init__(self, raw: Callable[[], float] = time.monotonic, *, period: float = 0.1,
+                 tolerance: float = 0.15) -> None:
+        if period <= 0 or tolerance < 0:
+            raise ValueError("period must be > 0 and tolerance >= 0")
+        self._raw = raw
+        self.period = period
+        self.tolerance = tolerance
+        self._last_tick = raw()
+        self._offset = 0.0  # stall time not counted so far
+        self.stalled_total = 0.0  # observability: seconds of loop stall not counted
+        self.longest_stall = 0.0
+
+    @property
+    def _slack(self) -> float:
+        return self.period + self.tolerance
+
+    def __call__(self) -> float:
+        raw = self._raw()
+        pending = max(0.0, raw - self._last_tick - self._slack)  # a stall the monitor has not seen yet
+        return raw - self._offset - pending
+
+    def tick(self) -> float:
+        """The monitor woke after sleeping ``period``: count the stall since the last tick (returned)."""
+        raw = self._raw()
+        stall = max(0.0, raw - self._last_tick - self._slack)
+        self._last_tick = raw
+        self._offset += stall
+        self.stalled_total += stall
+        self.longest_stall = max(self.longest_stall, stall)
+        return stall
