@@ -146,7 +146,9 @@ async def test_out_of_range_generation_is_invalid_argument_and_cannot_wedge_the_
     await s.set(P, generation=5)
     for call in (s.set(D, generation=generation), s.add(D, generation=generation),
                  s.delete(P, generation=generation)):
-        await expect(grpc.StatusCode.INVALID_ARGUMENT, call, "GENERATION_OUT_OF_RANGE")
+        err = await expect(grpc.StatusCode.INVALID_ARGUMENT, call)
+        # >= 2^63: refused by the chassis' range check of every numeric field; else by the registry
+        assert error_reason(err) in ("OUT_OF_RANGE", "GENERATION_OUT_OF_RANGE")
     assert (await s.list()).generation == 5 and await s.ids() == {1}  # nothing applied
     # the highest accepted value: every later mutation is answered, List/GetReadiness keep working
     assert (await s.set(P, generation=MAX_GENERATION)).generation == MAX_GENERATION
