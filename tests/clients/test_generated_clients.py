@@ -55,3 +55,10 @@ async def test_typescript_client(fleet: UpFleet) -> None:
     node = shutil.which("node")
     assert node, "node is not installed"
     assert_checks(await run_client([node, "dist/client.js", str(fleet.state / "fleet.json")], ts))
+
+
+async def test_go_client(fleet: UpFleet) -> None:
+    binary = ROOT / "clients" / "go" / "motor-client"
+    if not binary.exists():
+        pytest.fail("clients/go is not built: run scripts/setup --tools (clients/go/generate.sh)")
+    assert_checks(await run_client([str(binary), str(fleet.state / "fleet.json")], binary.parent))
