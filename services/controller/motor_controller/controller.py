@@ -233,6 +233,13 @@ class Controller:
                 log.warning("resuming interrupted DP scale-down", extra={"instance_id": rec.instance_id,
                                                                        "phase": rec.phase.value})
                 self.fault_manager.resume(rec.instance_id, DP_SCALE_DOWN)
+        for mi in list(self.instances.values()):
+            # Left RECOVERING by a controller that died mid-strategy (e.g. during an engine relaunch,
+            # which the nodemanager finishes on its own): watch it recover; if it does not within
+            # await_recovery_timeout_sec, the usual escalation relaunches it. Never left paused.
+            if mi.state is InstanceState.RECOVERING and mi.id not in self.fault_manager.running:
+                if self.fault_manager.resume(mi.id, AWAIT_RECOVERY):
+                    log.warning("resuming an interrupted recovery", extra={"instance_id": mi.id, "reason": mi.reason})
         for alarm in self.alarms.active():  # raised before a restart or takeover: recover now
             if self._start_precision_recovery(alarm):
                 log.warning("resumed precision alarm recovery", extra={"instance_ids": list(alarm.instance_ids)})

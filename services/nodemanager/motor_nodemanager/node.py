@@ -13,9 +13,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from motor_common.domain import Capabilities, Endpoint, EndpointHealth, EndpointStatus, NodeSpec
 from motor_common.errors import Aborted, FailedPrecondition, Internal, MotorError
@@ -39,6 +39,7 @@ from motor_nodemanager.services import KvStoreWorker
 from motor_nodemanager.start_command import StartCommand, check_payload, validate_for_node
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,10 @@ class Node:
         from motor_nodemanager.scale_down_proxy import ScaleDownProxy
 
         self.scale_down = ScaleDownProxy(self)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        """Run *coro* as one of the node's owned tasks (cancelled when the engines stop)."""
+        return self._bg.spawn(coro, name=name)
 
     def clock(self) -> float:
         return self._clock()

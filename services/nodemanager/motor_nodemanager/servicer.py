@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -12,7 +13,7 @@ from motor_common.convert import (
     engine_from_pb,
     role_from_pb,
 )
-from motor_common.errors import InvalidArgument
+from motor_common.errors import InvalidArgument, MotorError
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as pbg
 from motor_common.grpc_server import GrpcServer
@@ -99,8 +100,20 @@ class NodeManagerServicer(pbg.NodeManagerServiceServicer):
         if request.action not in (pb.RESTART_ACTION_RESTART, pb.RESTART_ACTION_ABORT):
             raise InvalidArgument("action must be RESTART_ACTION_RESTART or RESTART_ACTION_ABORT", reason="INVALID_ACTION")
         abort = request.action == pb.RESTART_ACTION_ABORT
-        pids = await self._node.restart_engine(abort=abort, instance_id=request.instance_id)
-        return pb.RestartEngineResponse(relaunch_count=self._node.relaunch_count, pids=pids)
+        # The relaunch outlives the call: a controller that dies or gives up mid-relaunch cancels
+        # this handler, and a cancelled relaunch would leave the node with no engine, frozen.
+        task = self._node.spawn(self._relaunch(abort, request.instance_id), name="engine-relaunch")
+        outcome = await asyncio.shield(task)
+        if isinstance(outcome, MotorError):
+            raise outcome
+        return pb.RestartEngineResponse(relaunch_count=self._node.relaunch_count, pids=outcome)
+
+    async def _relaunch(self, abort: bool, instance_id: int) -> list[int] | MotorError:
+        """The relaunch's pids, or the error the caller gets (not a crash of the background task)."""
+        try:
+            return await self._node.restart_engine(abort=abort, instance_id=instance_id)
+        except MotorError as exc:
+            return exc
 
 
 _REPORTED = {
