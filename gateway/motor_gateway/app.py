@@ -48,7 +48,7 @@ from motor_gateway.openai import (
     public,
     validate_body,
 )
-from motor_gateway.site import PROTOCOL_LOG, GuardedSite
+from motor_gateway.site import PROTOCOL_LOG, SERVER_HEADER, GuardedSite
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,7 @@ class Gateway:
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
+        app.on_response_prepare.append(_server_header)
         return app
 
     # -- cross-cutting: metrics, auth, request id, errors for unknown routes ------------------
@@ -395,3 +396,8 @@ async def start_site(app: web.Application, host: str, port: int, *, shutdown_tim
         await runner.cleanup()
         raise
     return runner, site.port
+
+
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    """``Server: motor-gateway``, not aiohttp's default (which names the Python and aiohttp versions)."""
+    response.headers["Server"] = SERVER_HEADER

@@ -22,6 +22,10 @@ from aiohttp.web_request import BaseRequest
 from motor_gateway import metrics
 from motor_gateway.openai import HttpError
 
+# The Server header of every gateway response: aiohttp's default names the Python and aiohttp
+# versions, which helps nobody but someone matching known vulnerabilities.
+SERVER_HEADER = "motor-gateway"
+
 _BUSY_BODY = HttpError(503, "too many open connections to this server; retry later",
                        "service_unavailable_error", "too_many_connections").json()
 BUSY_RESPONSE = (
@@ -69,6 +73,7 @@ class _Handler(RequestHandler):
             err = HttpError(status, "malformed HTTP request: check the request line, header names and "
                             "values (visible ASCII), and the body framing", "invalid_request_error", "bad_request")
         resp = web.Response(status=status, body=err.json(), content_type="application/json")
+        resp.headers["Server"] = SERVER_HEADER
         resp.force_close()
         return resp
 
