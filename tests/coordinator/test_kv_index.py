@@ -157,3 +157,13 @@ def test_holders_map_is_cleaned_up() -> None:
 def test_bad_cap() -> None:
     with pytest.raises(ValueError):
         KvIndex(0)
+
+
+def test_restarted_forgets_blocks_and_accepts_any_next_seq() -> None:
+    i = idx("a")
+    i.apply("a", 0, stored(1))
+    i.apply("a", 1, stored(2))
+    i.restarted("a")
+    assert i.restarts("a") == 1 and i.block_count("a") == 0 and i.is_stale("a")
+    assert i.apply("a", 0, stored(3), replayed=True) == Applied()
+    assert i.prefix_lengths("m", [3], ["a"]) == {"a": 1}

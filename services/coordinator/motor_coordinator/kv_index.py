@@ -139,6 +139,14 @@ class KvIndex:
         e.stale = False
         return Applied()
 
+    def restarted(self, engine: str) -> None:
+        """The engine restarted (seen by the subscriber, e.g. its replay buffer went back): forget
+        its blocks; the next batch of any sequence number starts it afresh."""
+        e = self._engines[engine]
+        e.restarts += 1
+        self._drop_blocks(engine, e)
+        e.last_seq = None
+
     def resync(self, engine: str, seq: int) -> None:
         """The batches before *seq* are lost for good: forget the engine's blocks and continue
         from *seq* (the next :meth:`apply` must carry *seq*)."""
