@@ -64,6 +64,16 @@ async def test_motor_up_serves_requests_and_survives_a_lost_node(fleet: Fleet) -
     ]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
+    # every engine writes its own log, named after its node (they once all shared engine-0.log)
+    logs = fleet.state / "logs"
+    engine_logs = sorted(p.name for p in logs.glob("*engine-*.log"))
+    assert engine_logs == ["decode-0.engine-0.log", "prefill-0.engine-0.log", "prefill-1.engine-0.log"]
+    for name in engine_logs:
+        role = name.split("-", 1)[0]
+        text = (logs / name).read_text(errors="replace")
+        assert f"motor-sim vllm ({role}) serving" in text, (name, text[-500:])
+        assert text.count("Application startup complete.") == 1, (name, text[-500:])
+
     status = subprocess.run(
         [tool("motor"), "status", "--state-dir", str(fleet.state), "--json"],
         capture_output=True,

@@ -81,7 +81,7 @@ class UpFleet:
 
     def diagnostics(self) -> str:
         return "\n".join(f"--- {n} ---\n{self.log(n, 2000)}"
-                         for n in ("union-0", "engine-0", "controller", "coordinator", "gateway")) + \
+                         for n in ("union-0", "union-0.engine-0", "controller", "coordinator", "gateway")) + \
             f"\n--- motor up ---\n{self.out()}"  # fmt: skip
 
     @property
@@ -216,7 +216,7 @@ async def _nm_status(fleet: UpFleet) -> npb.GetStatusResponse:
 async def _check_gauges(fleet: UpFleet, engine: str, client: AsyncOpenAI) -> dict[str, float]:
     """The coordinator scrapes the real engine's /metrics (seen in vLLM's access log), and its own
     parser reads the three least-load gauges from it, which move under load."""
-    access_log = fleet.state_dir / "logs" / "engine-0.log"
+    access_log = fleet.state_dir / "logs" / "union-0.engine-0.log"
 
     def scrapes() -> int:
         return access_log.read_text(errors="replace").count('"GET /metrics HTTP/1.1" 200')

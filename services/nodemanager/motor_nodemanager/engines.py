@@ -127,14 +127,16 @@ class EngineSupervisor:
     def running(self) -> bool:
         return bool(self._procs)
 
-    async def launch(self, plans: Sequence[LaunchPlan], log_dir: str | None = None) -> list[int]:
-        """Spawn every plan; on any failure stop what started and raise Internal."""
+    async def launch(self, plans: Sequence[LaunchPlan], log_dir: str | None = None, log_prefix: str = "") -> list[int]:
+        """Spawn every plan; on any failure stop what started and raise Internal. Engine output
+        goes to ``log_dir/[<log_prefix>.]engine-<endpoint id>.log`` (the prefix — the node id —
+        keeps the engines of several nodemanagers sharing one log_dir apart)."""
         if self._procs:
             raise Internal("engines are already running", reason="ENGINES_RUNNING")
         started: list[EngineProcess] = []
         try:
             for plan in plans:
-                p = self._spawn(plan, log_dir)
+                p = self._spawn(plan, log_dir, log_prefix)
                 started.append(p)
                 self._tasks.spawn(self._watch(p), name=f"watch-engine-{p.endpoint_id}")
             await asyncio.sleep(IMMEDIATE_EXIT_SEC)
@@ -154,8 +156,8 @@ class EngineSupervisor:
             self._procs[p.endpoint_id] = p
         return [p.pid for p in started]
 
-    def _spawn(self, plan: LaunchPlan, log_dir: str | None) -> EngineProcess:
-        out = _open_log(log_dir, plan.endpoint.id) if log_dir else None
+    def _spawn(self, plan: LaunchPlan, log_dir: str | None, log_prefix: str = "") -> EngineProcess:
+        out = _open_log(log_dir, engine_log_name(log_prefix, plan.endpoint.id)) if log_dir else None
         try:
             proc = _popen(plan, out)
         except OSError as exc:
@@ -223,6 +225,13 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def _open_log(log_dir: str, endpoint_id: int) -> IO[bytes]:
+def engine_log_name(prefix: str, endpoint_id: int) -> str:
+    """``<prefix>.engine-<id>.log`` (``engine-<id>.log`` without a prefix); path characters of the
+    prefix (a node id may be ``host:job:rank``) are replaced."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in prefix).strip(".")
+    return f"{safe}.engine-{endpoint_id}.log" if safe else f"engine-{endpoint_id}.log"
+
+
+def _open_log(log_dir: str, name: str) -> IO[bytes]:
     Path(log_dir).mkdir(parents=True, exist_ok=True)
-    return open(Path(log_dir) / f"engine-{endpoint_id}.log", "ab")  # closed when the engine stops
+    return open(Path(log_dir) / name, "ab")  # closed when the engine stops

@@ -395,7 +395,7 @@ class Node:
 
     async def _launch(self, cmd: StartCommand) -> list[int]:
         plans = plan_launch(cmd, self._launch_settings(), self._environ)
-        pids = await self.supervisor.launch(plans, self.cfg.engine.log_dir)
+        pids = await self.supervisor.launch(plans, self.cfg.engine.log_dir, log_prefix=self.node_id)
         if self.stopping:  # the node began stopping while the engines were spawned: start nothing more
             await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
             raise FailedPrecondition("the node is stopping", reason="NODE_STOPPING")
