@@ -119,6 +119,17 @@ def tls_dir(opts: FleetOptions) -> Path:
     return opts.state_dir / "tls"
 
 
+def _role_engines_log_to(cfg: dict[str, Any], log_dir: str) -> dict[str, Any]:
+    """A nodemanager role section's ``engine`` replaces the whole top-level one; the fleet's
+    engine log directory is kept there too (unless the section names its own)."""
+    out = dict(cfg)
+    for role in ("prefill", "decode", "union"):
+        section = out.get(role)
+        if isinstance(section, Mapping) and isinstance(section.get("engine"), Mapping):
+            out[role] = {**section, "engine": {"log_dir": log_dir, **section["engine"]}}
+    return out
+
+
 def node_names(opts: FleetOptions) -> list[tuple[str, str]]:
     """(node name, role) for every node, e.g. ("prefill-0", "prefill")."""
     names: list[tuple[str, str]] = []
@@ -136,6 +147,8 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
 
     def program(name: str, kind: Any, exe: str, config: dict[str, Any], port: int, role: str = "") -> None:
         merged = deep_merge(config, opts.overrides.get(kind, {}))
+        if kind == "nodemanager":
+            merged = _role_engines_log_to(merged, str(logs))
         cfg_path = sd / f"{name}.yaml"
         ports = sd / f"{name}.ports.json"
         argv = (str(bin_dir / exe), "--config", str(cfg_path), "--ports-file", str(ports))

@@ -36,6 +36,17 @@ def test_overrides_are_deep_merged_into_the_program_config() -> None:
     assert engine["launcher"] == "vllm" and engine["model_path"] == "/m" and "log_dir" in engine
 
 
+def test_a_role_sections_engine_keeps_the_fleets_engine_log_dir() -> None:
+    """A role's `engine` replaces the top-level one in the nodemanager: without this, the engines of
+    a role section would log into their nodemanager's output instead of logs/."""
+    over = {"nodemanager": {"prefill": {"engine": {"launcher": "vllm", "env": {"X": "0"}}},
+                            "decode": {"engine": {"launcher": "vllm", "log_dir": "/own"}}}}
+    p, d = plan_fleet(opts(overrides=over), Path("/b")).of_kind("nodemanager")
+    assert p.config["prefill"]["engine"] == {"log_dir": "/s/logs", "launcher": "vllm", "env": {"X": "0"}}
+    assert d.config["decode"]["engine"]["log_dir"] == "/own"
+    assert p.config["engine"]["log_dir"] == "/s/logs"
+
+
 def test_bad_fleets_are_refused_with_a_clear_message() -> None:
     with pytest.raises(ConfigError, match="unknown fleet config section"):
         opts(overrides={"gatway": {}})

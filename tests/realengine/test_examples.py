@@ -67,6 +67,18 @@ def test_cpu_example_launches_real_vllm_union_with_the_plain_vllm_flags(tmp_path
     assert env["VLLM_HOST_IP"] == "127.0.0.1"
 
 
+@pytest.mark.parametrize("role,kv_role,core", [("prefill", "kv_producer", "0"), ("decode", "kv_consumer", "1")])
+def test_cpu_example_launches_a_nixl_pd_pair_each_engine_on_its_own_core(
+    role: str, kv_role: str, core: str, tmp_path: Path
+) -> None:
+    argv, env = _argv_and_env(EXAMPLES / "fleet-real-vllm-cpu.yaml", "vllm", role, tmp_path)
+    assert argv[:3] == ("scripts/real-vllm", "serve", ".real-engine/tiny-llama") and argv[-1] == "--enforce-eager"
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {"kv_connector": "NixlConnector",
+                                                                      "kv_role": kv_role}  # fmt: skip
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == core
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "17000" and env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+
+
 @pytest.mark.parametrize("role,kv_role", [("prefill", "kv_producer"), ("decode", "kv_consumer")])
 def test_vllm_gpu_example_pins_one_gpu_per_role_and_sets_the_kv_role(role: str, kv_role: str, tmp_path: Path) -> None:
     argv, env = _argv_and_env(EXAMPLES / "fleet-vllm-gpu.yaml", "vllm", role, tmp_path)

@@ -80,8 +80,10 @@ class UpFleet:
             return ""
 
     def diagnostics(self) -> str:
-        return "\n".join(f"--- {n} ---\n{self.log(n, 2000)}"
-                         for n in ("union-0", "union-0.engine-0", "controller", "coordinator", "gateway")) + \
+        nodes = [n for n in self.info.get("programs", {}) if n.split("-")[0] in ("union", "prefill", "decode")] \
+            or ["union-0"]
+        names = [*nodes, *(f"{n}.engine-0" for n in nodes), "controller", "coordinator", "gateway"]
+        return "\n".join(f"--- {n} ---\n{self.log(n, 2000)}" for n in names) + \
             f"\n--- motor up ---\n{self.out()}"  # fmt: skip
 
     @property
@@ -94,15 +96,22 @@ class UpFleet:
 
     @property
     def nodemanager(self) -> str:
-        return f"127.0.0.1:{self.info['programs']['union-0']['port']}"
+        return self.nodemanager_of("union-0")
+
+    def nodemanager_of(self, node: str) -> str:
+        return f"127.0.0.1:{self.info['programs'][node]['port']}"
+
+
+UNION = ("--union", "1", "--prefill", "0", "--decode", "0")
 
 
 @asynccontextmanager
-async def motor_up(state_dir: Path) -> AsyncIterator[UpFleet]:
+async def motor_up(state_dir: Path, shape: tuple[str, ...] = UNION, timeout: float = STARTUP_TIMEOUT
+                   ) -> AsyncIterator[UpFleet]:
     state_dir.mkdir(parents=True, exist_ok=True)
     out_path = state_dir / "motor-up.out"
-    argv = [tool("motor"), "up", "--config", str(CONFIG), "--union", "1", "--prefill", "0", "--decode", "0",
-            "--model", MODEL, "--state-dir", str(state_dir), "--port", "0", "--timeout", str(STARTUP_TIMEOUT)]  # fmt: skip
+    argv = [tool("motor"), "up", "--config", str(CONFIG), *shape,
+            "--model", MODEL, "--state-dir", str(state_dir), "--port", "0", "--timeout", str(timeout)]  # fmt: skip
     with open(out_path, "wb") as out:
         t0 = time.monotonic()
         popen = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -121,7 +130,7 @@ async def motor_up(state_dir: Path) -> AsyncIterator[UpFleet]:
             return bool(info.get("ready"))
 
         try:
-            await wait_for(ready, timeout=STARTUP_TIMEOUT + 30, interval=0.2, what="motor up ready")
+            await wait_for(ready, timeout=timeout + 30, interval=0.2, what="motor up ready")
         except TimeoutError as exc:
             raise AssertionError(f"{exc}\n{fleet.diagnostics()}") from None
         yield fleet
@@ -206,8 +215,8 @@ async def _engine_url(fleet: UpFleet) -> str:
     return f"http://{ep.ip}:{ep.business_port}"
 
 
-async def _nm_status(fleet: UpFleet) -> npb.GetStatusResponse:
-    async with open_channel(fleet.nodemanager) as ch:
+async def _nm_status(fleet: UpFleet, node: str = "union-0") -> npb.GetStatusResponse:
+    async with open_channel(fleet.nodemanager_of(node)) as ch:
         stub = ngrpc.NodeManagerServiceStub(ch)
         resp: npb.GetStatusResponse = await stub.GetStatus(npb.GetStatusRequest(), metadata=call_metadata(fleet.key), timeout=5)
         return resp

@@ -1,0 +1,235 @@
+"""Real PD on real vLLM: a prefill and a decode vLLM 0.32 (CPU build) handing the KV over with
+vLLM's NixlConnector (NIXL on CPU, DRAM buffers), managed by ``motor up``.
+
+``motor up --config examples/fleet-real-vllm-cpu.yaml --union 0 --prefill 1 --decode 1``: the
+nodemanagers launch ``kv_producer`` / ``kv_consumer`` engines, each with its own side channel and
+its own core. Then, through gateway + coordinator with the ``openai`` SDK:
+
+1. completion, chat, and both streamed — each equal to the same engine answering alone (the
+   prefill engine without ``kv_transfer_params`` is a whole vLLM: the union run), greedy;
+2. the decode's ``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`` grew by the
+   prompt tokens of those requests and ``vllm:nixl_bytes_transferred`` counted the transfers: the
+   KV came over NIXL (the decode computed no prompt token itself);
+3. the prefill's real ``kv_transfer_params`` have exactly the fields motor-sim produces, and the
+   decode's real answers to a failed KV load (500, and the streamed error event) are what the
+   coordinator's retry recognises (``kv_load_failed``) and what motor-sim answers;
+4. SIGKILL of the decode's engine while requests are in flight → the decode nodemanager reports it,
+   the controller relaunches it in place, and PD serving (over a new NIXL handshake) works again.
+
+Start-up and relaunch times go to ``.real-engine/last-pd-run.json``. Needs ``scripts/real-engine-setup``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as kpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as kgrpc
+from motor_common.grpc_client import call_metadata, open_channel
+from motor_coordinator.adapters.vllm import kv_load_failed
+from tests.helpers import wait_for
+from tests.realengine.test_fleet_real_vllm import (
+    CONFIG,
+    MODEL,
+    MODEL_DIR,
+    RELAUNCH_TIMEOUT,
+    ROOT,
+    VENV,
+    UpFleet,
+    _first_success,
+    _nm_status,
+    motor_up,
+)
+
+PD = ("--union", "0", "--prefill", "1", "--decode", "1")
+EXTERNAL = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="external_kv_transfer"}'
+LOCAL = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="local_compute"}'
+XFERS = 'vllm:nixl_bytes_transferred_count{engine="0",model_name="tiny"}'
+SIM_KTP_KEYS = ["do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
+                "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size",
+                "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode",
+                "remote_prefill_cached_tokens"]  # fmt: skip
+
+pytestmark = [
+    pytest.mark.realengine,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
+                       reason="no .real-engine/venv: run scripts/real-engine-setup"),
+]  # fmt: skip
+
+
+async def _engines(fleet: UpFleet) -> dict[str, str]:
+    async with open_channel(fleet.info["coordinators"][0]) as ch:
+        resp = await kgrpc.InstanceRegistryServiceStub(ch).ListInstances(
+            kpb.ListInstancesRequest(page_size=100), metadata=call_metadata(fleet.key), timeout=5)
+    out = {}
+    for inst in resp.instances:
+        [ep] = list(inst.endpoints)
+        out[tpb.Role.Name(inst.role)] = f"http://{ep.ip}:{ep.business_port}"
+    return out
+
+
+async def _metric(http: aiohttp.ClientSession, engine: str, name: str) -> float:
+    async with http.get(engine + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    async with http.post(url, json=body, timeout=aiohttp.ClientTimeout(total=60)) as r:
+        return r.status, r.headers.get("Content-Type", ""), await r.read()
+
+
+def _sse_text(raw: bytes, chat: bool) -> str:
+    out = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: {"):
+            for ch in json.loads(line[6:]).get("choices", ()):
+                out.append((ch.get("delta") or {}).get("content") or "" if chat else ch.get("text") or "")
+    return "".join(out)
+
+
+CMPL = {"model": MODEL, "prompt": "Hello, Motor. Disaggregated", "max_tokens": 6, "temperature": 0}
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there, decode"}], "max_tokens": 5,
+        "temperature": 0}  # fmt: skip
+
+
+async def _pd_equals_union(client: AsyncOpenAI, http: aiohttp.ClientSession, prefill: str) -> int:
+    """Completion, chat, streamed completion, streamed chat through Motor (PD) against the prefill
+    engine answering alone; returns the prompt tokens sent through the PD path."""
+    _, _, raw = await _post(http, prefill + "/v1/completions", CMPL)
+    alone = json.loads(raw)
+    want_c, prompt_c = alone["choices"][0]["text"], alone["usage"]["prompt_tokens"]
+    _, _, raw = await _post(http, prefill + "/v1/chat/completions", CHAT)
+    alone = json.loads(raw)
+    want_ch, prompt_ch = alone["choices"][0]["message"]["content"], alone["usage"]["prompt_tokens"]
+    assert want_c and want_ch
+
+    c = await client.completions.create(**CMPL)  # type: ignore[call-overload]
+    assert c.choices[0].text == want_c and c.usage.prompt_tokens == prompt_c and c.usage.completion_tokens == 6
+    assert (c.system_fingerprint or "").startswith("vllm-0.32")
+    ch = await client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+    assert ch.choices[0].message.content == want_ch and ch.usage.prompt_tokens == prompt_ch
+
+    text = []
+    async for chunk in await client.completions.create(**CMPL, stream=True):  # type: ignore[call-overload]
+        text += [x.text for x in chunk.choices]
+    assert "".join(text) == want_c
+    text = []
+    async for chunk in await client.chat.completions.create(**CHAT, stream=True):  # type: ignore[call-overload]
+        text += [x.delta.content or "" for x in chunk.choices]
+    assert "".join(text) == want_ch
+    return 2 * (prompt_c + prompt_ch)
+
+
+async def _failed_load_shapes(http: aiohttp.ClientSession, decode: str, ktp: dict[str, Any]) -> None:
+    """Real vLLM's answers to a KV load that fails (a peer nobody listens on: the NIXL handshake
+    fails): what the coordinator's retry recognises."""
+    bogus = dict(ktp, remote_engine_id="no-such-engine", remote_port=1, remote_request_id="gone")
+    status, ctype, raw = await _post(http, decode + "/v1/completions", dict(CMPL, kv_transfer_params=bogus))
+    assert status == 500 and kv_load_failed(status, ctype, raw) is True, (status, raw)
+    assert json.loads(raw) == {"error": {"message": "Internal server error", "type": "InternalServerError",
+                                         "param": None, "code": 500}}  # fmt: skip
+    status, ctype, raw = await _post(http, decode + "/v1/chat/completions",
+                                     dict(CHAT, stream=True, kv_transfer_params=bogus))
+    assert status == 200 and kv_load_failed(status, ctype, raw) is True, raw
+    assert raw.endswith(b'data: {"error": {"message": "Internal server error", "type": "InternalServerError", '
+                        b'"param": null, "code": 500}}\n\ndata: [DONE]\n\n')
+
+
+async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_decode(tmp_path: Path) -> None:
+    assert MODEL_DIR.is_dir(), "no .real-engine/tiny-llama: run scripts/real-engine-setup"
+    t_lane = time.monotonic()
+    # two vLLM processes start at once on 2 cores (shared with other work): a generous bound
+    async with motor_up(tmp_path / "up", PD, timeout=480) as fleet, aiohttp.ClientSession() as http:
+        client = AsyncOpenAI(base_url=fleet.gateway + "/v1", api_key="unused", max_retries=0, timeout=60.0)
+        try:
+            start_errors: list[str] = []
+            t_ok = await _first_success(client, 120, start_errors)
+            startup_s = t_ok - fleet.spawned_at
+            engines = await _engines(fleet)
+            prefill, decode = engines["ROLE_PREFILL"], engines["ROLE_DECODE"]
+            # each engine its own log (they once shared engine-0.log) and its own core
+            for node, core in (("prefill-0", "0"), ("decode-0", "1")):
+                log = fleet.log(f"{node}.engine-0", 10**7)
+                assert "NIXL is available" in log, log[-2000:]
+                assert f"core ids=[{core}]" in log, log[-2000:]
+
+            ext0, local0, xfer0 = (await _metric(http, decode, m) for m in (EXTERNAL, LOCAL, XFERS))
+            sent = await _pd_equals_union(client, http, prefill)
+            ext1, local1, xfer1 = (await _metric(http, decode, m) for m in (EXTERNAL, LOCAL, XFERS))
+            assert ext1 - ext0 == sent, (ext0, ext1, sent)  # every prompt token came over NIXL
+            assert local1 == local0  # the decode computed no prompt token itself
+            assert xfer1 - xfer0 >= 4, (xfer0, xfer1)
+
+            # the real producer's kv_transfer_params: the simulator's fields, in the same order
+            _, _, raw = await _post(http, prefill + "/v1/completions", dict(CMPL, max_tokens=1, kv_transfer_params={
+                "do_remote_decode": True, "do_remote_prefill": False}))
+            ktp = json.loads(raw)["kv_transfer_params"]
+            assert list(ktp) == SIM_KTP_KEYS, list(ktp)
+            assert len(ktp["remote_block_ids"]) == 1 and ktp["transfer_mode"] == "pull"
+            await _failed_load_shapes(http, decode, ktp)
+
+            # --- SIGKILL the decode engine under a few requests; relaunched in place ------------
+            status = await _nm_status(fleet, "decode-0")
+            [ep] = list(status.endpoints)
+            assert ep.status == tpb.ENDPOINT_STATUS_NORMAL and ep.pid > 0
+            fleet.engine_pgids.add(ep.pid)
+            old_pid = ep.pid
+            in_flight = [asyncio.ensure_future(client.completions.create(**dict(CMPL, max_tokens=40)))
+                         for _ in range(3)]  # fmt: skip
+            t_kill = time.monotonic()
+            os.kill(old_pid, signal.SIGKILL)
+            outcomes = await asyncio.gather(*in_flight, return_exceptions=True)
+            relaunch_errors: list[str] = []
+            try:
+                t_back = await _first_success(client, RELAUNCH_TIMEOUT, relaunch_errors)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{fleet.diagnostics()}") from None
+            relaunch_s = t_back - t_kill
+            status = await _nm_status(fleet, "decode-0")
+            [ep] = list(status.endpoints)
+            assert ep.status == tpb.ENDPOINT_STATUS_NORMAL and ep.pid != old_pid and status.relaunch_count == 1
+            fleet.engine_pgids.add(ep.pid)
+            assert (await _engines(fleet))["ROLE_DECODE"] == decode  # in place: same endpoint
+            await wait_for(lambda: "strategy=engine_relaunch outcome=done" in fleet.log("controller", 10**7),
+                           timeout=60, interval=0.2, what="the controller's engine relaunch to finish")  # fmt: skip
+            ext2 = await _metric(http, decode, EXTERNAL)  # a new process: counters from 0
+            sent = await _pd_equals_union(client, http, prefill)
+            assert await _metric(http, decode, EXTERNAL) - ext2 == sent
+        finally:
+            await client.close()
+        retries = fleet.log("coordinator", 10**7).count("hand-off retry")
+    lane_s = time.monotonic() - t_lane
+    result = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "loadavg": os.getloadavg(),
+        "command": f"motor up --config {CONFIG.relative_to(ROOT)} {' '.join(PD)}",
+        "startup_s": round(startup_s, 1),
+        "relaunch_s": round(relaunch_s, 1),
+        "test_s": round(lane_s, 1),
+        "in_flight_at_kill": [type(o).__name__ if isinstance(o, BaseException) else "ok" for o in outcomes],
+        "errors_during_relaunch": relaunch_errors,
+        "kv_load_retries_seen": retries,
+    }
+    with contextlib.suppress(OSError):
+        (ROOT / ".real-engine" / "last-pd-run.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nreal vLLM PD (NIXL): start-up {startup_s:.1f} s; decode relaunch {relaunch_s:.1f} s; "
+          f"test {lane_s:.1f} s; in flight at the kill {result['in_flight_at_kill']}; "
+          f"hand-off retries {retries}")  # fmt: skip
