@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from motor_common.version import add_version_flag
+
 # name → (module, one-line help). One line per command.
 COMMANDS: dict[str, tuple[str, str]] = {
     "register": ("motor_cli.register", "register native engines with a standalone coordinator"),
@@ -35,6 +37,7 @@ EPILOG = ("Docs: README.md and docs/ in the Motor repository (docs/standalone.md
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="motor", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     for name, (module, help_) in COMMANDS.items():
         cmd = sub.add_parser(name, help=help_, description=importlib.import_module(module).__doc__,

@@ -37,6 +37,7 @@ from motor_common.runner import (
     write_ports_file,
 )
 from motor_common.tls import https_context
+from motor_common.version import add_version_flag
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 epilog="Config keys: the GatewayConfig fields in gateway/motor_gateway/config.py; "
                                 "HA: docs/ha.md. " + DOCS_HINT,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p)
     p.add_argument("--config", help="YAML or JSON config file (keys of GatewayConfig)")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8000; 0 = any)")

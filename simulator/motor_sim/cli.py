@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from motor_common.kv_events import Flavour as KvEventFlavour
+from motor_common.version import version_line
 from motor_sim.config import Flavour, Role, SimConfig
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import FaultMode
@@ -263,7 +264,7 @@ def config_from_sglang(argv: Sequence[str]) -> SimConfig:
     )
 
 
-_USAGE = "usage: motor-sim {vllm serve <model> | sglang} [flags]  (see --help of each)"
+_USAGE = "usage: motor-sim {vllm serve <model> | sglang} [flags]  (see --help of each) | --version"
 _HELP = f"""{_USAGE}
 
 motor-sim: an LLM engine simulator that speaks vLLM's and SGLang's real HTTP APIs (OpenAI
@@ -286,6 +287,9 @@ def parse(argv: Sequence[str]) -> SimConfig:
         return config_from_vllm(argv[2:])
     if argv and argv[0] == "sglang":
         return config_from_sglang(argv[1:])
+    if argv and argv[0] == "--version":
+        print(version_line("motor-sim"))
+        raise SystemExit(0)
     if argv and argv[0] in ("-h", "--help"):
         print(_HELP, end="")
         raise SystemExit(0)

@@ -26,6 +26,7 @@ from motor_common.runner import (
     stop_event_on_signals,
     write_ports_file,
 )
+from motor_common.version import add_version_flag
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
 from motor_controller.node_restarter import build_restarter
@@ -197,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="motor-controller", description=HELP,
                                      epilog="Config keys: docs/controller.md. " + DOCS_HINT,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(parser)
     parser.add_argument("--config", required=False, help="YAML or JSON config file (unknown keys are rejected)")
     parser.add_argument("--port", type=int, help="gRPC port (overrides server.port; 0 = any)")
     parser.add_argument("--ports-file", help="write {\"grpc\": port} here once listening")

@@ -18,6 +18,7 @@ from motor_common.runner import (
     stop_event_on_signals,
     write_ports_file,
 )
+from motor_common.version import add_version_flag
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
 from motor_coordinator.election import EtcdLeadership
@@ -39,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="motor-coordinator", description=HELP,
                                 epilog="Config keys: docs/coordinator.md; standalone use: docs/standalone.md. "
                                 + DOCS_HINT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p)
     p.add_argument("--config", help="YAML or JSON config file (unknown keys are rejected)")
     p.add_argument("--host", help="gRPC listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="gRPC port, 0 = any (overrides server.port)")

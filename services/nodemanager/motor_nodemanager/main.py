@@ -7,6 +7,7 @@ import os
 import sys
 
 from motor_common.runner import DOCS_HINT, check_config, run
+from motor_common.version import add_version_flag
 from motor_nodemanager.app import NodeManagerApp
 from motor_nodemanager.config import ENV_PREFIX, config_path, load
 
@@ -22,6 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="motor-nodemanager", description=HELP,
                                 epilog="Config keys: docs/nodemanager.md. " + DOCS_HINT,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_flag(p)
     p.add_argument("--config", help="config file (USER_CONFIG_PATH, then CONFIG_PATH take precedence)")
     p.add_argument("--port", type=int, help="gRPC port (overrides server.port; same as "
                    "MOTOR_NODEMANAGER__SERVER__PORT)")
