@@ -45,6 +45,8 @@ class RequestInfo:
     model: str
     # The first characters of the rendered prompt ("" when none).
     prefix: str = ""
+    # The prompt's token ids when known (a completions prompt given as ids); kv_events hashes them.
+    token_ids: tuple[int, ...] | None = None
 
 
 _T = TypeVar("_T")

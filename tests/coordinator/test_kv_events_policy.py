@@ -1,0 +1,92 @@
+"""The kv_events policy (pure): longest held prefix per the index, combined with load; ring
+fallback when it cannot know."""
+
+from __future__ import annotations
+
+from motor_common.domain import Role
+from motor_common.kv_events import BlockRemoved, BlockStored, EventBatch, vllm_block_hashes
+from motor_coordinator.config import SchedulerConfig
+from motor_coordinator.kv_index import KvIndex
+from motor_coordinator.policies.base import Candidate, EngineLoad, Policy, RequestInfo
+from motor_coordinator.policies.kv_events import BlockHashing, KvEvents
+from motor_coordinator.policies.prefix_aware import PrefixAware
+from tests.coordinator.factories import inst
+
+SYSTEM = list(range(1000, 1064))  # 4 blocks of 16
+PROMPT = [*SYSTEM, *range(5, 40)]  # + 2 full blocks of user text
+
+
+def cands(n: int, running: list[float] | None = None) -> list[Candidate]:
+    out = []
+    for i in range(n):
+        x = inst(i + 1)
+        out.append(Candidate(x, x.endpoints[0], 0, EngineLoad(running=running[i]) if running else None))
+    return out
+
+
+def setup(n: int = 3) -> tuple[KvIndex, KvEvents, list[Candidate]]:
+    index = KvIndex()
+    c = cands(n)
+    for x in c:
+        index.add_engine(x.key, "m")
+        index.apply(x.key, 0, EventBatch(0.0, ()))  # a live, empty stream
+    return index, KvEvents(SchedulerConfig(), index, BlockHashing(block_size=16)), c
+
+
+def hold(index: KvIndex, key: str, tokens: list[int], seq: int = 1) -> None:
+    index.apply(key, seq, EventBatch(0.0, (BlockStored(tuple(vllm_block_hashes(tokens, 16)), None, (), 16),)))
+
+
+def req(seq: int = 0, ids: list[int] | None = None) -> RequestInfo:
+    return RequestInfo(seq, "m", "some prefix", None if ids is None else tuple(ids))
+
+
+def test_goes_to_the_engine_holding_the_longest_prefix() -> None:
+    index, p, c = setup()
+    hold(index, c[1].key, SYSTEM)  # 4 blocks
+    hold(index, c[2].key, PROMPT)  # all 6
+    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[2]
+    assert p.select(Role.PREFILL, c, req(0, [*SYSTEM, *range(900, 940)])) is c[1]  # same system prompt
+    assert p.fallbacks == 0
+
+
+def test_load_outweighs_a_hit_beyond_the_slack() -> None:
+    index, _, _ = setup()
+    c = cands(3, running=[0, 0, 5])
+    for x in c:
+        index.add_engine(x.key, "m")
+    hold(index, c[2].key, PROMPT)
+    p = KvEvents(SchedulerConfig(prefix_load_slack=4.0), index)
+    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[0]  # 5 queued > a full hit's worth 4
+    c = cands(3, running=[0, 0, 3])
+    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[2]  # 3 queued < 4: the hit wins
+
+
+def test_evicted_blocks_stop_attracting() -> None:
+    index, p, c = setup()
+    hold(index, c[2].key, PROMPT)
+    index.apply(c[2].key, 2, EventBatch(0.0, (BlockRemoved(tuple(vllm_block_hashes(PROMPT, 16)[:1])),)))
+    chosen = p.select(Role.PREFILL, c, req(0, PROMPT))
+    assert chosen is c[0]  # nobody holds block 0 any more: no prefix anywhere, first lowest cost
+
+
+def test_falls_back_to_the_ring_without_token_ids_or_live_streams() -> None:
+    index, p, c = setup()
+    ring = PrefixAware(SchedulerConfig())
+    assert p.select(Role.PREFILL, c, req(0, None)) is ring.select(Role.PREFILL, c, req())
+    assert p.select(Role.PREFILL, c, req(0, list(range(10)))) is ring.select(Role.PREFILL, c, req())  # < 1 block
+    for x in c:
+        index.mark_stale(x.key)
+    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is ring.select(Role.PREFILL, c, req())
+    assert p.fallbacks == 3
+
+
+def test_decode_is_least_loaded() -> None:
+    _, p, _ = setup()
+    c = cands(2, running=[3, 1])
+    assert p.select(Role.DECODE, c, req(0, PROMPT)) is c[1]
+
+
+def test_is_a_policy() -> None:
+    policy: Policy = KvEvents(SchedulerConfig(), KvIndex())  # mypy checks the Protocol
+    assert policy.name == "kv_events"
