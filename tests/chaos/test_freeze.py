@@ -118,8 +118,6 @@ async def test_poison_request(tmp_path: Path) -> None:
     assert_figures(figs)
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for the controller restart grace (stab-ctl): the restarted controller "
-                   "deletes healthy instances from the coordinator for a moment (the relaunch itself now completes)")
 async def test_controller_restart_during_engine_relaunch(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
         fleet.signal_engine("prefill-1", signal.SIGKILL)

@@ -32,10 +32,6 @@ async def _kill_program(fleet: ChaosFleet, name: str) -> None:
     await wait_for(lambda: fleet.restarted(name, old), timeout=15, what=f"motor up to restart {name}")
 
 
-# Not strict: the defect shows in about 2 runs of 3 (it depends on when each nodemanager's heartbeat
-# stream reconnects), so a strict marker would make CI flaky. Remove when the grace lands.
-@pytest.mark.xfail(strict=False, reason="waiting for the controller restart grace (stab-ctl): a restarted controller "
-                   "deletes a healthy instance from the coordinator for a moment")
 async def test_kill_controller(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
         await _kill_program(fleet, "controller")
@@ -104,7 +100,6 @@ async def test_kill_gateway_one_of_two(tmp_path: Path) -> None:
     assert_figures(figs)
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for gateway 503 + Retry-After while the coordinator is down (stab-dispatch)")
 async def test_kill_coordinator_without_ha(tmp_path: Path) -> None:
     """One coordinator: while it restarts nothing can dispatch. Clients must get 503 with
     Retry-After (never 404, never a hang); streams it was relaying are cut."""
