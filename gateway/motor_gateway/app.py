@@ -30,6 +30,7 @@ from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_failure
 from motor_gateway import metrics
+from motor_gateway.access_log import Access, log_access
 from motor_gateway.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
 from motor_gateway.client import DispatchClient, DispatchFailed
 from motor_gateway.limits import (
@@ -64,6 +65,8 @@ _LINGER_SEC = 2.0
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 # The name of the inference API key a /v1 request was authenticated with (admission bucket).
 API_KEY_ID = web.RequestKey("api_key_id", str)
+# What the handlers learned about the request, for its access-log line.
+ACCESS_KEY = web.RequestKey("access", Access)
 ANONYMOUS = "anonymous"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -146,6 +149,7 @@ class Gateway:
         given = request.headers.get(REQUEST_ID_HEADER)
         rid = clean_request_id(given, self.limits.max_request_id_chars) or new_request_id()
         request[REQUEST_ID_KEY] = rid
+        access = request[ACCESS_KEY] = Access()
         token = request_id_var.set(rid)
         start = time.perf_counter()
         status = 500
@@ -178,7 +182,9 @@ class Gateway:
         finally:
             in_flight.dec()
             _count(route, status)
-            _LATENCY[route].observe(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            _LATENCY[route].observe(elapsed)
+            log_access(request.method, route, status, elapsed, access)
             request_id_var.reset(token)
 
     def _api_key_identity(self, request: web.Request) -> str | None:
@@ -266,6 +272,9 @@ class Gateway:
             body = validate_body(raw, api, self.limits)
         except MotorError as exc:
             return error_response(error_from_motor(exc), rid)
+        access = request[ACCESS_KEY]
+        access.model = body["model"]
+        access.stream = body.get("stream") is True
         try:
             ticket = await self.admission.acquire(body["model"], request[API_KEY_ID], len(raw))
         except Shed as exc:
@@ -291,11 +300,15 @@ class Gateway:
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 if head.status >= 400:
                     data = self._engine_error(head.status, data, rid, headers)
+                else:
+                    request[ACCESS_KEY].usage_from_json(data)
                 return web.Response(status=head.status, body=data, headers=headers)
             stream = web.StreamResponse(status=head.status, headers=headers)
             stream.headers["Cache-Control"] = "no-cache"
             await stream.prepare(request)
+            access = request[ACCESS_KEY]
             async for chunk in call.chunks():
+                access.usage_from_sse(chunk)
                 await stream.write(chunk)
             await stream.write_eof()
             return stream

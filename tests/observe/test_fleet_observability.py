@@ -1,0 +1,86 @@
+"""Observability of a real `motor up` fleet: the gateway's access log, read back from its log file.
+
+Real processes throughout (coordinator, controller, nodemanagers launching `motor-sim` engines,
+gateway); requests through the `openai` SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.helpers import wait_for
+from tests.motor_up import UpFleet, motor_up
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[UpFleet]:
+    async with motor_up(tmp_path, "--prefill", "1", "--decode", "1", "--zero-latency") as up:
+        yield up
+
+
+def _access_lines(up: UpFleet) -> list[dict[str, Any]]:
+    """The gateway's access-log lines; `motor up` writes logs in the text format
+    (``<ts> INFO    gateway motor.access: request k=v ...``)."""
+    out = []
+    for line in (up.state / "logs" / "gateway.log").read_text(errors="replace").splitlines():
+        if " motor.access: request " not in line:
+            continue
+        fields: dict[str, Any] = {"msg": "request", "service": line.split()[3]}
+        for key, value in re.findall(r" (\w+)=(\S+)", line):
+            fields[key] = json.loads(value) if re.fullmatch(r"-?[0-9.]+", value) else (
+                {"True": True, "False": False}.get(value, value))
+        out.append(fields)
+    return out
+
+
+def _line_for(up: UpFleet, rid: str) -> dict[str, Any] | None:
+    found = [r for r in _access_lines(up) if r.get("request_id") == rid]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+async def test_access_log_has_one_structured_line_per_request(fleet: UpFleet) -> None:
+    client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="unused",
+                                max_retries=0, timeout=10)
+    resp = await client.completions.create(model="tiny", prompt="Hello, Motor", max_tokens=7,
+                                           extra_headers={"X-Request-Id": "obs-plain-1"})
+    assert resp.usage is not None
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=5, stream=True,
+        stream_options={"include_usage": True}, extra_headers={"X-Request-Id": "obs-stream-1"})
+    usage = [c.usage async for c in stream if c.usage is not None]
+    assert len(usage) == 1
+    with pytest.raises(openai.NotFoundError):
+        await client.completions.create(model="no-such-model", prompt="x", max_tokens=2,
+                                        extra_headers={"X-Request-Id": "obs-missing-1"})
+
+    await wait_for(lambda: _line_for(fleet, "obs-missing-1") is not None, timeout=10)
+    plain = _line_for(fleet, "obs-plain-1")
+    assert plain is not None
+    assert plain["msg"] == "request" and plain["service"] == "gateway" and plain["method"] == "POST"
+    assert plain["route"] == "/v1/completions" and plain["status"] == 200
+    assert plain["model"] == "tiny" and plain["stream"] is False
+    assert plain["prompt_tokens"] == resp.usage.prompt_tokens
+    assert plain["completion_tokens"] == resp.usage.completion_tokens == 7
+    assert 0 < plain["latency_ms"] < 10_000
+
+    streamed = _line_for(fleet, "obs-stream-1")
+    assert streamed is not None
+    assert streamed["route"] == "/v1/chat/completions" and streamed["status"] == 200
+    assert streamed["stream"] is True and streamed["model"] == "tiny"
+    assert streamed["prompt_tokens"] == usage[0].prompt_tokens
+    assert streamed["completion_tokens"] == usage[0].completion_tokens == 5
+
+    missing = _line_for(fleet, "obs-missing-1")
+    assert missing is not None
+    assert missing["status"] == 404 and missing["model"] == "no-such-model"
+    assert "prompt_tokens" not in missing and "completion_tokens" not in missing
