@@ -194,13 +194,18 @@ def test_set_generation_must_not_go_back() -> None:
     assert registry.set_instances(s, [inst(1)], 0).generation == 11
 
 
+_STATUS_OPS = [
+    lambda s, g: registry.pause_instances(s, [1], g),
+    lambda s, g: registry.resume_instances(s, [1], g),
+]
+
+
 @pytest.mark.parametrize(
     "op",
     [
         lambda s, g: registry.add_instances(s, [inst(3, Role.UNION)], g),
         lambda s, g: registry.delete_instances(s, [inst(1)], g),
-        lambda s, g: registry.pause_instances(s, [1], g),
-        lambda s, g: registry.resume_instances(s, [1], g),
+        *_STATUS_OPS,
     ],
 )
 def test_increments_need_exactly_current_plus_one(op: object) -> None:
@@ -214,6 +219,10 @@ def test_increments_need_exactly_current_plus_one(op: object) -> None:
     out = op(s, 6)  # type: ignore[operator]
     new = out[0] if isinstance(out, tuple) else out
     assert new.generation == 6
+    if op in _STATUS_OPS:  # untracked pause/resume on a controller-fed registry: refused (issue 16)
+        with pytest.raises(FailedPrecondition, match="managed by a controller"):
+            op(s, 0)  # type: ignore[operator]
+        return
     out0 = op(s, 0)  # type: ignore[operator]
     assert (out0[0] if isinstance(out0, tuple) else out0).generation == 6
     assert s.generation == 5
@@ -231,3 +240,19 @@ def test_list_pages_are_sorted_by_id_and_filter_by_role() -> None:
     assert [i.id for i in page] == [2, 4, 6, 8, 10]
     with pytest.raises(InvalidArgument):
         registry.list_page(insts, None, 0, "garbage")
+
+
+def test_untracked_pause_and_resume_are_refused_once_a_controller_manages_the_registry() -> None:
+    standalone = base()
+    assert not standalone.managed
+    assert registry.pause_instances(standalone, [1], 0).instances[1].status is InstanceStatus.PAUSED
+    managed = registry.set_instances(RegistryState(), [inst(1), inst(2, Role.DECODE)], 7)
+    assert managed.managed
+    for change in (registry.pause_instances, registry.resume_instances):
+        with pytest.raises(FailedPrecondition) as err:
+            change(managed, [1], 0)
+        assert err.value.reason == "MANAGED_BY_CONTROLLER" and "controller" in str(err.value)
+    # The controller's own (tracked) pause still applies, and the state keeps being managed.
+    paused = registry.pause_instances(managed, [1], 8)
+    assert paused.instances[1].status is InstanceStatus.PAUSED and paused.managed
+    assert registry.add_instances(paused, [inst(3, Role.UNION)], 0)[0].managed

@@ -101,6 +101,22 @@ async def test_delete_checks_identity_and_unknown_ids(coord: tuple[Coordinator, 
     assert await s.ids() == {2}
 
 
+async def test_operator_pause_on_a_controller_managed_coordinator_is_refused_and_changes_nothing(
+    coord: tuple[Coordinator, Stubs],
+) -> None:
+    _, s = coord
+    await s.set(P, D, generation=4)  # as the controller pushes: a tracked generation
+    for call in (s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5),
+                 s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)):
+        err = await expect(grpc.StatusCode.FAILED_PRECONDITION, call, "MANAGED_BY_CONTROLLER")
+        assert "managed by a controller" in (err.details() or "")
+    resp = await s.list()
+    assert resp.generation == 4 and resp.summary.paused == 0
+    # The controller's tracked pause is applied.
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1], generation=5), metadata=MD, timeout=5)
+    assert (await s.list()).summary.paused == 1
+
+
 async def test_pause_resume_list_summary_get_and_not_found(coord: tuple[Coordinator, Stubs]) -> None:
     _, s = coord
     await s.set(P, D, U, inst(5, Role.PREFILL))

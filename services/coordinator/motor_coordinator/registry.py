@@ -12,7 +12,8 @@ Errors:
     InvalidArgument     also: a generation above MAX_GENERATION (GENERATION_OUT_OF_RANGE)
     FailedPrecondition  DELETE whose role, job name or endpoint group differs from the registered
                         instance (reason IDENTITY_MISMATCH); generation gap (GENERATION_GAP); the
-                        next generation would exceed MAX_GENERATION (GENERATION_EXHAUSTED)
+                        next generation would exceed MAX_GENERATION (GENERATION_EXHAUSTED); an
+                        untracked PAUSE/RESUME on a controller-managed registry (MANAGED_BY_CONTROLLER)
     Aborted             stale generation (STALE_GENERATION)
 """
 
@@ -47,6 +48,10 @@ class RegistryState:
     # coordinator does not know the fleet, so "model not found" would be a guess (Dispatch answers
     # UNAVAILABLE REGISTRY_NOT_SYNCED instead).
     authoritative: bool = False
+    # True once a controller-stamped write (generation > 0) was applied: the controller then owns
+    # the instance set and re-pushes it, so an operator's untracked (generation 0) pause or resume
+    # would be undone by its next push and is refused (:func:`pause_instances`).
+    managed: bool = False
 
     def get(self, instance_id: int) -> Instance:
         try:
@@ -59,8 +64,9 @@ class RegistryState:
             ) from None
 
 
-def _state(generation: int, instances: Mapping[int, Instance], authoritative: bool) -> RegistryState:
-    return RegistryState(generation, MappingProxyType(dict(instances)), authoritative)
+def _state(generation: int, instances: Mapping[int, Instance], authoritative: bool,
+           managed: bool) -> RegistryState:
+    return RegistryState(generation, MappingProxyType(dict(instances)), authoritative, managed)
 
 
 # -- generations ------------------------------------------------------------------------------
@@ -124,7 +130,7 @@ def _registered(inst: Instance) -> Instance:
 def set_instances(state: RegistryState, instances: Sequence[Instance], generation: int) -> RegistryState:
     gen = next_generation_for_set(state.generation, generation)
     validate_batch(instances)
-    return _state(gen, {i.id: _registered(i) for i in instances}, True)
+    return _state(gen, {i.id: _registered(i) for i in instances}, True, state.managed or generation > 0)
 
 
 def _describe_identity_diff(registered: Instance, given: Instance) -> str:
@@ -174,7 +180,7 @@ def add_instances(
                 )
         merged[inst.id] = _registered(inst)
         added.append(inst.id)
-    return _state(gen, merged, True), added
+    return _state(gen, merged, True, state.managed or generation > 0), added
 
 
 def delete_instances(
@@ -197,12 +203,21 @@ def delete_instances(
                 metadata={"instance_id": str(inst.id)},
             )
     remaining = {k: v for k, v in state.instances.items() if k not in seen}
-    return _state(gen, remaining, state.authoritative), [i.id for i in instances]
+    return _state(gen, remaining, state.authoritative, state.managed or generation > 0), [i.id for i in instances]
 
 
 def _set_status(
     state: RegistryState, ids: Iterable[int], generation: int, status: InstanceStatus
 ) -> RegistryState:
+    if generation == 0 and state.managed:
+        verb = "pause" if status is InstanceStatus.PAUSED else "resume"
+        raise FailedPrecondition(
+            f"this coordinator is managed by a controller, whose next push would undo a direct {verb}; "
+            f"{verb} the instance through the controller's fleet instead (PauseNode/ResumeNode on its "
+            f"nodemanagers). Pause/ResumeInstances without a generation are for standalone coordinators",
+            reason="MANAGED_BY_CONTROLLER",
+            metadata={"current_generation": str(state.generation)},
+        )
     gen = next_generation_for_increment(state.generation, generation)
     wanted = list(dict.fromkeys(ids))
     for iid in wanted:
@@ -210,7 +225,7 @@ def _set_status(
     merged = dict(state.instances)
     for iid in wanted:
         merged[iid] = replace(merged[iid], status=status)
-    return _state(gen, merged, state.authoritative)
+    return _state(gen, merged, state.authoritative, state.managed or generation > 0)
 
 
 def pause_instances(state: RegistryState, ids: Iterable[int], generation: int) -> RegistryState:

@@ -126,14 +126,17 @@ class InstanceRegistryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PauseInstances(self, request, context):
-        """Takes instances out of scheduling without forgetting them.
+        """Takes instances out of scheduling without forgetting them. Standalone coordinators only: once a
+        controller manages this coordinator (it applied a write with generation > 0), a call without a
+        generation is refused with FAILED_PRECONDITION, reason MANAGED_BY_CONTROLLER, because the
+        controller's next push would undo it; pause through the fleet (the instance's nodemanagers).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeInstances(self, request, context):
-        """Puts paused instances back into scheduling.
+        """Puts paused instances back into scheduling. Standalone only, like PauseInstances.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
