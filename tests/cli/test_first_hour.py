@@ -114,7 +114,7 @@ def help_of(argv: list[str], tmp_path: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("argv", [[s] for s in SCRIPTS] + [["motor", c] for c in ("up", "down", "status", "register")]
+@pytest.mark.parametrize("argv", [[s] for s in SCRIPTS] + [["motor", c] for c in ("up", "down", "status", "register", "pause", "resume")]
                          + [["motor", "register", a] for a in ("add", "set", "del", "list")]
                          + [["motor-sim", "vllm", "serve"], ["motor-sim", "sglang"]],
                          ids=" ".join)
