@@ -77,6 +77,7 @@ class ClosedLoop:
     sent: int = 0
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
+    _extra: list[asyncio.Task[None]] = field(default_factory=list)
     started_at: float = 0.0
 
     # --- control --------------------------------------------------------------------------------
@@ -84,9 +85,26 @@ class ClosedLoop:
         self.started_at = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="chaos-load")
 
+    def long_streams(self, n: int, max_tokens: int) -> None:
+        """*n* extra streaming requests of *max_tokens* each (counted like the others), e.g. to have
+        streams in flight on every decode engine when one dies; awaited by :meth:`stop`."""
+
+        async def one(k: int) -> None:
+            async with aiohttp.ClientSession() as session:
+                body = {"model": self.model, "prompt": f"chaos long stream {k}", "max_tokens": max_tokens,
+                        "stream": True}
+                self.outcomes.append(await self._one(session, 2 * k + 1, body))
+
+        loop = asyncio.get_running_loop()
+        self._extra += [loop.create_task(one(k), name=f"chaos-long-stream-{k}") for k in range(n)]
+
     async def stop(self) -> None:
         """Stop sending; wait (bounded by one request timeout) for the requests in flight."""
         self._stop.set()
+        if self._extra:
+            await asyncio.wait(self._extra, timeout=self.timeout + 5)
+            for t in self._extra:
+                t.cancel()
         if self._task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), self.timeout + 5)

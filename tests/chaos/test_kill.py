@@ -60,17 +60,19 @@ async def test_kill_nodemanager(tmp_path: Path) -> None:
     assert_figures(figs)
 
 
-@pytest.mark.xfail(strict=True, reason="waiting for mid-stream migration (stab-dispatch)")
 async def test_kill_decode_engine_mid_stream(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
-        # mid-stream for sure: the engine is decoding several requests when it dies
-        await wait_for(lambda: _at_least(fleet.running_requests("decode-1"), 3), timeout=10, interval=0.01,
-                       what="decode-1 decoding at least 3 requests")
+        # mid-stream for sure: 6 long streams (≈ 5 s each) spread over both decodes by the
+        # scheduler, and the engine decoding at least 4 requests when it dies. (Plain requests on
+        # a dying decode are re-sent before their head; only streams are really mid-way.)
+        load.long_streams(6, max_tokens=800)
+        await wait_for(lambda: _at_least(fleet.running_requests("decode-1"), 4), timeout=10, interval=0.01,
+                       what="decode-1 decoding at least 4 requests")
         return await fleet.kill_engine("decode-1")
 
     figs = await run_scenario(
         tmp_path, "kill-decode-engine-mid-stream",
-        "`kill -9` a decode engine while it streams (streams continue on the other decode)",
+        "`kill -9` a decode engine while it streams (mid-stream migration to the other decode)",
         inject, faulted=("decode-1",), max_tokens=64)  # fmt: skip
     assert_figures(figs)
 
