@@ -62,3 +62,21 @@ async def test_go_client(fleet: UpFleet) -> None:
     if not binary.exists():
         pytest.fail("clients/go is not built: run scripts/setup --tools (clients/go/generate.sh)")
     assert_checks(await run_client([str(binary), str(fleet.state / "fleet.json")], binary.parent))
+
+
+async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
+    ts = ROOT / "clients" / "ts"
+    if not (ts / "dist" / "openai_check.js").exists():
+        pytest.fail("clients/ts is not built: run scripts/setup --tools (npm ci && npx tsc in clients/ts)")
+    node = shutil.which("node")
+    assert node, "node is not installed"
+    checks = await run_client([node, "dist/openai_check.js", fleet.info["gateway_url"] + "/v1", "tiny"], ts)
+    by = {c["check"]: c for c in checks}
+    assert by["models.list"]["ids"] == ["tiny"]
+    assert by["completions"] == {"check": "completions", "text": True, "completion_tokens": 8}
+    assert by["chat.stream"]["text"] is True and by["chat.stream"]["chunks"] >= 2
+    # Both errors parse as OpenAI errors in the SDK: {"error": {"message", "type", "param", "code"}}.
+    unknown = by["error.unknown_model"]
+    assert (unknown["status"], unknown["type"], unknown["code"]) == (404, "not_found_error", "model_not_found")
+    engine = by["error.engine"]
+    assert engine["status"] == 400 and engine["param"] == "max_tokens" and "max_tokens" in engine["message"]
