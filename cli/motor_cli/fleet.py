@@ -161,7 +161,10 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
                 "ca_file": str(d / "ca.pem"), "require_client_cert": mutual}
 
     def server(port: int, name: str) -> dict[str, Any]:
-        section: dict[str, Any] = {"host": opts.host, "port": port, "management_key_file": key}
+        # metrics_port 0: the ops endpoint (/metrics, /health, /ready) on any free port, read back
+        # from the program's ports file into fleet.json (`motor status` lists the URLs)
+        section: dict[str, Any] = {"host": opts.host, "port": port, "management_key_file": key,
+                                   "metrics_port": 0}
         if opts.tls:
             section["tls"] = tls(name)
         return section

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -171,10 +172,13 @@ def run(args: argparse.Namespace) -> int:
     if not view.ok:
         print(f"error: {view.error}", file=sys.stderr)
         return EXIT_FAILED
+    # the fleet's programs and their ops URLs, when the controller asked is the `motor up` fleet's
+    programs = ops_urls(args.state_dir) if args.controller is None and not os.environ.get("MOTOR_CONTROLLER") else {}
     if args.json:
         print(json.dumps({"controller": {"acting": view.acting, "store_unavailable": view.store_unavailable,
                                          "isolation": view.isolation},
-                          "nodes": view.nodes, "instances": view.instances}, indent=2))
+                          "nodes": view.nodes, "instances": view.instances,
+                          "programs": programs}, indent=2))
         return 0
     print(format_line(view))
     print()
@@ -205,4 +209,26 @@ def run(args: argparse.Namespace) -> int:
             ],
         )
     )
+    if programs:
+        print()
+        print(output.grid(["PROGRAM", "KIND", "METRICS", "HEALTH", "READY"],
+                          [[name, p["kind"] or "-", p["metrics"] or "-", p["health"] or "-", p["ready"] or "-"]
+                           for name, p in programs.items()]))
     return 0
+
+
+def ops_urls(state_dir: str) -> dict[str, dict[str, str | None]]:
+    """Every program of the running `motor up` fleet in *state_dir* with the URLs of its ops
+    endpoint (/metrics, /health = liveness, /ready = readiness); None while not yet bound."""
+    fleet = target.running_fleet(state_dir)
+    if fleet is None or not fleet.alive:
+        return {}
+    out: dict[str, dict[str, str | None]] = {}
+    for name, prog in (fleet.data.get("programs") or {}).items():
+        if not isinstance(prog, dict) or prog.get("kind") == "etcd":
+            continue
+        base = prog.get("ops_url")
+        base = base if isinstance(base, str) else None
+        out[str(name)] = {"kind": str(prog.get("kind", "")),
+                          **{ep: f"{base}/{ep}" if base else None for ep in ("metrics", "health", "ready")}}
+    return out

@@ -59,6 +59,7 @@ from motor_common.ports import (
     GATEWAY_HTTP,
     NODEMANAGER_GRPC,
     free_port,
+    host_port,
     port_free,
     port_in_use_message,
     scan_free_port,
@@ -276,6 +277,20 @@ def _client_ssl(tls: TlsConfig | None) -> ssl.SSLContext | bool:
     return ssl.create_default_context(cafile=tls.ca_file)
 
 
+def _ops_url(plan: FleetPlan, spec: ProgramSpec) -> str | None:
+    """Where program *spec* serves /metrics, /health and /ready: the gateway on its own port, the
+    gRPC programs on the ops port their ports file names (None until it is written)."""
+    if spec.kind == "etcd":
+        return None
+    if spec.kind == "gateway":
+        return plan.gateway_url
+    try:
+        port = json.loads(spec.ports_file.read_text()).get("metrics")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"http://{host_port(plan.options.host, port)}" if isinstance(port, int) else None
+
+
 def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
     opts = plan.options
     data = {
@@ -288,7 +303,8 @@ def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
         "tls": dataclasses.asdict(tls) if (tls := cli_tls(plan)) else None,
         "model": opts.model,
         "programs": {c.spec.name: {"pid": c.pid, "port": c.spec.port, "kind": c.spec.kind, "role": c.spec.role,
-                                    "starts": c.starts, "log": str(c.log_path)} for c in sup.children},
+                                    "starts": c.starts, "log": str(c.log_path),
+                                    "ops_url": _ops_url(plan, c.spec)} for c in sup.children},
     }
     tmp = opts.state_dir / "fleet.json.tmp"
     tmp.write_text(json.dumps(data, indent=2) + "\n")

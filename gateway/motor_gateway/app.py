@@ -123,6 +123,7 @@ class Gateway:
                  limits: HttpLimits | None = None, admission: AdmissionConfig | None = None) -> None:
         """*api_key*: one key, or named keys (a :class:`KeyFile`, re-read when it changes);
         when set, /v1/* needs ``Authorization: Bearer <key>``."""
+        metrics.register()
         self.client = client
         self._api_key = api_key.encode() if isinstance(api_key, str) and api_key else None
         self._api_keys = api_key if isinstance(api_key, KeyFile) else None

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
+from tests.conftest import tool
 from tests.helpers import wait_for
 from tests.motor_up import UpFleet, motor_up
 
@@ -84,3 +87,45 @@ async def test_access_log_has_one_structured_line_per_request(fleet: UpFleet) ->
     assert missing is not None
     assert missing["status"] == 404 and missing["model"] == "no-such-model"
     assert "prompt_tokens" not in missing and "completion_tokens" not in missing
+
+
+def _status_json(up: UpFleet) -> dict[str, Any]:
+    out = subprocess.run([tool("motor"), "status", "--state-dir", str(up.state), "--json"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+async def test_every_program_serves_metrics_health_ready_listed_by_motor_status(fleet: UpFleet) -> None:
+    programs = _status_json(fleet)["programs"]
+    assert sorted(programs) == ["controller", "coordinator", "decode-0", "gateway", "prefill-0"]
+    assert {p["kind"] for p in programs.values()} == {"controller", "coordinator", "nodemanager", "gateway"}
+
+    async def all_ready(http: aiohttp.ClientSession) -> bool:
+        for p in programs.values():
+            async with http.get(p["ready"], timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status != 200:
+                    return False
+        return True
+
+    async with aiohttp.ClientSession() as http:
+        await wait_for(lambda: all_ready(http), timeout=30, what="every program's /ready answers 200")
+        texts: dict[str, str] = {}
+        for name, p in programs.items():
+            for ep in ("metrics", "health", "ready"):
+                assert p[ep].endswith("/" + ep), p
+            async with http.get(p["health"], timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                assert resp.status == 200, name
+            async with http.get(p["metrics"], timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                assert resp.status == 200, name
+                assert resp.headers["Content-Type"].startswith("text/plain")
+                texts[name] = await resp.text()
+            assert "# TYPE process_cpu_seconds_total counter" in texts[name], name
+    # the coordinator has no co-located front here: no (empty) gateway families
+    assert "motor_gateway_" not in texts["coordinator"]
+    assert "# TYPE motor_gateway_requests_total counter" in texts["gateway"]
+
+    human = subprocess.run([tool("motor"), "status", "--state-dir", str(fleet.state)],
+                           capture_output=True, text=True, timeout=30)
+    assert human.returncode == 0, human.stderr
+    assert "PROGRAM" in human.stdout and programs["coordinator"]["metrics"] in human.stdout
