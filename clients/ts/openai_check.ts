@@ -28,6 +28,8 @@ async function apiError(call: () => Promise<unknown>): Promise<object> {
 async function main(): Promise<void> {
   const models = await client.models.list();
   report("models.list", { ids: models.data.map((m) => m.id) });
+  const card = await client.models.retrieve(model);
+  report("models.retrieve", { id: card.id, object: card.object });
 
   const done = await client.completions.create({ model, prompt: "Hello, Motor", max_tokens: 8 });
   report("completions", { text: done.choices[0].text.length > 0, completion_tokens: done.usage?.completion_tokens });

@@ -136,6 +136,7 @@ class Gateway:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model_id:.+}", self._model)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
@@ -344,11 +345,22 @@ class Gateway:
             models = await self.client.models(request[REQUEST_ID_KEY])
         except DispatchFailed as exc:
             return error_response(exc.error, request[REQUEST_ID_KEY])
-        data: list[dict[str, Any]] = [
-            {"id": m.id, "object": "model", "created": m.created, "owned_by": "motor"} for m in models
-        ]
+        data: list[dict[str, Any]] = [_model_card(m) for m in models]
         return web.Response(body=orjson.dumps({"object": "list", "data": data}),
                             headers={"Content-Type": _JSON})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{id}: one model card, or 404 model_not_found (OpenAI's retrieve)."""
+        wanted = request.match_info["model_id"]
+        try:
+            models = await self.client.models(request[REQUEST_ID_KEY])
+        except DispatchFailed as exc:
+            return error_response(exc.error, request[REQUEST_ID_KEY])
+        for m in models:
+            if m.id == wanted:
+                return web.Response(body=orjson.dumps(_model_card(m)), headers={"Content-Type": _JSON})
+        return error_response(HttpError(404, f"model {wanted[:200]!r} is not served by any registered instance",
+                                         "not_found_error", "model_not_found", "model"), request[REQUEST_ID_KEY])
 
     # -- ops -------------------------------------------------------------------------------------
 
@@ -415,3 +427,7 @@ async def start_site(app: web.Application, host: str, port: int, *, shutdown_tim
 async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
     """``Server: motor-gateway``, not aiohttp's default (which names the Python and aiohttp versions)."""
     response.headers["Server"] = SERVER_HEADER
+
+
+def _model_card(m: Any) -> dict[str, Any]:
+    return {"id": m.id, "object": "model", "created": m.created, "owned_by": "motor"}

@@ -73,6 +73,7 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
     checks = await run_client([node, "dist/openai_check.js", fleet.info["gateway_url"] + "/v1", "tiny"], ts)
     by = {c["check"]: c for c in checks}
     assert by["models.list"]["ids"] == ["tiny"]
+    assert by["models.retrieve"] == {"check": "models.retrieve", "id": "tiny", "object": "model"}
     assert by["completions"] == {"check": "completions", "text": True, "completion_tokens": 8}
     assert by["chat.stream"]["text"] is True and by["chat.stream"]["chunks"] >= 2
     # Both errors parse as OpenAI errors in the SDK: {"error": {"message", "type", "param", "code"}}.
