@@ -27,14 +27,18 @@ async def _at_least(count: Awaitable[int], n: int) -> bool:
     return await count >= n
 
 
-async def _kill_program(fleet: ChaosFleet, name: str) -> None:
+async def _kill_program(fleet: ChaosFleet, name: str) -> float:
+    """SIGKILL *name*, wait until `motor up` restarted it; returns when it was killed (recovery is
+    counted from then)."""
+    at = time.monotonic()
     old = fleet.kill(name)
     await wait_for(lambda: fleet.restarted(name, old), timeout=15, what=f"motor up to restart {name}")
+    return at
 
 
 async def test_kill_controller(tmp_path: Path) -> None:
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
-        await _kill_program(fleet, "controller")
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
+        return await _kill_program(fleet, "controller")
 
     figs = await run_scenario(tmp_path, "kill-controller", "`kill -9` the controller (motor up restarts it)", inject)
     assert_figures(figs)
@@ -50,8 +54,8 @@ async def test_kill_prefill_engine(tmp_path: Path) -> None:
 
 
 async def test_kill_nodemanager(tmp_path: Path) -> None:
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
-        await _kill_program(fleet, "prefill-1")
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
+        return await _kill_program(fleet, "prefill-1")
 
     figs = await run_scenario(
         tmp_path, "kill-nodemanager",
@@ -83,9 +87,9 @@ async def test_kill_gateway_one_of_two(tmp_path: Path) -> None:
     the killed gateway loses its TCP connection: nothing can resume it, so those are accepted."""
     killed_at: list[float] = []
 
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         killed_at.append(time.monotonic())
-        await _kill_program(fleet, "gateway")
+        return await _kill_program(fleet, "gateway")
 
     def check(load: ClosedLoop) -> list[str]:
         gw = load.urls[0]
@@ -107,9 +111,9 @@ async def test_kill_coordinator_without_ha(tmp_path: Path) -> None:
     Retry-After (never 404, never a hang); streams it was relaying are cut."""
     killed_at: list[float] = []
 
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         killed_at.append(time.monotonic())
-        await _kill_program(fleet, "coordinator")
+        return await _kill_program(fleet, "coordinator")
 
     def check(load: ClosedLoop) -> list[str]:
         wrong = [o.describe() for o in load.failures()
@@ -131,10 +135,10 @@ async def test_kill_master_coordinator_ha(tmp_path: Path) -> None:
     A request the killed master had begun to answer dies with it (accepted, like the gateway's)."""
     killed_at: list[float] = []
 
-    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> None:
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         master = await wait_for(fleet.master, timeout=10, what="a ready master coordinator")
         killed_at.append(time.monotonic())
-        await _kill_program(fleet, fleet.coordinator_name(master))
+        return await _kill_program(fleet, fleet.coordinator_name(master))
 
     def check(load: ClosedLoop) -> list[str]:
         wrong = [o.describe() for o in load.failures() if not o.start < killed_at[0]]
