@@ -54,6 +54,11 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
 
 async def test_motor_up_serves_requests_and_survives_a_lost_node(fleet: Fleet) -> None:
     client = fleet.client()
+    card = await client.models.retrieve("tiny")  # GET /v1/models/{id}
+    assert (card.id, card.object) == ("tiny", "model")
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
     resp = await client.completions.create(model="tiny", prompt="Hello, Motor", max_tokens=8)
     assert resp.choices[0].text and resp.usage is not None and resp.usage.completion_tokens == 8
     chunks = [
