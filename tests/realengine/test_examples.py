@@ -63,7 +63,7 @@ def _argv_and_env(path: Path, engine: str, role: str, tmp: Path) -> tuple[tuple[
 def test_cpu_example_launches_real_vllm_union_with_the_plain_vllm_flags(tmp_path: Path) -> None:
     argv, env = _argv_and_env(EXAMPLES / "fleet-real-vllm-cpu.yaml", "vllm", "union", tmp_path)
     assert argv == ("scripts/real-vllm", "serve", ".real-engine/tiny-llama", "--host", "127.0.0.1",
-                    "--port", "18000", "--served-model-name", "m")  # fmt: skip
+                    "--port", "18000", "--served-model-name", "m", "--enforce-eager")  # fmt: skip
     assert env["VLLM_HOST_IP"] == "127.0.0.1"
 
 
