@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import tool
 from tests.helpers import wait_for
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[UpFleet]:
-    async with motor_up(tmp_path, "--prefill", "1", "--decode", "1", "--zero-latency") as up:
+    async with motor_up(tmp_path, "--prefill", "1", "--decode", "1") as up:
         yield up
 
 
@@ -129,3 +130,42 @@ async def test_every_program_serves_metrics_health_ready_listed_by_motor_status(
                            capture_output=True, text=True, timeout=30)
     assert human.returncode == 0, human.stderr
     assert "PROGRAM" in human.stdout and programs["coordinator"]["metrics"] in human.stdout
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+async def test_domain_metrics_move_with_traffic(fleet: UpFleet) -> None:
+    programs = _status_json(fleet)["programs"]
+    client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="unused",
+                                max_retries=0, timeout=10)
+    for _ in range(3):
+        await client.completions.create(model="tiny", prompt="Hello, Motor", max_tokens=4)
+    stream = await client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=6, stream=True)
+    assert [c async for c in stream]
+    with pytest.raises(openai.NotFoundError):
+        await client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+
+    async with aiohttp.ClientSession() as http, http.get(programs["coordinator"]["metrics"]) as resp:
+        s = _samples(await resp.text())
+    ok = dict(model="tiny", mode="pd")
+    assert _value(s, "motor_coordinator_requests_total", outcome="success", **ok) == 4
+    # the unknown model is not a label value: it is counted under model="none"
+    assert _value(s, "motor_coordinator_requests_total", model="none", outcome="failed") == 1
+    assert not [k for k in s if ("model", "no-such-model") in k[1]]
+    assert _value(s, "motor_coordinator_e2e_request_latency_seconds_count", **ok) == 4
+    assert _value(s, "motor_coordinator_time_to_first_token_seconds_count", **ok) == 1
+    # gaps between relayed chunks (the simulated engine spaces its tokens as a GPU would)
+    assert _value(s, "motor_coordinator_inter_token_latency_seconds_count", **ok) >= 1
+    assert _value(s, "motor_coordinator_requests_in_flight") == 0

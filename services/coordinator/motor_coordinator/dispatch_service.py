@@ -15,6 +15,7 @@ from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
 from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
+from motor_coordinator.request_metrics import observed
 
 if TYPE_CHECKING:
     from motor_coordinator.app import Coordinator
@@ -48,7 +49,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             timeout = min(timeout, remaining)
         try:
             async with asyncio.timeout(timeout):
-                async for frame in self.app.dispatcher.dispatch(parsed, rid):
+                async for frame in observed(self.app.dispatcher.dispatch(parsed, rid), parsed.model):
                     if isinstance(frame, Head):
                         yield cpb.DispatchResponse(head=cpb.ResponseHead(
                             http_status=frame.http_status,

@@ -25,6 +25,7 @@ from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
 from motor_coordinator.dispatcher import Head as CoordinatorHead
 from motor_coordinator.request import parsed_request
+from motor_coordinator.request_metrics import observed
 from motor_gateway.admission import AdmissionConfig
 from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import DispatchFailed, DispatchStream, Head, ModelInfo, Readiness
@@ -59,7 +60,8 @@ class CoordinatorBackend:
 
     def frames(self, api: str, body: dict[str, Any], request_id: str) -> AsyncIterator[Frame]:
         admit(self.app, degraded_hint=False)
-        return self.app.dispatcher.dispatch(parsed_request(api, body), request_id)
+        parsed = parsed_request(api, body)
+        return observed(self.app.dispatcher.dispatch(parsed, request_id), parsed.model)
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(name, self.app.model_created(name)) for name in sorted(self.app.scheduler.models())]
