@@ -169,3 +169,16 @@ async def test_domain_metrics_move_with_traffic(fleet: UpFleet) -> None:
     # gaps between relayed chunks (the simulated engine spaces its tokens as a GPU would)
     assert _value(s, "motor_coordinator_inter_token_latency_seconds_count", **ok) >= 1
     assert _value(s, "motor_coordinator_requests_in_flight") == 0
+
+    async with aiohttp.ClientSession() as http, http.get(programs["controller"]["metrics"]) as resp:
+        c = _samples(await resp.text())
+    assert _value(c, "motor_controller_acting") == 1
+    assert _value(c, "motor_controller_instances", state="active") == 2
+    assert _value(c, "motor_controller_instances", state="recovering") == 0
+    assert _value(c, "motor_controller_nodes", alive="true") == 2
+    assert _value(c, "motor_controller_nodes", alive="false") == 0
+    for node in ("prefill-0", "decode-0"):
+        assert 0 <= _value(c, "motor_controller_node_heartbeat_age_seconds", node=node) < 30
+        assert _value(c, "motor_controller_node_engine_relaunches", node=node) == 0
+    assert _value(c, "motor_controller_alarms_active", kind="precision") == 0
+    assert ("motor_controller_alarms_active", frozenset({("kind", "store_unavailable")})) in c

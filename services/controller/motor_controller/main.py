@@ -12,6 +12,8 @@ import os
 import socket
 from collections.abc import Callable
 
+from prometheus_client import REGISTRY
+
 from motor_common.config import load_config
 from motor_common.credentials import Role, presented_key
 from motor_common.errors import MotorError
@@ -27,6 +29,7 @@ from motor_common.runner import (
     write_ports_file,
 )
 from motor_common.version import add_version_flag
+from motor_controller import metrics as controller_metrics
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
 from motor_controller.node_restarter import build_restarter
@@ -105,6 +108,7 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     port = await server.start()
     controller.start()
     ops = await start_ops(config, _ready_always)
+    collector = controller_metrics.register(controller)
     if ports_file:
         write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
     log.info("motor-controller ready", extra={"port": port, "coordinators": config.coordinators,
@@ -118,6 +122,7 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         await server.stop()
         if ops is not None:
             await ops.stop()
+        REGISTRY.unregister(collector)
         await store.close()
     return 0
 
@@ -166,6 +171,7 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
         return True, "ok"
 
     ops = await start_ops(config, acting)
+    collector = controller_metrics.register(controller)
     if ports_file:
         write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
     log.info("motor-controller ready (etcd store, election)",
@@ -180,6 +186,7 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
         await server.stop()
         if ops is not None:
             await ops.stop()
+        REGISTRY.unregister(collector)
         await store.close()
     return 0
 
