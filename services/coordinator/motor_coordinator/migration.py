@@ -74,14 +74,19 @@ class StreamTracker:
         self.done = False  # [DONE] was sent
         self._sent_before = 0  # tokens sent before the current continuation
 
-    def feed(self, data: bytes) -> bytes:
-        """The whole events in *data* (plus what was buffered), unchanged, to send to the client."""
+    def _whole_events(self, data: bytes) -> bytes:
+        """The complete SSE events buffered so far plus *data*; an incomplete tail stays buffered."""
         buf = self._buf + data
         end = buf.rfind(_SEP)
         if end == -1:
             self._buf = buf
             return b""
-        out, self._buf = buf[: end + 2], buf[end + 2 :]
+        whole, self._buf = buf[: end + 2], buf[end + 2 :]
+        return whole
+
+    def feed(self, data: bytes) -> bytes:
+        """The whole events in *data* (plus what was buffered), unchanged, to send to the client."""
+        out = self._whole_events(data)
         for event in out.split(_SEP):
             payload = _payload(event)
             if payload is None:
@@ -109,12 +114,7 @@ class StreamTracker:
 
     def rewrite(self, data: bytes) -> bytes:
         """The continuation's whole events in *data* as events of the original stream."""
-        buf = self._buf + data
-        end = buf.rfind(_SEP)
-        if end == -1:
-            self._buf = buf
-            return b""
-        whole, self._buf = buf[: end + 2], buf[end + 2 :]
+        whole = self._whole_events(data)
         out: list[bytes] = []
         for event in whole.split(_SEP):
             payload = _payload(event)
