@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import tool
@@ -182,3 +183,86 @@ async def test_domain_metrics_move_with_traffic(fleet: UpFleet) -> None:
         assert _value(c, "motor_controller_node_engine_relaunches", node=node) == 0
     assert _value(c, "motor_controller_alarms_active", kind="precision") == 0
     assert ("motor_controller_alarms_active", frozenset({("kind", "store_unavailable")})) in c
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# Series Prometheus itself adds to every target, and the labels it attaches (not in any registry).
+SYNTHETIC = {"up"}
+TARGET_LABELS = {"job", "instance"}
+_METRIC = re.compile(r"\b(motor_[a-z0-9_]+|process_[a-z0-9_]+|python_[a-z0-9_]+|up)\b(?!\s*\()")
+_MATCHER = re.compile(r"\{([^}]*)\}")
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+
+
+def _declared_labels() -> dict[str, set[str]]:
+    """Label names of every metric object the programs' metric modules define (families without
+    a sample yet show no labels in a scrape)."""
+    import importlib
+
+    from prometheus_client.metrics import MetricWrapperBase
+
+    out: dict[str, set[str]] = {}
+    for mod in ("motor_gateway.metrics", "motor_coordinator.metrics", "motor_coordinator.request_metrics",
+                "motor_coordinator.precision_monitor"):
+        for obj in vars(importlib.import_module(mod)).values():
+            if isinstance(obj, MetricWrapperBase):
+                out[obj._name] = set(obj._labelnames)
+    return out
+
+
+def _series_names(family: Any) -> set[str]:
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
+                "summary": ("_count", "_sum", "_created")}.get(family.type, ("",))
+    return {family.name + s for s in suffixes} | {s.name for s in family.samples}
+
+
+def _expressions() -> list[tuple[str, str]]:
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/motor-alerts.yaml").read_text())
+    out = []
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            assert {"alert", "expr", "labels", "annotations"} <= set(rule), rule
+            assert rule["labels"]["severity"] in {"critical", "warning", "info"}
+            out.append((f"alert {rule['alert']}", rule["expr"]))
+    dash = json.loads((ROOT / "deploy/grafana/motor-dashboard.json").read_text())
+    assert dash["panels"]
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        out.extend((f"panel {panel['title']!r}", t["expr"]) for t in panel["targets"])
+    return out
+
+
+async def test_dashboard_and_alert_rules_name_only_existing_metrics(fleet: UpFleet) -> None:
+    programs = _status_json(fleet)["programs"]
+    client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="unused",
+                                max_retries=0, timeout=10)
+    await client.completions.create(model="tiny", prompt="Hello", max_tokens=2)
+    labels: dict[str, set[str]] = {}  # series name -> label names seen or declared
+    declared = _declared_labels()
+    async with aiohttp.ClientSession() as http:
+        for p in programs.values():
+            async with http.get(p["metrics"]) as resp:
+                assert resp.status == 200
+                text = await resp.text()
+            for fam in text_string_to_metric_families(text):
+                for name in _series_names(fam):
+                    got = labels.setdefault(name, set())
+                    got |= declared.get(fam.name, set())
+                    if name.endswith("_bucket"):
+                        got.add("le")
+                for s in fam.samples:
+                    labels.setdefault(s.name, set()).update(s.labels)
+    for name in SYNTHETIC:
+        labels[name] = set()
+    exprs = _expressions()
+    assert len(exprs) >= 20
+    for where, expr in exprs:
+        metrics = set(_METRIC.findall(expr))
+        assert metrics, f"{where}: no metric in {expr!r}"
+        missing = metrics - set(labels)
+        assert not missing, f"{where}: {sorted(missing)} exported by no program"
+        allowed = set().union(*(labels[m] for m in metrics)) | TARGET_LABELS
+        used = {m.split("=")[0].split("!")[0].strip() for body in _MATCHER.findall(expr)
+                for m in body.split(",") if m.strip()}
+        used |= {lbl.strip() for body in _GROUPING.findall(expr) for lbl in body.split(",") if lbl.strip()}
+        assert used <= allowed, f"{where}: labels {sorted(used - allowed)} not on {sorted(metrics)}"
