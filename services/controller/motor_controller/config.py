@@ -12,6 +12,7 @@ from motor_common import ports
 from motor_common.grpc_server import ServerConfig
 from motor_common.heartbeats import default_reattach_grace
 from motor_common.logs import LogConfig
+from motor_controller.alarm_webhook import AlarmWebhookConfig
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ class ControllerConfig:
     ha: ControllerHaConfig = field(default_factory=ControllerHaConfig)
     fault_tolerance_config: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     node_restart: NodeRestartConfig = field(default_factory=NodeRestartConfig)
+    # Alarm delivery (ALARM/CLEAR to a webhook or Alertmanager): motor_controller.alarm_webhook.
+    alarms: AlarmWebhookConfig = field(default_factory=AlarmWebhookConfig)
 
     def reattach_grace(self) -> float:
         if self.reattach_grace_sec is not None:

@@ -108,6 +108,8 @@ class Controller:
         self.signals: dict[int, Signal] = {}
         self.start_gates: dict[str, tuple[int, float]] = {}
         self.alarms = AlarmStore()
+        # Told of every alarm RAISE/CLEAR applied (alarm delivery, alarm_webhook.py); must not block.
+        self.on_alarm: Callable[[Alarm], None] | None = None
         self._precision_recoveries: set[tuple[int, ...]] = set()
         self.faults: deque[FaultReport] = deque(maxlen=1000)
         self.starts_sent: list[StartCommand] = []  # bounded log for observability and tests
@@ -491,6 +493,8 @@ class Controller:
             await self.store.delete(key)
         if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
             await self.on_coordinator_promoted(alarm.address)
+        if changed is not None and self.on_alarm is not None:
+            self.on_alarm(changed)
         if alarm.action is AlarmAction.RAISE and changed is not None:
             self._start_precision_recovery(changed)
         log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
@@ -597,6 +601,9 @@ class Controller:
         cleared = [a for iid in wanted for a in self.alarms.clear_precision(iid, message)]
         if cleared:
             await self.store.batch({}, [codec.alarm_store_key(a) for a in cleared])
+            if self.on_alarm is not None:
+                for a in cleared:
+                    self.on_alarm(a)
         ids = sorted({i for a in cleared for i in a.instance_ids} | set(wanted))
         for pusher in self.pushers:
             try:

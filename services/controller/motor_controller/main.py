@@ -30,6 +30,7 @@ from motor_common.runner import (
 )
 from motor_common.version import add_version_flag
 from motor_controller import metrics as controller_metrics
+from motor_controller.alarm_webhook import AlarmWebhook
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
 from motor_controller.node_restarter import build_restarter
@@ -82,6 +83,16 @@ async def start_ops(config: ControllerConfig, readiness: Readiness) -> OpsHttpSe
     return ops
 
 
+def start_alarm_webhook(config: ControllerConfig, controller: Controller) -> AlarmWebhook | None:
+    """Deliver the controller's alarms to ``alarms.webhook_url`` (None when it is not set)."""
+    if not config.alarms.webhook_url:
+        return None
+    webhook = AlarmWebhook(config.alarms)
+    controller.on_alarm = webhook.notify
+    webhook.start()
+    return webhook
+
+
 async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     from motor_common.grpc_server import read_secret
 
@@ -109,6 +120,7 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     controller.start()
     ops = await start_ops(config, _ready_always)
     collector = controller_metrics.register(controller)
+    webhook = start_alarm_webhook(config, controller)
     if ports_file:
         write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
     log.info("motor-controller ready", extra={"port": port, "coordinators": config.coordinators,
@@ -123,6 +135,8 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         if ops is not None:
             await ops.stop()
         REGISTRY.unregister(collector)
+        if webhook is not None:
+            await webhook.close()
         await store.close()
     return 0
 
@@ -172,6 +186,7 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
 
     ops = await start_ops(config, acting)
     collector = controller_metrics.register(controller)
+    webhook = start_alarm_webhook(config, controller)
     if ports_file:
         write_ports_file(ports_file, {"grpc": port, "metrics": ops.port if ops else None})
     log.info("motor-controller ready (etcd store, election)",
@@ -187,6 +202,8 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
         if ops is not None:
             await ops.stop()
         REGISTRY.unregister(collector)
+        if webhook is not None:
+            await webhook.close()
         await store.close()
     return 0
 
