@@ -266,3 +266,23 @@ async def test_dashboard_and_alert_rules_name_only_existing_metrics(fleet: UpFle
                 for m in body.split(",") if m.strip()}
         used |= {lbl.strip() for body in _GROUPING.findall(expr) for lbl in body.split(",") if lbl.strip()}
         assert used <= allowed, f"{where}: labels {sorted(used - allowed)} not on {sorted(metrics)}"
+
+
+async def test_coordinator_state_metrics(fleet: UpFleet) -> None:
+    programs = _status_json(fleet)["programs"]
+
+    async def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        async with aiohttp.ClientSession() as http, http.get(programs["coordinator"]["metrics"]) as resp:
+            return _samples(await resp.text())
+
+    s = await wait_for(lambda: _registered(scrape), timeout=20, what="both instances in the registry")
+    assert _value(s, "motor_coordinator_registry_generation") >= 1
+    assert _value(s, "motor_coordinator_registry_authoritative") == 1
+    assert _value(s, "motor_coordinator_election_role", role="standalone") == 1
+    assert _value(s, "motor_coordinator_election_role", role="master") == 0
+    assert _value(s, "motor_coordinator_isolated") == 0
+
+
+async def _registered(scrape: Any) -> Any:
+    s = await scrape()
+    return s if _value(s, "motor_coordinator_registry_instances") == 2 else None

@@ -8,6 +8,8 @@ import logging
 import time
 from collections.abc import Iterable
 
+from prometheus_client import REGISTRY
+
 from motor_common.credentials import Role
 from motor_common.domain import Instance
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
@@ -33,6 +35,7 @@ from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
+from motor_coordinator.state_metrics import CoordinatorCollector
 from motor_gateway.main import read_api_key
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,7 @@ class Coordinator:
         )
         self.tasks = TaskOwner("coordinator")
         self.ops: OpsHttpServer | None = None
+        self._collector: CoordinatorCollector | None = None
         self.http: HttpFront | None = None
         self._dirty: asyncio.Event | None = None
         self._serving: bool | None = None
@@ -191,6 +195,8 @@ class Coordinator:
         if self.cfg.server.metrics_port is not None:
             self.ops = OpsHttpServer(self.cfg.server.host, self.cfg.server.metrics_port, self._ops_readiness)
             await self.ops.start()
+            self._collector = CoordinatorCollector(self)
+            REGISTRY.register(self._collector)
         h = self.cfg.http
         if h.enabled:
             assert h.port is not None
@@ -228,4 +234,7 @@ class Coordinator:
         await self.precision.close()
         if self.ops is not None:
             await self.ops.stop()
+        if self._collector is not None:
+            REGISTRY.unregister(self._collector)
+            self._collector = None
         await self.client.close()
