@@ -14,7 +14,9 @@ The structs below mirror the engines' own msgspec definitions field for field (o
 our encoder produces the bytes the engines produce and our decoder accepts theirs.
 
 Block hashes: vLLM chains ``sha256(pickle((parent, tuple(block_tokens), extra_keys)))`` from
-``NONE_HASH = sha256(pickle(seed))`` (seed ``"vllm-none-hash"`` unless ``PYTHONHASHSEED`` is set);
+``NONE_HASH = sha256(pickle(seed))`` (seed ``"vllm-none-hash"`` unless ``PYTHONHASHSEED`` is set)
+and, by default (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``), reports the digest's low 64 bits as
+an unsigned int;
 SGLang chains ``sha256(parent_digest + uint32le(token) ...)`` per page and reports the first
 8 digest bytes as a signed int64.
 """
@@ -290,9 +292,28 @@ def sglang_block_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
     return out
 
 
+def vllm_int_hash(h: bytes) -> int:
+    """What vLLM's events carry with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` (its default): the
+    digest's low 64 bits, unsigned (``maybe_convert_block_hash``)."""
+    return int.from_bytes(h, "big") & ((1 << 64) - 1)
+
+
 def block_hashes(
-    flavour: Flavour, token_ids: Sequence[int], block_size: int, seed: str | None = None
+    flavour: Flavour,
+    token_ids: Sequence[int],
+    block_size: int,
+    seed: str | None = None,
+    *,
+    int_hashes: bool = True,
 ) -> list[BlockHash]:
+    """The block hashes as the engine's events report them (vLLM: 64-bit ints by default, the
+    32-byte digests with ``int_hashes=False``; SGLang: signed int64)."""
     if flavour is Flavour.VLLM:
-        return list(vllm_block_hashes(token_ids, block_size, seed or DEFAULT_VLLM_SEED))
+        digests = vllm_block_hashes(token_ids, block_size, seed or DEFAULT_VLLM_SEED)
+        return [vllm_int_hash(h) for h in digests] if int_hashes else list(digests)
     return list(sglang_block_hashes(token_ids, block_size))
+
+
+def vllm_event_hashes(token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_VLLM_SEED) -> list[int]:
+    """vLLM's block hashes in its events' default (int) form."""
+    return [vllm_int_hash(h) for h in vllm_block_hashes(token_ids, block_size, seed)]

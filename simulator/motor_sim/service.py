@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -89,7 +90,8 @@ class SimService:
         if cfg.kv_events is not None:
             # hash blocks the engine's way so the published hashes are the engine's
             ev_flavour = EventFlavour(cfg.flavour.value)
-            self.blocks.hasher = lambda ids, bs: engine_block_hashes(ev_flavour, ids, bs)
+            as_int = os.environ.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1") != "0"  # vLLM's env
+            self.blocks.hasher = lambda ids, bs: engine_block_hashes(ev_flavour, ids, bs, int_hashes=as_int)
         self.engine = Engine(self.blocks, cfg.cost, cfg.max_num_seqs)
         self.leases = LeaseTable(self.engine_id)
         self.rooms = RoomTable()

@@ -22,11 +22,13 @@ from motor_common.kv_events import (
     EventBatch,
     Flavour,
     KVEventError,
+    block_hashes,
     decode_batch,
     encode_batch,
     parse_seq,
     sglang_block_hashes,
     vllm_block_hashes,
+    vllm_event_hashes,
     vllm_none_hash,
 )
 
@@ -114,3 +116,11 @@ def test_sglang_block_hashes_follow_its_definition() -> None:
         int.from_bytes(first[:8], "big", signed=True),
         int.from_bytes(second[:8], "big", signed=True),
     ]
+
+
+def test_vllm_event_hashes_are_what_a_real_vllm_engine_reported() -> None:
+    # vLLM 0.32 CPU, --block-size 32, prompt token ids 100..179, default env: its BlockStored
+    # carried these ints (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1: the digests' low 64 bits)
+    assert vllm_event_hashes(list(range(100, 180)), 32) == [702757842669265042, 12727516518541667169]
+    assert block_hashes(Flavour.VLLM, list(range(100, 180)), 32) == vllm_event_hashes(list(range(100, 180)), 32)
+    assert block_hashes(Flavour.VLLM, list(range(40)), 16, int_hashes=False) == vllm_block_hashes(list(range(40)), 16)

@@ -4,7 +4,7 @@ fallback when it cannot know."""
 from __future__ import annotations
 
 from motor_common.domain import Role
-from motor_common.kv_events import BlockRemoved, BlockStored, EventBatch, vllm_block_hashes
+from motor_common.kv_events import BlockRemoved, BlockStored, EventBatch, vllm_event_hashes
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.policies.base import Candidate, EngineLoad, Policy, RequestInfo
@@ -34,7 +34,7 @@ def setup(n: int = 3) -> tuple[KvIndex, KvEvents, list[Candidate]]:
 
 
 def hold(index: KvIndex, key: str, tokens: list[int], seq: int = 1) -> None:
-    index.apply(key, seq, EventBatch(0.0, (BlockStored(tuple(vllm_block_hashes(tokens, 16)), None, (), 16),)))
+    index.apply(key, seq, EventBatch(0.0, (BlockStored(tuple(vllm_event_hashes(tokens, 16)), None, (), 16),)))
 
 
 def req(seq: int = 0, ids: list[int] | None = None) -> RequestInfo:
@@ -65,7 +65,7 @@ def test_load_outweighs_a_hit_beyond_the_slack() -> None:
 def test_evicted_blocks_stop_attracting() -> None:
     index, p, c = setup()
     hold(index, c[2].key, PROMPT)
-    index.apply(c[2].key, 2, EventBatch(0.0, (BlockRemoved(tuple(vllm_block_hashes(PROMPT, 16)[:1])),)))
+    index.apply(c[2].key, 2, EventBatch(0.0, (BlockRemoved(tuple(vllm_event_hashes(PROMPT, 16)[:1])),)))
     chosen = p.select(Role.PREFILL, c, req(0, PROMPT))
     assert chosen is c[0]  # nobody holds block 0 any more: no prefix anywhere, first lowest cost
 

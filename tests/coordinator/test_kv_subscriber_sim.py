@@ -8,7 +8,7 @@ import json
 import aiohttp
 import pytest
 
-from motor_common.kv_events import Flavour, vllm_block_hashes
+from motor_common.kv_events import Flavour, vllm_event_hashes
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_subscriber import EventSource, KvEventSubscriber
 from tests.helpers import free_port, wait_for
@@ -18,7 +18,7 @@ __all__ = ["sims"]  # the simulator fixture, reused here
 
 A = list(range(1, 13))
 C = list(range(200, 228))
-HA, HC = vllm_block_hashes(A, 4), vllm_block_hashes(C, 4)
+HA, HC = vllm_event_hashes(A, 4), vllm_event_hashes(C, 4)
 
 
 async def complete(sim: SimProc, prompt: list[int]) -> None:

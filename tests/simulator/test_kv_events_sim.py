@@ -26,7 +26,7 @@ from motor_common.kv_events import (
     parse_seq,
     seq_bytes,
     sglang_block_hashes,
-    vllm_block_hashes,
+    vllm_event_hashes,
 )
 from tests.helpers import free_port, wait_for
 
@@ -96,7 +96,7 @@ async def test_vllm_sim_publishes_vllm_events_with_evictions_and_replay(sims: Si
         assert raw[1][0]["type"] == "BlockStored" and raw[1][0]["block_size"] == 4
         assert raw[1][0]["medium"] == "GPU" and raw[1][0]["group_idx"] == 0
 
-        ha, hb, hc = (vllm_block_hashes(p, 4) for p in (A, B, C))
+        ha, hb, hc = (vllm_event_hashes(p, 4) for p in (A, B, C))
         evs = events(batches, Flavour.VLLM)
         stored = [e for e in evs if isinstance(e, BlockStored)]
         assert stored[0] == BlockStored(tuple(ha), None, tuple(A), 4)
@@ -176,10 +176,10 @@ def test_events_off_by_default_and_unchanged_hashing() -> None:
     bm = BlockManager(8, 4)
     bm.allocate("a", A, 13)
     assert bm.take_events() == []  # no hasher: nothing queued, the cheap hash stays
-    bm2 = BlockManager(8, 4, hasher=lambda ids, bs: list(vllm_block_hashes(ids, bs)))
+    bm2 = BlockManager(8, 4, hasher=lambda ids, bs: list(vllm_event_hashes(ids, bs)))
     bm2.allocate("a", A, 13)
     bm2.free("a")
     assert bm2.reset()
-    assert bm2.take_events() == [BlockStored(tuple(vllm_block_hashes(A, 4)), None, tuple(A), 4),
+    assert bm2.take_events() == [BlockStored(tuple(vllm_event_hashes(A, 4)), None, tuple(A), 4),
                                  AllBlocksCleared()]
     assert EventBatch  # re-exported type used by the publisher

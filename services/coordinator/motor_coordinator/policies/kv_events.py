@@ -38,6 +38,7 @@ class BlockHashing:
     flavour: Flavour = Flavour.VLLM
     block_size: int = 16
     seed: str = DEFAULT_VLLM_SEED
+    int_hashes: bool = True  # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1)
 
 
 class KvEvents:
@@ -62,7 +63,7 @@ class KvEvents:
         keys = [c.key for c in candidates]
         if all(self.index.is_stale(k) for k in keys):
             return self._fallback(role, candidates, req)
-        hashes = block_hashes(h.flavour, token_ids, h.block_size, h.seed)
+        hashes = block_hashes(h.flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
         held = self.index.prefix_lengths(req.model, hashes, keys)
         total = len(hashes)
         best = candidates[0]
