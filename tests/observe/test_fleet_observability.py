@@ -286,3 +286,35 @@ async def test_coordinator_state_metrics(fleet: UpFleet) -> None:
 async def _registered(scrape: Any) -> Any:
     s = await scrape()
     return s if _value(s, "motor_coordinator_registry_instances") == 2 else None
+
+
+async def test_instance_in_flight_moves_while_a_stream_is_served(fleet: UpFleet) -> None:
+    programs = _status_json(fleet)["programs"]
+    url = programs["coordinator"]["metrics"]
+
+    async def decode_in_flight() -> float:
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            return _value(_samples(await resp.text()), "motor_coordinator_instance_requests_in_flight",
+                          role="decode", model="tiny")
+
+    await wait_for(lambda: _registered(lambda: _scrape(url)), timeout=20, what="both instances registered")
+    assert await decode_in_flight() == 0
+    client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="unused",
+                                max_retries=0, timeout=30)
+    stream = await client.completions.create(model="tiny", prompt="Tell a long story", max_tokens=400,
+                                             stream=True)
+    it = stream.__aiter__()
+    await it.__anext__()  # the decode engine is streaming now
+    assert await decode_in_flight() == 1
+    async for _ in it:
+        pass
+    await wait_for(lambda: _zero(decode_in_flight), timeout=10, what="in flight back to 0")
+
+
+async def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        return _samples(await resp.text())
+
+
+async def _zero(get: Any) -> bool:
+    return bool(await get() == 0)

@@ -46,3 +46,13 @@ class CoordinatorCollector(Collector):
                                 "1 while this coordinator is isolated (master that lost its election store)")
         iso.add_metric([], 1.0 if lead.isolated else 0.0)
         yield iso
+        inflight = GaugeMetricFamily("motor_coordinator_instance_requests_in_flight",
+                                     "Requests being served by each registered instance's engines now (a PD "
+                                     "request counts on its prefill and on its decode instance)",
+                                     labels=["instance", "role", "model"])
+        sched = self.app.scheduler
+        for iid in sorted(state.instances):
+            inst = state.instances[iid]
+            n = sum(sched.inflight(ep) for ep in inst.endpoints)
+            inflight.add_metric([str(iid), inst.role.value, inst.model_name], float(n))
+        yield inflight
