@@ -1,0 +1,33 @@
+"""The coordinator's co-located OpenAI front writes the same access-log line as the gateway."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.helpers import wait_for
+from tests.procs import start_coordinator
+
+pytestmark = pytest.mark.slow
+
+
+async def test_colocated_front_logs_each_request(tmp_path: Path) -> None:
+    async with start_coordinator(tmp_path, {"http": {"port": 0}}) as c, aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{c.ports['http']}/v1/completions"
+        async with http.post(url, json={"model": "tiny", "prompt": "x", "max_tokens": 2},
+                             headers={"X-Request-Id": "colo-1"}) as r:
+            status = r.status  # no engine registered yet: refused, and still logged
+        assert status >= 400
+
+        def line() -> str | None:
+            found = [ln for ln in c.log().splitlines() if " motor.access: request " in ln and "request_id=colo-1" in ln]
+            return found[0] if found else None
+
+        got = await wait_for(line, timeout=10, what="the access-log line of colo-1")
+        fields = dict(re.findall(r" (\w+)=(\S+)", got))
+        assert fields["route"] == "/v1/completions" and fields["method"] == "POST"
+        assert fields["status"] == str(status) and fields["model"] == "tiny" and fields["stream"] == "False"
+        assert float(fields["latency_ms"]) > 0
