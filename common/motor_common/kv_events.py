@@ -5,7 +5,8 @@ vLLM (``vllm/distributed/kv_events.py``, checked against vLLM 0.32) and SGLang
 encoded with msgspec, but not in the same shape (docs/kv-events.md has the byte-level details):
 
 - vLLM: ``KVEventBatch`` = ``[ts, [event, ...], data_parallel_rank]``; each event is a *map*
-  tagged ``{"type": "BlockStored", ...}``; block hashes are 32-byte SHA-256 digests (``bytes``).
+  tagged ``{"type": "BlockStored", ...}``; block hashes are 64-bit ints by default (the low bits
+  of 32-byte SHA-256 digests, which are sent instead with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
 - SGLang: ``[ts, [event, ...]]``; each event is an *array* tagged by its first element
   (``["BlockStored", hashes, parent, token_ids, block_size, lora_id]``); block hashes are signed
   64-bit integers.
