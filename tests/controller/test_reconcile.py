@@ -166,3 +166,13 @@ def test_partial_loss_survivors_are_only_nodes_still_running_the_instance() -> N
     assert partial_loss(w.instances[IID], w) == ("job-p-n1",)
     restarted = obs(11.9, 0, [], NodeState.REGISTERED)  # n1 already restarted: nothing to stop
     assert partial_loss(w.instances[IID], replace(w, observations={"job-p-n1": restarted})) == ()
+
+
+def test_a_node_heard_from_since_the_start_is_judged_lost_even_within_the_reattach_grace() -> None:
+    # A fresh controller (grace until 109) whose fleet registered and heartbeated after its start:
+    # the grace protects only nodes loaded from the store, so a node that dies is a partial loss.
+    w = replace(active_two_nodes(), reattach_until=109.0)
+    only_n1 = {"job-p-n1": obs(12.0, IID, [ES.NORMAL, ES.NORMAL])}
+    w, p = step(replace(w, observations={**w.observations, **only_n1}, now=14.0))
+    assert w.instances[IID].state is InstanceState.INACTIVE
+    assert p.partial_losses == {IID: ("job-p-n1",)}

@@ -73,12 +73,14 @@ def partial_loss(mi: ManagedInstance, world: World) -> tuple[str, ...]:
     """Surviving nodes of a multi-node instance that lost some but not all of its nodes (else ())."""
     if len(mi.node_ids) < 2 or mi.state not in (InstanceState.STARTING, InstanceState.ACTIVE, InstanceState.INACTIVE):
         return ()
-    if world.now < world.reattach_until:
-        return ()  # nodes loaded from the store may not have re-attached their heartbeat streams yet
     lost, survivors = [], []
     for node_id in mi.node_ids:
         rec = world.nodes.get(node_id)
         ob = world.observations.get(node_id)
+        if ob is None and rec is not None and rec.registered_mono is None and world.now < world.reattach_until:
+            # loaded from the store and not re-attached yet (re-attach grace): nothing is known of it,
+            # so the instance is not judged; nodes heard from since the start are judged as usual
+            return ()
         if rec is None or not node_alive(rec, ob, world.now, world.heartbeat_timeout):
             lost.append(node_id)
         elif ob is not None and ob.instance_id == mi.id and ob.state not in _NOT_RUNNING:
