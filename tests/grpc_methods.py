@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +47,16 @@ class Method:
         if not cs and not ss:
             return [await channel.unary_unary(self.path, ser, des)(request, metadata=metadata, timeout=timeout)]
         if cs:
-            async def one() -> AsyncIterator[Any]:
-                yield request
-
+            # Written by hand, not from a request iterator: a server that refuses the call (bad
+            # credentials) may end it before the message is sent, and grpc's iterator consumer then
+            # surfaces a local INTERNAL "Internal error from Core" instead of the server's status.
             call: Any = (channel.stream_stream if ss else channel.stream_unary)(self.path, ser, des)(
-                one(), metadata=metadata, timeout=timeout)
+                metadata=metadata, timeout=timeout)
+            try:
+                await call.write(request)
+                await call.done_writing()
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                pass  # the call already ended: its status (the server's) is raised below
         else:
             call = channel.unary_stream(self.path, ser, des)(request, metadata=metadata, timeout=timeout)
         if not ss:
