@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import MODEL, ZERO, start_engines, start_motor  # noqa: E402
-from motor_gateway.limits import HttpLimits  # noqa: E402
+from motor_common.openai_front.limits import HttpLimits  # noqa: E402
 
 BIG = 60 * 1024 * 1024
 

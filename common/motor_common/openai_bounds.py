@@ -1,4 +1,4 @@
-"""Bounds on an OpenAI request body, shared by the HTTP front (``motor_gateway``) and the
+"""Bounds on an OpenAI request body, shared by the HTTP front (``motor_common.openai_front``) and the
 coordinator's ``Dispatch`` (pure, no I/O). Every problem is an ``InvalidArgument`` (HTTP 400)
 whose ``param`` names the field.
 

@@ -1,18 +1,13 @@
-"""What the HTTP routes need from a coordinator: the :class:`DispatchClient` Protocol, and its gRPC
-implementation (the pool with failover, used by ``motor-gateway``).
-
-A dispatch yields a :class:`Head` (status, content type) and then body chunks. Every failure is a
-:class:`DispatchFailed` carrying the OpenAI error to send; before the head it becomes the response,
-after it a final SSE error event. The co-located front (``motor-coordinator`` with an ``http``
-section) implements the same Protocol in process, without gRPC (motor_coordinator.http_front).
+"""``motor-gateway``'s :class:`~motor_common.openai_front.dispatch.DispatchClient`: the
+coordinators' ``Dispatch`` RPC through the coordinator pool, with failover before the head
+(``motor_gateway.failover``). gRPC failures become the OpenAI errors the front sends.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
@@ -20,63 +15,22 @@ from motor_common.errors import MotorError
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.grpc_client import call_metadata, translate
 from motor_common.grpc_server import error_reason
+from motor_common.openai_front.dispatch import (
+    DispatchFailed,
+    DispatchStream,
+    Head,
+    ModelInfo,
+    Readiness,
+)
+from motor_common.openai_front.openai import HttpError, error_for_status, error_from_motor
 from motor_gateway import failover
-from motor_gateway.openai import HttpError, error_for_status, error_from_motor
-from motor_gateway.pool import UNREACHABLE, CoordinatorPool, Readiness
+from motor_gateway.pool import UNREACHABLE, CoordinatorPool
 
-__all__ = ["DispatchClient", "DispatchFailed", "DispatchStream", "GrpcDispatchClient", "Head", "ModelInfo",
-           "Readiness"]
+__all__ = ["GrpcDispatchClient", "rpc_error"]
 
 log = logging.getLogger(__name__)
 
 _API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS}
-
-
-class DispatchFailed(Exception):
-    """A dispatch failed; ``error`` is what the HTTP client gets."""
-
-    def __init__(self, error: HttpError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    status: int
-    content_type: str
-
-
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    id: str
-    created: int
-
-
-class DispatchStream(Protocol):
-    """One dispatched request after its head: the body chunks, then :meth:`aclose`."""
-
-    head: Head
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        """The body chunks; raises :class:`DispatchFailed` if the response breaks."""
-        ...
-
-    async def aclose(self) -> None:
-        """Stop the request if it is still running (client gone); idempotent."""
-        ...
-
-
-class DispatchClient(Protocol):
-    async def dispatch(self, request_id: str, api: str, raw: bytes, body: dict[str, Any]) -> DispatchStream:
-        """Send one request (*raw* bytes and the already parsed *body*; *api* ``completions`` or
-        ``chat``); returns once the head arrived. Raises :class:`DispatchFailed`."""
-        ...
-
-    async def models(self, request_id: str) -> list[ModelInfo]:
-        ...
-
-    async def readiness(self) -> Readiness:
-        ...
 
 
 _NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")

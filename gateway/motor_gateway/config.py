@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from motor_common.logs import LogConfig
+from motor_common.openai_front.admission import AdmissionConfig
+from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
-from motor_gateway.admission import AdmissionConfig
-from motor_gateway.limits import HttpLimits
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 

@@ -24,10 +24,10 @@ import time
 from typing import Any
 
 from motor_common.config import load_config
-from motor_common.credentials import KeyFile
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
+from motor_common.openai_front.app import Gateway, read_api_key, start_site
 from motor_common.ports import bind_failure
 from motor_common.runner import (
     DOCS_HINT,
@@ -38,7 +38,6 @@ from motor_common.runner import (
 )
 from motor_common.tls import https_context
 from motor_common.version import add_version_flag
-from motor_gateway.app import Gateway, start_site
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool
@@ -65,12 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="validate the configuration and exit (0 valid, 2 invalid); starts nothing")
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for workers
     return p.parse_args(argv)
-
-
-def read_api_key(path: str | None) -> KeyFile | None:
-    """The inference keys of *path* (one bare key, or ``name: key`` lines; re-read on change)."""
-    return KeyFile(path, "API key") if path else None
-
 
 
 def build_config(args: argparse.Namespace) -> GatewayConfig:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 import grpc
 
@@ -22,11 +21,12 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.leadership import LeaderRole
+from motor_common.openai_front.dispatch import Readiness
 from motor_common.tasks import TaskOwner
 from motor_common.tls import TlsConfig
 from motor_gateway.routing import UNREACHABLE, CoordinatorView, Route, choose
 
-__all__ = ["UNREACHABLE", "CoordinatorPool", "Readiness"]
+__all__ = ["UNREACHABLE", "CoordinatorPool"]
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,6 @@ _ROLES = {
     cpb.COORDINATOR_ROLE_MASTER: LeaderRole.MASTER,
     cpb.COORDINATOR_ROLE_STANDBY: LeaderRole.STANDBY,
 }
-
-
-@dataclass(frozen=True)
-class Readiness:
-    ready: bool
-    reason: str
-    address: str
 
 
 class _Member:

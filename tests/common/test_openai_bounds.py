@@ -10,8 +10,8 @@ import pytest
 
 from motor_common.errors import InvalidArgument
 from motor_common.openai_bounds import PD_FIELDS, load_object, too_deep
+from motor_common.openai_front.limits import BodyTooLarge, clean_request_id, decompress
 from motor_coordinator.request import parse_body
-from motor_gateway.limits import BodyTooLarge, clean_request_id, decompress
 
 
 def deep(depth: int) -> bytes:

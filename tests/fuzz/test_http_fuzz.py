@@ -13,7 +13,7 @@ Invariants, checked on every example:
   the run as before.
 
 The co-located front (``motor-coordinator --http-port``) serves the same aiohttp application
-(``motor_gateway.app.Gateway``), so it is not fuzzed separately. Bounded: a fixed number of
+(``motor_common.openai_front.app.Gateway``), so it is not fuzzed separately. Bounded: a fixed number of
 examples per property (``MOTOR_FUZZ_EXAMPLES`` scales it), deterministic (``derandomize``), the
 whole module well under 60 s.
 """

@@ -145,12 +145,12 @@ class ScriptedBackend:
         return gen()
 
     def models(self) -> list[Any]:
-        from motor_gateway.client import ModelInfo
+        from motor_common.openai_front.dispatch import ModelInfo
 
         return [ModelInfo(m, 1_700_000_000) for m in self.fake.models]
 
     def readiness(self) -> Any:
-        from motor_gateway.client import Readiness
+        from motor_common.openai_front.dispatch import Readiness
 
         f = self.fake
         return Readiness(f.ready, "ok" if f.ready else (f.reason or "not ready"), "in-process")

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
-from motor_gateway.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
+from motor_common.openai_front.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
 from motor_gateway.config import GatewayConfig
 from tests.gateway.fakes import chunk, fake_coordinator, head, in_process_gateway, running_gateway
 from tests.gateway.test_dispatch import assert_openai_error

@@ -19,8 +19,8 @@ import aiohttp
 import orjson
 import pytest
 
+from motor_common.openai_front.limits import HttpLimits
 from motor_gateway.config import GatewayConfig
-from motor_gateway.limits import HttpLimits
 from tests.gateway.fakes import (
     FakeDispatch,
     chunk,

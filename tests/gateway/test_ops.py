@@ -11,7 +11,7 @@ from aiohttp import web
 from openai import AsyncOpenAI, AuthenticationError, NotFoundError
 
 from motor_common import errors
-from motor_gateway.app import Gateway
+from motor_common.openai_front.app import Gateway
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool

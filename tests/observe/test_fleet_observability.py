@@ -202,7 +202,7 @@ def _declared_labels() -> dict[str, set[str]]:
     from prometheus_client.metrics import MetricWrapperBase
 
     out: dict[str, set[str]] = {}
-    for mod in ("motor_gateway.metrics", "motor_coordinator.metrics", "motor_coordinator.request_metrics",
+    for mod in ("motor_common.openai_front.metrics", "motor_coordinator.metrics", "motor_coordinator.request_metrics",
                 "motor_coordinator.precision_monitor"):
         for obj in vars(importlib.import_module(mod)).values():
             if isinstance(obj, MetricWrapperBase):

@@ -14,6 +14,7 @@ from motor_common.credentials import Role
 from motor_common.domain import Instance
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
+from motor_common.openai_front.app import read_api_key
 from motor_common.ops_http import OpsHttpServer
 from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
@@ -36,7 +37,6 @@ from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
 from motor_coordinator.state_metrics import CoordinatorCollector
-from motor_gateway.main import read_api_key
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
 from motor_common.logs import LogConfig
+from motor_common.openai_front.admission import AdmissionConfig
+from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
 from motor_coordinator.precision_config import PrecisionConfig
-from motor_gateway.admission import AdmissionConfig
-from motor_gateway.limits import HttpLimits
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
 

@@ -1,8 +1,9 @@
-"""The co-located OpenAI front: ``motor-gateway``'s HTTP application served by the coordinator
-process itself, dispatching in process (no gRPC hop, no second process).
+"""The co-located OpenAI front: the shared OpenAI HTTP application (``motor_common.openai_front``,
+the one ``motor-gateway`` serves) in the coordinator process itself, dispatching in process (no
+gRPC hop, no second process).
 
 The routes, validation, error objects, SSE relay, request ids and client-disconnect handling are
-the gateway's own (``motor_gateway.app.Gateway``); only its :class:`DispatchClient` differs:
+the shared front's (``motor_common.openai_front.app.Gateway``); only its :class:`DispatchClient` differs:
 :class:`InProcessDispatchClient` runs the dispatcher's frames directly. Errors map exactly as they
 would after a gRPC round trip (``MotorError`` code/message/reason → OpenAI error; anything else is
 an internal error). The separate ``motor-gateway`` remains the scale-out / HA-failover front.
@@ -21,16 +22,22 @@ from aiohttp import web
 from motor_common.credentials import KeyFile
 from motor_common.errors import DeadlineExceeded, MotorError
 from motor_common.logs import request_id_var
+from motor_common.openai_front.admission import AdmissionConfig
+from motor_common.openai_front.app import Gateway, start_site
+from motor_common.openai_front.dispatch import (
+    DispatchFailed,
+    DispatchStream,
+    Head,
+    ModelInfo,
+    Readiness,
+)
+from motor_common.openai_front.limits import HttpLimits
+from motor_common.openai_front.openai import HttpError, error_for_status
 from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
 from motor_coordinator.dispatcher import Head as CoordinatorHead
 from motor_coordinator.request import parsed_request
 from motor_coordinator.request_metrics import observed
-from motor_gateway.admission import AdmissionConfig
-from motor_gateway.app import Gateway, start_site
-from motor_gateway.client import DispatchFailed, DispatchStream, Head, ModelInfo, Readiness
-from motor_gateway.limits import HttpLimits
-from motor_gateway.openai import HttpError, error_for_status
 
 if TYPE_CHECKING:
     from motor_coordinator.app import Coordinator
@@ -116,7 +123,7 @@ class _LocalStream:
 
 
 class InProcessDispatchClient:
-    """:class:`motor_gateway.client.DispatchClient` calling the dispatcher in this process."""
+    """:class:`motor_common.openai_front.dispatch.DispatchClient` calling the dispatcher in this process."""
 
     def __init__(self, backend: DispatchBackend, *, request_timeout: float) -> None:
         self.backend = backend

@@ -28,12 +28,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from motor_common.credentials import KeyFile
 from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
-from motor_common.ports import bind_failure
-from motor_gateway import metrics
-from motor_gateway.access_log import Access, log_access
-from motor_gateway.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
-from motor_gateway.client import DispatchClient, DispatchFailed
-from motor_gateway.limits import (
+from motor_common.openai_front import metrics
+from motor_common.openai_front.access_log import Access, log_access
+from motor_common.openai_front.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
+from motor_common.openai_front.dispatch import DispatchClient, DispatchFailed
+from motor_common.openai_front.limits import (
     ENCODINGS,
     BodyTooLarge,
     HttpLimits,
@@ -41,7 +40,7 @@ from motor_gateway.limits import (
     decompress,
     encodings,
 )
-from motor_gateway.openai import (
+from motor_common.openai_front.openai import (
     RETRY_AFTER_SEC,
     HttpError,
     engine_error_body,
@@ -49,7 +48,8 @@ from motor_gateway.openai import (
     public,
     validate_body,
 )
-from motor_gateway.site import PROTOCOL_LOG, SERVER_HEADER, GuardedSite
+from motor_common.openai_front.site import PROTOCOL_LOG, SERVER_HEADER, GuardedSite
+from motor_common.ports import bind_failure
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,11 @@ def _refuse(status: int, message: str, code: str, rid: str, *, close: bool = Fal
     if close:
         resp.force_close()
     return resp
+
+
+def read_api_key(path: str | None) -> KeyFile | None:
+    """The inference keys of *path* (one bare key, or ``name: key`` lines; re-read on change)."""
+    return KeyFile(path, "API key") if path else None
 
 
 class Gateway:

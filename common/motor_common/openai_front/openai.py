@@ -16,7 +16,7 @@ import orjson
 
 from motor_common.errors import InvalidArgument, MotorError
 from motor_common.openai_bounds import check_model, check_pd_fields, load_object
-from motor_gateway.limits import HttpLimits
+from motor_common.openai_front.limits import HttpLimits
 
 _DEFAULT_LIMITS = HttpLimits()
 

@@ -21,7 +21,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from motor_gateway import metrics
+from motor_common.openai_front import metrics
 
 MIB = 1024 * 1024
 

@@ -1,7 +1,8 @@
-"""Prometheus metrics of the gateway's HTTP front.
+"""Prometheus metrics of the OpenAI HTTP front (``motor-gateway`` and the co-located front; the
+``motor_gateway_*`` names are the same for both).
 
 Created unregistered and added to the process-wide default registry by :func:`register` when an
-HTTP front is built (``motor_gateway.app.Gateway``): a coordinator without a co-located front
+HTTP front is built (``motor_common.openai_front.app.Gateway``): a coordinator without a co-located front
 imports this module but exposes no empty ``motor_gateway_*`` families.
 """
 

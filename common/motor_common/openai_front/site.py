@@ -19,8 +19,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from motor_gateway import metrics
-from motor_gateway.openai import HttpError
+from motor_common.openai_front import metrics
+from motor_common.openai_front.openai import HttpError
 
 # The Server header of every gateway response: aiohttp's default names the Python and aiohttp
 # versions, which helps nobody but someone matching known vulnerabilities.
