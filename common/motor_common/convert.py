@@ -51,6 +51,8 @@ def endpoint_from_pb(msg: pb.Endpoint) -> Endpoint:
         kv_port=msg.kv_port,
         dp_rank=msg.dp_rank,
         node_id=msg.node_id,
+        kv_events_port=msg.kv_events_port,
+        kv_events_replay_port=msg.kv_events_replay_port,
     )
 
 
@@ -63,6 +65,8 @@ def endpoint_to_pb(ep: Endpoint) -> pb.Endpoint:
         kv_port=ep.kv_port,
         dp_rank=ep.dp_rank,
         node_id=ep.node_id,
+        kv_events_port=ep.kv_events_port,
+        kv_events_replay_port=ep.kv_events_replay_port,
     )
 
 

@@ -57,6 +57,9 @@ class Endpoint:
     kv_port: int = 0
     dp_rank: int = 0
     node_id: str = ""
+    # The engine's KV-cache event publisher (ZMQ PUB) and replay (ROUTER) ports; 0 = none.
+    kv_events_port: int = 0
+    kv_events_replay_port: int = 0
 
     @property
     def host_port(self) -> str:

@@ -65,3 +65,17 @@ def test_start_commands_carry_node_endpoints_dp_size_and_master() -> None:
     assert (c1.node_rank, c1.num_nodes, c1.dp_size, c1.master_address, c1.master_port) == (1, 2, 4, "10.0.0.1", 29550)
     assert c1.admin_address == "10.0.0.2:7001"
     assert len(c1.peers) == 4  # decode instances get their D2D peers
+
+
+def test_kv_events_ports_are_carried_into_the_instance_and_start_commands() -> None:
+    from dataclasses import replace
+
+    s = spec(0, 1, eps=2)
+    s = replace(s, endpoints=tuple(replace(e, kv_events_port=6000 + e.id, kv_events_replay_port=6100 + e.id)
+                                   for e in s.endpoints))  # fmt: skip
+    a = assemble("job-p", [s], 0, 29550)
+    assert a is not None and a.instance is not None
+    got = [(e.kv_events_port, e.kv_events_replay_port) for e in a.instance.endpoints]
+    assert got == [(6000, 6100), (6001, 6101)]
+    cmds = start_commands(a.instance, [s], a.master_address, 29550, 1)
+    assert [e.kv_events_port for e in cmds[s.node_id].endpoints] == [6000, 6001]

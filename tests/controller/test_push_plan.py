@@ -119,3 +119,9 @@ def test_desired_view_has_active_and_paused_and_recovering_instances() -> None:
     assert {i: v.status for i, v in view.items()} == {
         1: InstanceStatus.AVAILABLE, 2: InstanceStatus.PAUSED, 4: InstanceStatus.PAUSED
     }
+
+
+def test_a_changed_kv_events_port_changes_the_fingerprint() -> None:
+    a = inst(1)
+    b = replace(a, endpoints=(replace(a.endpoints[0], kv_events_port=6000),))
+    assert fingerprint({1: a}) != fingerprint({1: b})

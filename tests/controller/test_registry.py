@@ -62,3 +62,14 @@ def test_same_rank_under_another_node_id() -> None:
         decide_registration(new, None, [record(old)], {"pod-a": True})
     assert err.value.reason == "NODE_RANK_TAKEN"
     assert decide_registration(new, None, [record(old)], {"pod-a": False}) == (Registration.NEW, ["pod-a"])
+
+
+def test_kv_events_ports_are_range_checked_and_may_not_reuse_another_port() -> None:
+    s = spec(eps=1)
+    ok = replace(s, endpoints=(replace(s.endpoints[0], kv_events_port=6000, kv_events_replay_port=6001),))
+    assert validate_spec(ok).endpoints[0].kv_events_replay_port == 6001
+    with pytest.raises(InvalidArgument, match="kv_events_port 80 must be 0 or in"):
+        validate_spec(replace(s, endpoints=(replace(s.endpoints[0], kv_events_port=80),)))
+    clash = replace(s.endpoints[0], kv_events_port=6000, kv_events_replay_port=s.endpoints[0].business_port)
+    with pytest.raises(InvalidArgument, match="used twice"):
+        validate_spec(replace(s, endpoints=(clash,)))

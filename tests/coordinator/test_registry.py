@@ -64,6 +64,8 @@ def test_set_registers_paused_instances_paused_and_others_available() -> None:
         (replace(inst(9), endpoints=(ep(9000, ip="300.1.1.1"),)), "INVALID_ENDPOINT"),
         (replace(inst(9), endpoints=(ep(1023),)), "INVALID_ENDPOINT"),
         (replace(inst(9), endpoints=(ep(65536),)), "INVALID_ENDPOINT"),
+        (replace(inst(9), endpoints=(replace(ep(9000), kv_events_port=70000),)), "INVALID_ENDPOINT"),
+        (replace(inst(9), endpoints=(replace(ep(9000), kv_events_replay_port=70000),)), "INVALID_ENDPOINT"),
         (replace(inst(9), endpoints=(ep(9000, id=0), ep(9001, id=0))), "DUPLICATE_ENDPOINT"),
         (replace(inst(9), endpoints=(ep(9000, id=0), ep(9000, id=1))), "DUPLICATE_ENDPOINT"),
         (inst(9, engine=EngineType.SGLANG, endpoints=(ep(9000),)), "MISSING_BOOTSTRAP_PORT"),

@@ -96,3 +96,17 @@ def test_restart_needed_names_listen_keys_but_not_hot_ones(tmp_path: Path) -> No
         write(tmp_path, "role: union\nheartbeat_interval_seconds: 1\nserver: {port: 9999}\n"), environ={}
     )
     assert nmconfig.restart_needed(a, b) == ["server"]
+
+
+def test_kv_events_section_defaults_off_and_needs_room_for_five_ports_per_endpoint(tmp_path: Path) -> None:
+    cfg = nmconfig.load(write(tmp_path, "role: prefill\n"), environ={})
+    assert cfg.engine.kv_events.enable is False and cfg.engine.kv_events.topic == "kv-events"
+    on = nmconfig.load(write(tmp_path, "role: prefill\nengine: {kv_events: {enable: true, topic: t, replay: false}}\n"),
+                       environ={})  # fmt: skip
+    assert (on.engine.kv_events.enable, on.engine.kv_events.topic, on.engine.kv_events.replay) == (True, "t", False)
+    nmconfig.load(write(tmp_path, "role: prefill\nbase_port: 65530\nendpoints_per_node: 2\n"), environ={})
+    with pytest.raises(ConfigError, match="base_port"):
+        nmconfig.load(write(tmp_path, "role: prefill\nbase_port: 65530\nendpoints_per_node: 2\n"
+                                      "engine: {kv_events: {enable: true}}\n"), environ={})  # fmt: skip
+    with pytest.raises(ConfigError, match="kv_events"):
+        nmconfig.load(write(tmp_path, "role: prefill\nengine: {kv_events: {enabled: true}}\n"), environ={})

@@ -151,3 +151,42 @@ def test_start_engines_request_peers_reach_the_start_command() -> None:
         peers=[tpb.Endpoint(id=0, ip="10.0.0.1", business_port=8000), tpb.Endpoint(id=9, ip="10.0.0.2", business_port=8000)],
     )  # fmt: skip
     assert [p.id for p in start_command_from_pb(req).d2d_peers()] == [9]
+
+
+def _with_events(c: StartCommand) -> StartCommand:
+    from dataclasses import replace
+
+    eps = tuple(replace(e, kv_events_port=6000 + e.id, kv_events_replay_port=6100 + e.id) for e in c.endpoints)
+    return replace(c, endpoints=eps)
+
+
+def test_vllm_kv_events_config_binds_the_planned_ports_after_vllms_dp_rank_offset() -> None:
+    from motor_common.kv_events import Flavour
+    from motor_sim.kv_events_pub import parse_kv_events_config
+
+    c = _with_events(cmd(EngineType.VLLM, Role.PREFILL))
+    argv = plan_launch(c, settings("vllm", kv_events_topic="kv-events"), {})[1].argv
+    cfg = json.loads(flag(argv, "--kv-events-config"))
+    # endpoint 1 has dp rank 5 of 8: vLLM publishes on port + 5, which must be the planned 6001
+    assert cfg == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5996",
+                   "replay_endpoint": "tcp://*:6096", "topic": "kv-events"}  # fmt: skip
+    parsed = parse_kv_events_config(Flavour.VLLM, cfg, dp_rank=5)  # the simulator reads it the engine's way
+    assert parsed is not None and parsed.endpoint == "tcp://*:6001" and parsed.replay_endpoint == "tcp://*:6101"
+    single = plan_launch(_with_events(cmd(EngineType.VLLM, Role.DECODE, n=1, dp_size=1)),
+                         settings("vllm", kv_events_topic="t"), {})[0].argv  # fmt: skip
+    assert json.loads(flag(single, "--kv-events-config"))["endpoint"] == "tcp://*:6000"
+
+
+def test_sglang_kv_events_config_has_sglangs_keys_and_no_events_flag_when_off() -> None:
+    from motor_common.kv_events import Flavour
+    from motor_sim.kv_events_pub import parse_kv_events_config
+
+    c = _with_events(cmd(EngineType.SGLANG, Role.PREFILL))
+    argv = plan_launch(c, settings("sglang", kv_events_topic="kv"), {})[0].argv
+    cfg = json.loads(flag(argv, "--kv-events-config"))
+    assert cfg == {"publisher": "zmq", "endpoint": "tcp://*:6000", "replay_endpoint": "tcp://*:6100", "topic": "kv"}
+    parsed = parse_kv_events_config(Flavour.SGLANG, cfg)
+    assert parsed is not None and parsed.endpoint == "tcp://*:6000"
+    assert "--kv-events-config" not in plan_launch(c, settings("sglang"), {})[0].argv  # topic None: off
+    no_ports = plan_launch(cmd(EngineType.SGLANG, Role.PREFILL), settings("sglang", kv_events_topic="kv"), {})
+    assert "--kv-events-config" not in no_ports[0].argv  # endpoints without planned ports: off

@@ -22,3 +22,18 @@ def test_free_picks_skip_the_nodemanagers_own_ports_and_each_other() -> None:
 def test_a_base_port_lays_out_business_kv_and_bootstrap_ports() -> None:
     eps = plan_endpoints(ip="h", count=2, base_port=20000, engine_type=EngineType.SGLANG, role=Role.PREFILL)
     assert [(e.business_port, e.kv_port, e.bootstrap_port) for e in eps] == [(20000, 0, 20004), (20001, 0, 20005)]
+
+
+def test_kv_events_ports_follow_the_other_ports_with_a_base_port_and_are_distinct_picks_without() -> None:
+    eps = plan_endpoints(ip="h", count=2, base_port=20000, engine_type=EngineType.VLLM, role=Role.PREFILL,
+                         kv_events=True)  # fmt: skip
+    assert [(e.kv_events_port, e.kv_events_replay_port) for e in eps] == [(20006, 20008), (20007, 20009)]
+    it = picks(41000, 41001, 41002, 41002, 41003)
+    one = plan_endpoints(ip="h", count=1, base_port=0, engine_type=EngineType.SGLANG, role=Role.DECODE,
+                         pick=lambda: next(it), kv_events=True)  # fmt: skip
+    assert [(e.business_port, e.kv_events_port, e.kv_events_replay_port) for e in one] == [(41000, 41001, 41002)]
+    no_replay = plan_endpoints(ip="h", count=1, base_port=20000, engine_type=EngineType.VLLM, role=Role.DECODE,
+                               kv_events=True, kv_events_replay=False)  # fmt: skip
+    assert (no_replay[0].kv_events_port, no_replay[0].kv_events_replay_port) == (20003, 0)
+    off = plan_endpoints(ip="h", count=1, base_port=20000, engine_type=EngineType.VLLM, role=Role.DECODE)
+    assert (off[0].kv_events_port, off[0].kv_events_replay_port) == (0, 0)

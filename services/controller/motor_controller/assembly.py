@@ -127,6 +127,8 @@ def assemble(
                     bootstrap_port=ep.bootstrap_port,
                     kv_port=ep.kv_port,
                     dp_rank=rank,
+                    kv_events_port=ep.kv_events_port,
+                    kv_events_replay_port=ep.kv_events_replay_port,
                     node_id=node.node_id,
                 )
             )

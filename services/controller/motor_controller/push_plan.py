@@ -69,7 +69,8 @@ def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Sig
 
 
 def _content(inst: Instance) -> tuple[object, ...]:
-    eps = tuple(sorted((e.id, e.ip, e.business_port, e.bootstrap_port, e.kv_port, e.dp_rank) for e in inst.endpoints))
+    eps = tuple(sorted((e.id, e.ip, e.business_port, e.bootstrap_port, e.kv_port, e.dp_rank, e.kv_events_port,
+                        e.kv_events_replay_port) for e in inst.endpoints))
     return (inst.id, inst.role.value, inst.job_name, inst.model_name, inst.engine_type.value, eps)
 
 

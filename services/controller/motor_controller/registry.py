@@ -54,11 +54,11 @@ def validate_spec(spec: NodeSpec) -> NodeSpec:
             raise _bad(f"{where}.ip {ep.ip!r} differs from the node ip {spec.ip!r}")
         if not MIN_BUSINESS_PORT <= ep.business_port <= MAX_PORT:
             raise _bad(f"{where}.business_port {ep.business_port} is outside [{MIN_BUSINESS_PORT}, {MAX_PORT}]")
-        for name in ("bootstrap_port", "kv_port"):
+        for name in ("bootstrap_port", "kv_port", "kv_events_port", "kv_events_replay_port"):
             port = getattr(ep, name)
             if port and not MIN_BUSINESS_PORT <= port <= MAX_PORT:
                 raise _bad(f"{where}.{name} {port} must be 0 or in [{MIN_BUSINESS_PORT}, {MAX_PORT}]")
-        for port in (ep.business_port, ep.bootstrap_port, ep.kv_port):
+        for port in (ep.business_port, ep.bootstrap_port, ep.kv_port, ep.kv_events_port, ep.kv_events_replay_port):
             if port and port in ports:
                 raise _bad(f"{where}: port {port} is used twice on this node")
             if port:

@@ -35,7 +35,8 @@ def validate_instance(inst: Instance, where: str) -> None:
                 f"{at}.business_port {ep.business_port} is outside [{MIN_BUSINESS_PORT}, {MAX_PORT}]",
                 reason="INVALID_ENDPOINT",
             )
-        for name, port in (("bootstrap_port", ep.bootstrap_port), ("kv_port", ep.kv_port)):
+        for name, port in (("bootstrap_port", ep.bootstrap_port), ("kv_port", ep.kv_port),
+                           ("kv_events_port", ep.kv_events_port), ("kv_events_replay_port", ep.kv_events_replay_port)):
             if port > MAX_PORT:
                 raise InvalidArgument(f"{at}.{name} {port} is outside [0, {MAX_PORT}]", reason="INVALID_ENDPOINT")
         if ep.id in seen_ids:

@@ -375,6 +375,8 @@ class NodeManagerApp(Application):
             pick=lambda: free_port(cfg.ip),
             # Not yet bound (the servers start later): an OS pick could return them.
             avoid={p for p in (cfg.server.port, cfg.server.metrics_port) if p},
+            kv_events=cfg.engine.kv_events.enable,
+            kv_events_replay=cfg.engine.kv_events.replay,
         )
         self._node = Node(lambda: self.config, planned)
         services = plan_services(cfg.kv_cache_store_config)

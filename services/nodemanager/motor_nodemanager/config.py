@@ -49,6 +49,23 @@ class HealthConfig:
 
 
 @dataclass(frozen=True)
+class KvEventsConfig:
+    """KV-cache events (docs/kv-events.md): every engine is launched with the engine's own
+    ``--kv-events-config`` (ZMQ publisher on a planned port, replay socket on another) and the
+    ports are announced in registration, so coordinators can route by what engines hold."""
+
+    enable: bool = False
+    # ZMQ topic of every batch (the engines' "topic").
+    topic: str = "kv-events"
+    # Also open the replay socket (the coordinator catches up from it after a reconnect).
+    replay: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.topic) > 128 or any(not c.isprintable() for c in self.topic):
+            raise ValueError("engine.kv_events.topic must be at most 128 printable characters")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """How engine processes are launched (see ``launch.py``)."""
 
@@ -65,6 +82,7 @@ class EngineConfig:
     stop_timeout_sec: float = 10.0
     # Directory for per-engine stdout/stderr files; None = inherit the nodemanager's.
     log_dir: str | None = None
+    kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)
 
 
 @dataclass(frozen=True)
@@ -196,7 +214,8 @@ class NodeManagerConfig:
             raise ValueError("node_rank must be in [0, nodes_per_instance)")
         if self.local_world_size < 1 or self.device_count < 1:
             raise ValueError("local_world_size and device_count must be >= 1")
-        if self.base_port and not 1024 <= self.base_port <= 65536 - 3 * self.endpoints_per_node:
+        blocks = 5 if self.engine.kv_events.enable else 3  # ports per endpoint (ports.plan_endpoints)
+        if self.base_port and not 1024 <= self.base_port <= 65536 - blocks * self.endpoints_per_node:
             raise ValueError("base_port must be 0 or leave room for every endpoint below 65536")
         if self.heartbeat_interval_seconds <= 0 or self.daemon_loop_interval <= 0:
             raise ValueError("heartbeat_interval_seconds and daemon_loop_interval must be > 0")

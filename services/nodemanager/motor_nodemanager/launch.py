@@ -11,6 +11,8 @@ Launchers own every engine-specific byte:
   [--disaggregation-mode prefill|decode --disaggregation-bootstrap-port] [--dp-size]
   [--tp-size] [--dist-init-addr --nnodes --node-rank]``.
 - ``simulator``: ``motor-sim vllm serve ...`` / ``motor-sim sglang ...`` with exactly the flags above.
+- KV-cache events (``engine.kv_events.enable``): ``--kv-events-config`` in the engine's own keys
+  (:func:`kv_events_config`), publisher and replay sockets bound on the endpoint's planned ports.
 
 Every process also gets the accelerator visibility variable (``local_world_size`` devices per
 process, wrapping cyclically over ``device_count``) and ``MOTOR_*`` identity variables.
@@ -45,6 +47,8 @@ class LaunchSettings:
     kv_connector: str = "NixlConnector"
     zmq_pub_port: int | None = None
     simulator_bin: str = "motor-sim"
+    # ZMQ topic of the engines' KV-cache events; None = no --kv-events-config.
+    kv_events_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,29 @@ def command_prefix(settings: LaunchSettings, engine_type: EngineType) -> tuple[s
     if settings.launcher == "sglang":
         return (sys.executable, "-m", "sglang.launch_server")
     raise ValueError(f"unknown launcher {settings.launcher!r}")
+
+
+def kv_events_config(engine_type: EngineType, ep: Endpoint, topic: str, dp_offset: int = 0) -> dict[str, object]:
+    """The engine's ``--kv-events-config`` for *ep*'s planned ports. A ``*`` host binds (an explicit
+    host would make vLLM *connect*); vLLM adds the data-parallel rank to both ports
+    (``offset_endpoint_port``), so *dp_offset* is taken off to land on the planned ones."""
+    cfg: dict[str, object] = {}
+    if engine_type is EngineType.VLLM:
+        cfg["enable_kv_cache_events"] = True
+    cfg["publisher"] = "zmq"
+    cfg["endpoint"] = f"tcp://*:{ep.kv_events_port - dp_offset}"
+    if ep.kv_events_replay_port:
+        cfg["replay_endpoint"] = f"tcp://*:{ep.kv_events_replay_port - dp_offset}"
+    cfg["topic"] = topic
+    return cfg
+
+
+def _kv_events_args(cmd: StartCommand, ep: Endpoint, s: LaunchSettings) -> list[str]:
+    if s.kv_events_topic is None or not ep.kv_events_port:
+        return []
+    offset = ep.dp_rank if cmd.engine_type is EngineType.VLLM and cmd.dp_size > 1 else 0
+    cfg = kv_events_config(cmd.engine_type, ep, s.kv_events_topic, offset)
+    return ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
 
 
 def _vllm_args(cmd: StartCommand, ep: Endpoint, s: LaunchSettings) -> list[str]:
@@ -152,6 +179,7 @@ def plan_launch(
     plans = []
     for index, ep in enumerate(sorted(cmd.endpoints, key=lambda e: e.id)):
         args = _vllm_args(cmd, ep, settings) if cmd.engine_type is EngineType.VLLM else _sglang_args(cmd, ep, settings)
+        args += _kv_events_args(cmd, ep, settings)
         argv = (*prefix, *args, *sim_args, *settings.extra_args)
         plans.append(LaunchPlan(ep, index, argv, engine_env(cmd, ep, index, settings, base_env)))
     return plans
@@ -170,6 +198,7 @@ def settings_from(
     kv_connector: str,
     zmq_pub_port: int | None,
     simulator_bin: str = "motor-sim",
+    kv_events_topic: str | None = None,
 ) -> LaunchSettings:
     return LaunchSettings(
         launcher=launcher,
@@ -183,4 +212,5 @@ def settings_from(
         kv_connector=kv_connector,
         zmq_pub_port=zmq_pub_port,
         simulator_bin=simulator_bin,
+        kv_events_topic=kv_events_topic,
     )

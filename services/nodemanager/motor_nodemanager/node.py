@@ -282,6 +282,7 @@ class Node:
             kv_connector=c.engine.kv_connector,
             zmq_pub_port=c.fault_tolerance_config.zmq_pub_port if c.fault_tolerance_config.enable_fault_tolerance else None,
             simulator_bin=_simulator_bin(),
+            kv_events_topic=c.engine.kv_events.topic if c.engine.kv_events.enable else None,
         )
 
     def _engine_env(self) -> dict[str, str]:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmotor/common/v1/types.proto\x12\x0fmotor.common.v1\"\x84\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\r\x12\n\n\x02ip\x18\x02 \x01(\t\x12\x15\n\rbusiness_port\x18\x03 \x01(\r\x12\x16\n\x0e\x62ootstrap_port\x18\x04 \x01(\r\x12\x0f\n\x07kv_port\x18\x05 \x01(\r\x12\x0f\n\x07\x64p_rank\x18\x06 \x01(\r\x12\x0f\n\x07node_id\x18\x07 \x01(\t\"\xf2\x01\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\x04\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.motor.common.v1.Role\x12\x10\n\x08job_name\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t\x12\x30\n\x0b\x65ngine_type\x18\x05 \x01(\x0e\x32\x1b.motor.common.v1.EngineType\x12,\n\tendpoints\x18\x06 \x03(\x0b\x32\x19.motor.common.v1.Endpoint\x12/\n\x06status\x18\x07 \x01(\x0e\x32\x1f.motor.common.v1.InstanceStatus*O\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x12\x0e\n\nROLE_UNION\x10\x03*W\n\nEngineType\x12\x1b\n\x17\x45NGINE_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45NGINE_TYPE_VLLM\x10\x01\x12\x16\n\x12\x45NGINE_TYPE_SGLANG\x10\x02*\x8d\x01\n\x0eInstanceStatus\x12\x1f\n\x1bINSTANCE_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19INSTANCE_STATUS_AVAILABLE\x10\x01\x12\x1f\n\x1bINSTANCE_STATUS_UNAVAILABLE\x10\x02\x12\x1a\n\x16INSTANCE_STATUS_PAUSED\x10\x03*\xc1\x01\n\x0e\x45ndpointStatus\x12\x1f\n\x1b\x45NDPOINT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45NDPOINT_STATUS_INITIAL\x10\x01\x12\x1a\n\x16\x45NDPOINT_STATUS_NORMAL\x10\x02\x12\x1c\n\x18\x45NDPOINT_STATUS_ABNORMAL\x10\x03\x12\x1a\n\x16\x45NDPOINT_STATUS_PAUSED\x10\x04\x12\x1b\n\x17\x45NDPOINT_STATUS_RETIRED\x10\x05\x42\x8d\x01\n\x0fmotor.common.v1B\x0b\x43ommonProtoP\x01Z-motor/clients/go/gen/motor/common/v1;commonv1\xa2\x02\x03MCM\xaa\x02\x0fMotor.Common.V1\xca\x02\x0fMotor\\Common\\V1\xea\x02\x11Motor::Common::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmotor/common/v1/types.proto\x12\x0fmotor.common.v1\"\xbb\x01\n\x08\x45ndpoint\x12\n\n\x02id\x18\x01 \x01(\r\x12\n\n\x02ip\x18\x02 \x01(\t\x12\x15\n\rbusiness_port\x18\x03 \x01(\r\x12\x16\n\x0e\x62ootstrap_port\x18\x04 \x01(\r\x12\x0f\n\x07kv_port\x18\x05 \x01(\r\x12\x0f\n\x07\x64p_rank\x18\x06 \x01(\r\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x16\n\x0ekv_events_port\x18\x08 \x01(\r\x12\x1d\n\x15kv_events_replay_port\x18\t \x01(\r\"\xf2\x01\n\x08Instance\x12\n\n\x02id\x18\x01 \x01(\x04\x12#\n\x04role\x18\x02 \x01(\x0e\x32\x15.motor.common.v1.Role\x12\x10\n\x08job_name\x18\x03 \x01(\t\x12\x12\n\nmodel_name\x18\x04 \x01(\t\x12\x30\n\x0b\x65ngine_type\x18\x05 \x01(\x0e\x32\x1b.motor.common.v1.EngineType\x12,\n\tendpoints\x18\x06 \x03(\x0b\x32\x19.motor.common.v1.Endpoint\x12/\n\x06status\x18\x07 \x01(\x0e\x32\x1f.motor.common.v1.InstanceStatus*O\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_PREFILL\x10\x01\x12\x0f\n\x0bROLE_DECODE\x10\x02\x12\x0e\n\nROLE_UNION\x10\x03*W\n\nEngineType\x12\x1b\n\x17\x45NGINE_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x45NGINE_TYPE_VLLM\x10\x01\x12\x16\n\x12\x45NGINE_TYPE_SGLANG\x10\x02*\x8d\x01\n\x0eInstanceStatus\x12\x1f\n\x1bINSTANCE_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19INSTANCE_STATUS_AVAILABLE\x10\x01\x12\x1f\n\x1bINSTANCE_STATUS_UNAVAILABLE\x10\x02\x12\x1a\n\x16INSTANCE_STATUS_PAUSED\x10\x03*\xc1\x01\n\x0e\x45ndpointStatus\x12\x1f\n\x1b\x45NDPOINT_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x45NDPOINT_STATUS_INITIAL\x10\x01\x12\x1a\n\x16\x45NDPOINT_STATUS_NORMAL\x10\x02\x12\x1c\n\x18\x45NDPOINT_STATUS_ABNORMAL\x10\x03\x12\x1a\n\x16\x45NDPOINT_STATUS_PAUSED\x10\x04\x12\x1b\n\x17\x45NDPOINT_STATUS_RETIRED\x10\x05\x42\x8d\x01\n\x0fmotor.common.v1B\x0b\x43ommonProtoP\x01Z-motor/clients/go/gen/motor/common/v1;commonv1\xa2\x02\x03MCM\xaa\x02\x0fMotor.Common.V1\xca\x02\x0fMotor\\Common\\V1\xea\x02\x11Motor::Common::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,16 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'motor.common.v1.types_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017motor.common.v1B\013CommonProtoP\001Z-motor/clients/go/gen/motor/common/v1;commonv1\242\002\003MCM\252\002\017Motor.Common.V1\312\002\017Motor\\Common\\V1\352\002\021Motor::Common::V1'
-  _globals['_ROLE']._serialized_start=428
-  _globals['_ROLE']._serialized_end=507
-  _globals['_ENGINETYPE']._serialized_start=509
-  _globals['_ENGINETYPE']._serialized_end=596
-  _globals['_INSTANCESTATUS']._serialized_start=599
-  _globals['_INSTANCESTATUS']._serialized_end=740
-  _globals['_ENDPOINTSTATUS']._serialized_start=743
-  _globals['_ENDPOINTSTATUS']._serialized_end=936
+  _globals['_ROLE']._serialized_start=483
+  _globals['_ROLE']._serialized_end=562
+  _globals['_ENGINETYPE']._serialized_start=564
+  _globals['_ENGINETYPE']._serialized_end=651
+  _globals['_INSTANCESTATUS']._serialized_start=654
+  _globals['_INSTANCESTATUS']._serialized_end=795
+  _globals['_ENDPOINTSTATUS']._serialized_start=798
+  _globals['_ENDPOINTSTATUS']._serialized_end=991
   _globals['_ENDPOINT']._serialized_start=49
-  _globals['_ENDPOINT']._serialized_end=181
-  _globals['_INSTANCE']._serialized_start=184
-  _globals['_INSTANCE']._serialized_end=426
+  _globals['_ENDPOINT']._serialized_end=236
+  _globals['_INSTANCE']._serialized_start=239
+  _globals['_INSTANCE']._serialized_end=481
 # @@protoc_insertion_point(module_scope)

@@ -54,7 +54,7 @@ ENDPOINT_STATUS_PAUSED: EndpointStatus
 ENDPOINT_STATUS_RETIRED: EndpointStatus
 
 class Endpoint(_message.Message):
-    __slots__ = ("id", "ip", "business_port", "bootstrap_port", "kv_port", "dp_rank", "node_id")
+    __slots__ = ("id", "ip", "business_port", "bootstrap_port", "kv_port", "dp_rank", "node_id", "kv_events_port", "kv_events_replay_port")
     ID_FIELD_NUMBER: _ClassVar[int]
     IP_FIELD_NUMBER: _ClassVar[int]
     BUSINESS_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,8 @@ class Endpoint(_message.Message):
     KV_PORT_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_PORT_FIELD_NUMBER: _ClassVar[int]
+    KV_EVENTS_REPLAY_PORT_FIELD_NUMBER: _ClassVar[int]
     id: int
     ip: str
     business_port: int
@@ -69,7 +71,9 @@ class Endpoint(_message.Message):
     kv_port: int
     dp_rank: int
     node_id: str
-    def __init__(self, id: _Optional[int] = ..., ip: _Optional[str] = ..., business_port: _Optional[int] = ..., bootstrap_port: _Optional[int] = ..., kv_port: _Optional[int] = ..., dp_rank: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+    kv_events_port: int
+    kv_events_replay_port: int
+    def __init__(self, id: _Optional[int] = ..., ip: _Optional[str] = ..., business_port: _Optional[int] = ..., bootstrap_port: _Optional[int] = ..., kv_port: _Optional[int] = ..., dp_rank: _Optional[int] = ..., node_id: _Optional[str] = ..., kv_events_port: _Optional[int] = ..., kv_events_replay_port: _Optional[int] = ...) -> None: ...
 
 class Instance(_message.Message):
     __slots__ = ("id", "role", "job_name", "model_name", "engine_type", "endpoints", "status")
