@@ -10,7 +10,8 @@ import grpc
 from motor_common import errors
 from motor_common.grpc_server import MANAGEMENT_KEY_HEADER, REQUEST_ID_HEADER, error_reason
 from motor_common.logs import request_id_var
-from motor_common.tls import TlsConfig, channel_credentials
+from motor_common.reloading_channel import ReloadingChannel
+from motor_common.tls import TlsConfig
 
 _OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.keepalive_time_ms", 20_000),
@@ -26,11 +27,13 @@ _OPTIONS: Sequence[tuple[str, int]] = (
 def open_channel(address: str, *, tls: TlsConfig | None = None, tls_ca_file: str | None = None) -> grpc.aio.Channel:
     """An asyncio channel to *address* (``host:port``): TLS when *tls* has a CA (verifying the
     server; its certificate, when set, is presented for mutual TLS) or *tls_ca_file* is given
-    (the older, server-only form), else plaintext."""
+    (the older, server-only form), else plaintext. A TLS channel re-reads its certificate, key
+    and CA files when they change (:class:`~motor_common.reloading_channel.ReloadingChannel`):
+    new calls use the new certificate, calls in flight finish on the old connection."""
     if tls_ca_file and not (tls and tls.ca_file):
         tls = replace(tls or TlsConfig(), ca_file=tls_ca_file)
     if tls is not None and tls.dials_tls:
-        return grpc.aio.secure_channel(address, channel_credentials(tls), options=list(_OPTIONS))
+        return ReloadingChannel(address, tls, _OPTIONS)
     return grpc.aio.insecure_channel(address, options=list(_OPTIONS))
 
 

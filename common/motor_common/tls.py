@@ -11,9 +11,10 @@ One configuration shape, :class:`TlsConfig` (``cert_file``, ``key_file``, ``ca_f
 
 Certificates are reloaded without a restart: the gRPC server asks :class:`_CertFetcher` at every
 new handshake (grpc's dynamic server credentials), the HTTPS context checks the files in its SNI
-callback; both compare the files' (mtime, size) and only load a pair that matches (a half-written
-rotation keeps the old certificate and logs a warning). Outbound channels read their client
-certificate when they are opened.
+callback; both compare the files' (inode, mtime, size) and only load a pair that matches (a
+half-written rotation keeps the old certificate and logs a warning). Outbound channels re-read
+their client certificate the same way at each new call
+(:class:`~motor_common.reloading_channel.ReloadingChannel`).
 """
 
 from __future__ import annotations
@@ -73,11 +74,14 @@ def _read(path: str, what: str) -> bytes:
         raise ConfigError(f"cannot read TLS {what} file {path}: {exc.strerror}") from exc
 
 
-def _stamp(paths: list[str]) -> tuple[tuple[int, int], ...]:
+def file_stamp(paths: list[str]) -> tuple[tuple[int, int, int], ...]:
+    """(inode, mtime, size) of each file; OSError when one is missing. The inode catches a rename
+    over the file (and Kubernetes' symlink swap of a mounted Secret) even when size and mtime
+    happen to be equal."""
     out = []
     for p in paths:
         st = os.stat(p)
-        out.append((st.st_mtime_ns, st.st_size))
+        out.append((st.st_ino, st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 
@@ -109,14 +113,14 @@ class _CertFetcher:
     def __init__(self, tls: TlsConfig) -> None:
         self._tls = tls
         self._paths = [p for p in (tls.cert_file, tls.key_file, tls.ca_file) if p]
-        self._stamp = _stamp(self._paths)
+        self._stamp = file_stamp(self._paths)
         self._lock = threading.Lock()
         self.reloads = 0
 
     def __call__(self) -> grpc.ServerCertificateConfiguration | None:
         with self._lock:
             try:
-                stamp = _stamp(self._paths)
+                stamp = file_stamp(self._paths)
                 if stamp == self._stamp:
                     return None
                 config = _server_configuration(self._tls)
@@ -163,7 +167,7 @@ class _HttpsContext:
         self._paths = [p for p in (tls.cert_file, tls.key_file, tls.ca_file) if p]
         self._lock = threading.Lock()
         self.current = self._build()
-        self._stamp = _stamp(self._paths)
+        self._stamp = file_stamp(self._paths)
         self.reloads = 0
         # The outer context only dispatches: its SNI callback hands the handshake to `current`.
         self.outer = self._build()
@@ -184,7 +188,7 @@ class _HttpsContext:
     def _on_hello(self, sslobj: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext) -> None:
         with self._lock:
             try:
-                stamp = _stamp(self._paths)
+                stamp = file_stamp(self._paths)
                 if stamp != self._stamp:
                     self.current = self._build()
                     self._stamp = stamp

@@ -7,6 +7,7 @@ translated into :mod:`motor_common.errors` at this boundary.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections.abc import AsyncIterator
@@ -184,6 +185,15 @@ class GrpcController:
                 yield Ack(resp.acked_sequence, cmd, resp.message)
         except grpc.aio.AioRpcError as exc:
             raise self._failed(exc) from exc
+        except asyncio.CancelledError:
+            # grpc.aio ends a call whose channel was closed under it (a rotated client certificate's
+            # drained channel, past its drain time) with CancelledError although this task was not
+            # cancelled: a broken stream to re-open, not the end of the heartbeat loop.
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            raise Unavailable(f"controller {self.address}: heartbeat stream cut short by a closed channel",
+                              reason="CONNECTION_REOPENED") from None
         finally:
             call.cancel()
 
