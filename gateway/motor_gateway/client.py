@@ -23,6 +23,7 @@ from motor_common.openai_front.dispatch import (
     Readiness,
 )
 from motor_common.openai_front.openai import HttpError, error_for_status, error_from_motor
+from motor_common.tracing import current_carrier
 from motor_gateway import failover
 from motor_gateway.pool import UNREACHABLE, CoordinatorPool
 
@@ -100,7 +101,8 @@ class GrpcDispatchClient:
             # To the routed coordinator; resent to the new master while nothing reached the client.
             call, first = await failover.dispatch(
                 self.pool, cpb.DispatchRequest(request_id=request_id, api=_API[api], body=raw),
-                timeout=self.request_timeout, metadata=call_metadata(request_id=request_id) + self._auth,
+                timeout=self.request_timeout,
+                metadata=call_metadata(request_id=request_id) + self._auth + current_carrier(),
             )
             if first is grpc.aio.EOF or not first.HasField("head"):
                 raise DispatchFailed(_NO_HEAD)

@@ -8,6 +8,7 @@ from motor_common.logs import LogConfig
 from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
+from motor_common.tracing import TracingConfig
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 
@@ -56,6 +57,8 @@ class GatewayConfig:
     # Bounded concurrency and queues per model and per API key, 429 beyond (docs/security.md).
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # OpenTelemetry spans and their OTLP export (the otel extra); off: traceparent only passed on.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -37,6 +37,7 @@ from motor_common.runner import (
     write_ports_file,
 )
 from motor_common.tls import https_context
+from motor_common.tracing import reset_tracing, setup_tracing
 from motor_common.version import add_version_flag
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
@@ -224,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     async def _main() -> int:
         cfg = build_config(args)
         setup_logging("gateway", cfg.log.level, cfg.log.format)
-        return await serve(cfg, args.ports_file, reuse_port=args.reuse_port)
+        setup_tracing(cfg.tracing, "gateway")
+        try:
+            return await serve(cfg, args.ports_file, reuse_port=args.reuse_port)
+        finally:
+            reset_tracing()  # exports the spans not sent yet
 
     return run(_main)
 

@@ -4,6 +4,7 @@ servers, with clean start-up and shutdown. Owns every background task it starts.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -41,6 +42,9 @@ _DONE = b"data: [DONE]\n\n"
 # building a large non-streamed answer) run in a worker thread instead of on the event loop.
 _OFFLOOP_BYTES = 256 * 1024
 _OFFLOOP_TOKENS = 20_000
+# /sim/state keeps the trace headers of this many recent requests, each value cut to this length.
+_TRACE_HEADERS_KEPT = 64
+_TRACE_HEADER_CHARS = 600
 
 
 def _sse(obj: Any) -> bytes:
@@ -82,6 +86,9 @@ class SimServer:
         self._dp_group: DpGroup | None = None
         self._reconfig_until = 0.0
         self.port = cfg.port
+        # The W3C trace headers of the last generation requests (what vLLM hands its tracer when
+        # started with --otlp-traces-endpoint), for /sim/state: {"traceparent", "tracestate", "request_id"}.
+        self.trace_headers: collections.deque[dict[str, str]] = collections.deque(maxlen=_TRACE_HEADERS_KEPT)
 
     # ---- app -------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
@@ -140,6 +147,10 @@ class SimServer:
     async def _generate(self, request: web.Request, kind: params.Kind) -> web.StreamResponse:
         fl, svc = self.flavour, self.svc
         header_rid = request.headers.get("X-Request-Id")
+        if "traceparent" in request.headers:
+            self.trace_headers.append({"traceparent": request.headers["traceparent"][:_TRACE_HEADER_CHARS],
+                                       "tracestate": request.headers.get("tracestate", "")[:_TRACE_HEADER_CHARS],
+                                       "request_id": (header_rid or "")[:_TRACE_HEADER_CHARS]})
         headers: dict[str, str] = {}
         try:
             raw = await request.read()
@@ -323,6 +334,7 @@ class SimServer:
                    "prefix_hits": svc.blocks.prefix_hits, "leases": len(svc.leases),
                    "rooms": len(svc.rooms)},
             "stats": dict(vars(st)), "tcp_nodelay": nodelay,
+            "trace_headers": list(self.trace_headers),
         }
 
     async def sim_state(self, request: web.Request) -> web.Response:

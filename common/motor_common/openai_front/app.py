@@ -50,6 +50,7 @@ from motor_common.openai_front.openai import (
 )
 from motor_common.openai_front.site import PROTOCOL_LOG, SERVER_HEADER, GuardedSite
 from motor_common.ports import bind_failure
+from motor_common.tracing import carrier_from, incoming, tracer
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _JSON = "application/json"
 _SSE = "text/event-stream"
 _ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"}
+# Routes that get a request span (tracing on) and pass an incoming traceparent on (tracing off).
+_TRACED = {"/v1/completions", "/v1/chat/completions"}
 
 # Seconds aiohttp keeps reading (and discarding) the rest of a refused body so that the client
 # sees the answer before the connection closes.
@@ -162,6 +165,12 @@ class Gateway:
         status = 500
         in_flight = _IN_FLIGHT[route]
         in_flight.inc()
+        span = None
+        if route in _TRACED:
+            span = tracer().start(f"{request.method} {route}", carrier_from(request.headers), kind="server",
+                                  attrs={"http.request.method": request.method, "http.route": route,
+                                         "motor.request_id": rid})
+            trace_token = incoming.set(span)
         if given is not None and given != rid:
             log.info("X-Request-Id replaced: empty, longer than %d characters, or not visible ASCII",
                      self.limits.max_request_id_chars, extra={"request_id": rid})
@@ -192,6 +201,14 @@ class Gateway:
             elapsed = time.perf_counter() - start
             _LATENCY[route].observe(elapsed)
             log_access(request.method, route, status, elapsed, access)
+            if span is not None:
+                span.set("http.response.status_code", status)
+                if access.model:
+                    span.set("gen_ai.request.model", access.model)
+                if status >= 500:
+                    span.fail(f"HTTP {status}")
+                span.end()
+                incoming.reset(trace_token)
             request_id_var.reset(token)
 
     def _api_key_identity(self, request: web.Request) -> str | None:

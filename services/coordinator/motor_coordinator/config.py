@@ -15,6 +15,7 @@ from motor_common.logs import LogConfig
 from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
+from motor_common.tracing import TracingConfig
 from motor_coordinator.precision_config import PrecisionConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
@@ -168,6 +169,8 @@ class CoordinatorConfig:
     # Precision alarms (SPEC §3.5, docs/precision.md): consecutive normal samples that clear an alarm.
     precision_clear_threshold: int = 10
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    # OpenTelemetry spans and their OTLP export (the otel extra); off: traceparent only passed on.
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def __post_init__(self) -> None:
         if self.master_lock_ttl <= 0 or self.master_standby_check_interval <= 0:

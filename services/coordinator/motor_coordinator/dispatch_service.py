@@ -11,6 +11,7 @@ from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.logs import new_request_id, request_id_var
+from motor_common.tracing import carrier_from
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
@@ -49,7 +50,8 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             timeout = min(timeout, remaining)
         try:
             async with asyncio.timeout(timeout):
-                async for frame in observed(self.app.dispatcher.dispatch(parsed, rid), parsed.model):
+                trace = carrier_from(context.invocation_metadata() or ())  # traceparent from the gateway
+                async for frame in observed(self.app.dispatcher.dispatch(parsed, rid, trace=trace), parsed.model):
                     if isinstance(frame, Head):
                         yield cpb.DispatchResponse(head=cpb.ResponseHead(
                             http_status=frame.http_status,

@@ -39,9 +39,11 @@ import orjson
 from motor_common.domain import Endpoint, Role
 from motor_common.errors import FailedPrecondition, Unavailable
 from motor_common.logs import request_id_var
+from motor_common.tracing import Parent
 from motor_coordinator import metrics
 from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
+from motor_coordinator.dispatch_trace import DispatchTrace, EngineCall, RetryReason
 from motor_coordinator.engine_client import EngineClient, EngineUnreachable
 from motor_coordinator.liveness import Attempt
 from motor_coordinator.migration import StreamTracker, migratable
@@ -76,7 +78,9 @@ class _Answer:
 
 
 class _PrefillFailed(Exception):
-    pass
+    def __init__(self, message: str, reason: RetryReason) -> None:
+        super().__init__(message)
+        self.reason: RetryReason = reason
 
 
 class _Stalled(Exception):
@@ -93,12 +97,13 @@ class _Fate:
     """What one request's failed attempts allow (see ``liveness``): a stall it may have caused
     ends it; so does a second engine dropping it."""
 
-    __slots__ = ("drops", "model", "rid")
+    __slots__ = ("drops", "model", "rid", "trace")
 
-    def __init__(self, model: str, rid: str) -> None:
+    def __init__(self, model: str, rid: str, trace: DispatchTrace) -> None:
         self.model = model
         self.rid = rid
         self.drops = 0
+        self.trace = trace  # spans and phase metrics of this request (dispatch_trace)
 
     def poison(self, what: str, detail: str) -> FailedPrecondition:
         """The refusal: *what* happened, for the client; *detail* (engine addresses) only in the log."""
@@ -132,16 +137,24 @@ class Dispatcher:
         # Probe an engine now (the app wires Monitor.probe_now); None: only the periodic probes.
         self.probe_now: Callable[[Endpoint], None] | None = None
 
-    async def dispatch(self, req: ParsedRequest, request_id: str) -> AsyncIterator[Frame]:
-        fate = _Fate(req.model, request_id)
+    async def dispatch(self, req: ParsedRequest, request_id: str, *, trace: Parent = ()) -> AsyncIterator[Frame]:
+        """*trace*: the caller's span or the trace headers it received (``motor_common.tracing``)."""
+        fate = _Fate(req.model, request_id, DispatchTrace(req.model, request_id, trace, stream=req.stream))
         stream: AsyncGenerator[Frame, None]
         if self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body)):
             stream = self._migrating(req, request_id, fate)
         else:
             stream = self._once(req, request_id, fate)
-        async with contextlib.aclosing(stream):
-            async for frame in stream:
-                yield frame
+        error: BaseException | None = None
+        try:
+            async with contextlib.aclosing(stream):
+                async for frame in stream:
+                    yield frame
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            fate.trace.end(error)
 
     async def _once(self, req: ParsedRequest, request_id: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
         info = RequestInfo(next(self._seq), req.model, prompt_prefix(req, self.prefix_chars))
@@ -214,6 +227,7 @@ class Dispatcher:
                         return
                     current = ParsedRequest(req.api, cont, req.model, req.stream)
                 metrics.MIGRATIONS.labels(req.model).inc()
+                fate.trace.migrated(migrations)
                 log.warning("request %s: its engine died mid-answer (%s); continuing on another engine (%d/%d)",
                             rid, exc.message, migrations, self.cfg.migration_budget)
 
@@ -299,7 +313,7 @@ class Dispatcher:
 
     async def _relay(
         self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
-        read: Sequence[bytes] | None = None,
+        read: Sequence[bytes] | None = None, call: EngineCall | None = None,
     ) -> AsyncIterator[Frame]:
         """Yield *head* then the body (*read*: what was already read of it, see :meth:`_peek`). A
         decode's 5xx is often its prefill's fault (lost KV), so only union answers count 5xx
@@ -308,18 +322,31 @@ class Dispatcher:
             self.scheduler.record_failure(cand.endpoint)
         else:
             self.scheduler.record_success(cand.endpoint)
+        if call is not None:
+            call.head(resp.status)
         yield head
         try:
             for chunk in read or ():
+                if call is not None:
+                    call.first_byte()
                 yield chunk
             if head.content_type.startswith(SSE):
                 alive, key = self.scheduler.liveness.alive, endpoint_key(cand.endpoint)
                 async for chunk in resp.content.iter_any():
                     alive(key)
+                    if call is not None:
+                        call.first_byte()
                     yield chunk
             elif read is None:  # a complete answer: read as one message, sent as one chunk
-                yield await resp.read()
+                data = await resp.read()
+                if call is not None:
+                    call.first_byte()
+                yield data
+            if call is not None:
+                call.end()
         except (aiohttp.ClientError, OSError) as exc:
+            if call is not None:
+                call.fail("stream_broken")
             self.scheduler.trip(cand.endpoint)  # it died mid-answer: no new work until a probe passes
             rid = request_id_var.get()
             log.warning("engine %s broke the response stream (request id %s): %r", cand.endpoint.host_port, rid, exc)
@@ -356,16 +383,19 @@ class Dispatcher:
         self, cand: Candidate, req: ParsedRequest, body: dict[str, Any], rid: str, fate: _Fate
     ) -> _Answer:
         """Run a prefill; raise _PrefillFailed for retryable failures (unreachable, 5xx, junk)."""
+        call = fate.trace.call("prefill", cand)
         async with self.scheduler.load_guard(cand):
             try:
                 status, ctype, data = await self._attempt(
-                    cand, "prefill", fate, self.client.read_all(cand.endpoint, req.path, body, rid))
+                    cand, "prefill", fate, self.client.read_all(cand.endpoint, req.path, body, rid, trace=call.carrier))
             except EngineUnreachable as exc:
+                call.fail("unreachable")
                 self.scheduler.record_failure(cand.endpoint)
-                raise _PrefillFailed(str(exc)) from exc
+                raise _PrefillFailed(str(exc), "unreachable") from exc
+        call.answered(status)
         if status >= 500:
             self.scheduler.record_failure(cand.endpoint)
-            raise _PrefillFailed(f"engine {cand.endpoint.host_port} answered HTTP {status}")
+            raise _PrefillFailed(f"engine {cand.endpoint.host_port} answered HTTP {status}", "engine_error")
         self.scheduler.record_success(cand.endpoint)
         return _Answer(status, ctype, data)
 
@@ -378,18 +408,21 @@ class Dispatcher:
         tried: list[EndpointKey] = []
         last = ""
         while cand is not None and len(tried) <= self.cfg.prefill_retries:
+            call = fate.trace.call("union", cand)
             async with self.scheduler.load_guard(cand):
                 try:
                     resp = await self._attempt(
-                        cand, "union", fate, self.client.open(cand.endpoint, req.path, dict(req.body), rid))
+                        cand, "union", fate,
+                        self.client.open(cand.endpoint, req.path, dict(req.body), rid, trace=call.carrier))
                 except EngineUnreachable as exc:
+                    call.fail("unreachable")
                     self.scheduler.record_failure(cand.endpoint)
                     last = str(exc)
                 else:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
                                 cand.instance.id, cand.instance.id)
                     try:
-                        async for frame in self._relay(resp, cand, head):
+                        async for frame in self._relay(resp, cand, head, call=call):
                             yield frame
                     except BaseException:
                         resp.close()
@@ -398,7 +431,9 @@ class Dispatcher:
                         resp.release()
                     return
             tried.append(endpoint_key(cand.endpoint))
-            cand = self.scheduler.pick(Role.UNION, info, engine=cand.instance.engine_type, exclude=tried)
+            failed, cand = cand, self.scheduler.pick(Role.UNION, info, engine=cand.instance.engine_type, exclude=tried)
+            if len(tried) <= self.cfg.prefill_retries:
+                fate.trace.retry("union", "unreachable", failed, cand)
         raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
 
     # -- prefill, then decode (vLLM) ---------------------------------------------------------
@@ -419,6 +454,7 @@ class Dispatcher:
                 nxt = self._next(Role.PREFILL, info, route, tried)
                 if nxt is None or len(tried) > self.cfg.prefill_retries:
                     raise self._exhausted("prefill", req, len(tried), str(exc)) from None
+                fate.trace.retry("prefill", exc.reason, p, nxt)
                 p = nxt
                 continue
             if answer.status != 200:  # the engine refused the request: relay its error unchanged
@@ -450,10 +486,13 @@ class Dispatcher:
         while dcand is not None and len(tried_d) <= self.cfg.decode_retries:
             d = dcand
             handoff_failed = False
+            call = fate.trace.call("decode", d)
             async with self.scheduler.load_guard(d):
                 try:
-                    resp = await self._attempt(d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid))
+                    resp = await self._attempt(
+                        d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid, trace=call.carrier))
                 except EngineUnreachable as exc:
+                    call.fail("unreachable")
                     self.scheduler.record_failure(d.endpoint)
                     last = str(exc)
                 else:
@@ -461,9 +500,10 @@ class Dispatcher:
                     try:
                         handoff_failed, read = await self._peek(resp, adapter)
                         if not handoff_failed or kv_retries >= self.cfg.kv_load_retries:
-                            async for frame in self._relay(resp, d, head, count_5xx=False, read=read):
+                            async for frame in self._relay(resp, d, head, count_5xx=False, read=read, call=call):
                                 yield frame
                             return
+                        call.fail("kv_handoff_failed")
                     except BaseException:
                         resp.close()
                         raise
@@ -473,6 +513,7 @@ class Dispatcher:
                 kv_retries += 1
                 failed_d = d
                 dcand = self._next(Role.DECODE, info, route, [*tried_d, endpoint_key(d.endpoint)]) or d
+                fate.trace.retry("decode", "kv_handoff_failed", failed_d, dcand)
                 log.warning(
                     "decode %s could not load the KV of prefill %s (request %s); hand-off retry %d/%d on decode %s",
                     failed_d.endpoint.host_port, p.endpoint.host_port, rid, kv_retries, self.cfg.kv_load_retries,
@@ -487,6 +528,8 @@ class Dispatcher:
                 continue
             tried_d.append(endpoint_key(d.endpoint))
             dcand = self._next(Role.DECODE, info, route, tried_d)
+            if len(tried_d) <= self.cfg.decode_retries:
+                fate.trace.retry("decode", "unreachable", d, dcand)
         raise self._exhausted("decode", req, len(tried_d), last)
 
     # -- both at once (SGLang) ---------------------------------------------------------------
@@ -506,18 +549,20 @@ class Dispatcher:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             dbody = adapter.decode_body(req.body, pbody, None)
             failure: str | None = None
+            reason: RetryReason = "unreachable"
             d_failure: str | None = None
             async with self.scheduler.load_guard(d):  # the prefill counts itself while it runs (_prefill)
                 p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid, fate))
-                d_task = asyncio.ensure_future(
-                    self._attempt(d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid)))
+                call = fate.trace.call("decode", d)
+                d_task = asyncio.ensure_future(self._attempt(
+                    d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid, trace=call.carrier)))
                 resp: aiohttp.ClientResponse | None = None
                 try:
                     await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
                     if not d_task.done() and p_task.done():
                         exc = p_task.exception()
                         if isinstance(exc, _PrefillFailed):
-                            failure = str(exc)
+                            failure, reason = str(exc), exc.reason
                         elif exc is not None:
                             raise exc
                         elif p_task.result().status != 200:  # prefill refused: relay its error
@@ -531,19 +576,21 @@ class Dispatcher:
                         try:
                             resp = await d_task
                         except EngineUnreachable as exc:  # no byte reached the client yet
+                            call.fail("unreachable")
                             self.scheduler.record_failure(d.endpoint)
                             d_failure = str(exc)
                     if failure is None and d_failure is None:
                         assert resp is not None
                         if resp.status >= 500:  # was it the prefill's fault? then retry elsewhere
                             await asyncio.wait({p_task}, timeout=self.cfg.connect_timeout_sec)
-                            if p_task.done() and isinstance(p_task.exception(), _PrefillFailed):
-                                failure = str(p_task.exception())
+                            p_exc = p_task.exception() if p_task.done() else None
+                            if isinstance(p_exc, _PrefillFailed):
+                                failure, reason = str(p_exc), p_exc.reason
                     if failure is None and d_failure is None:
                         assert resp is not None
                         head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
                                     p.instance.id, d.instance.id)
-                        async for frame in self._relay(resp, d, head, count_5xx=False):
+                        async for frame in self._relay(resp, d, head, count_5xx=False, call=call):
                             yield frame
                         if not p_task.done():
                             await asyncio.wait({p_task}, timeout=self.cfg.connect_timeout_sec)
@@ -562,15 +609,19 @@ class Dispatcher:
                         unused = d_task.result()
                         if unused is not resp:
                             unused.close()
+            if failure is not None:
+                call.fail("prefill failed")
             if d_failure is not None:
                 tried_d.append(endpoint_key(d.endpoint))
                 nxt = self._next(Role.DECODE, info, route, tried_d)
                 if nxt is None or len(tried_d) > self.cfg.decode_retries:
                     raise self._exhausted("decode", req, len(tried_d), d_failure)
+                fate.trace.retry("decode", "unreachable", d, nxt)
                 d = nxt
                 continue
             tried.append(endpoint_key(p.endpoint))
             nxt = self._next(Role.PREFILL, info, route, tried)
             if nxt is None or len(tried) > self.cfg.prefill_retries:
                 raise self._exhausted("prefill", req, len(tried), failure or "")
+            fate.trace.retry("prefill", reason, p, nxt)
             p = nxt

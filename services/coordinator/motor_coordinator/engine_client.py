@@ -12,6 +12,7 @@ import aiohttp
 import orjson
 
 from motor_common.domain import Endpoint
+from motor_common.tracing import Carrier
 
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -60,10 +61,11 @@ class EngineClient:
         return self._session
 
     async def open(
-        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = ()
     ) -> aiohttp.ClientResponse:
-        """POST *body* as JSON and return the response once its head arrived (caller closes it)."""
-        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id}
+        """POST *body* as JSON and return the response once its head arrived (caller closes it).
+        *trace*: W3C trace headers (``traceparent``, ``tracestate``) sent with it."""
+        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id, **dict(trace)}
         try:
             return await self.session.post(endpoint.base_url + path, data=orjson.dumps(body), headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -71,11 +73,11 @@ class EngineClient:
 
     @asynccontextmanager
     async def post(
-        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = ()
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """:meth:`open` as a context; the connection is dropped (not reused) if the caller leaves
         early, so the engine sees the disconnect and aborts the request."""
-        resp = await self.open(endpoint, path, body, request_id)
+        resp = await self.open(endpoint, path, body, request_id, trace=trace)
         try:
             yield resp
         except BaseException:
@@ -85,10 +87,10 @@ class EngineClient:
             resp.release()
 
     async def read_all(
-        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = ()
     ) -> tuple[int, str, bytes]:
         """POST and read the whole answer: (status, content type, body)."""
-        async with self.post(endpoint, path, body, request_id) as resp:
+        async with self.post(endpoint, path, body, request_id, trace=trace) as resp:
             try:
                 data = await resp.read()
             except (aiohttp.ClientError, OSError) as exc:

@@ -33,6 +33,7 @@ from motor_common.openai_front.dispatch import (
 )
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.openai_front.openai import HttpError, error_for_status
+from motor_common.tracing import incoming
 from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
 from motor_coordinator.dispatcher import Head as CoordinatorHead
@@ -68,7 +69,8 @@ class CoordinatorBackend:
     def frames(self, api: str, body: dict[str, Any], request_id: str) -> AsyncIterator[Frame]:
         admit(self.app, degraded_hint=False)
         parsed = parsed_request(api, body)
-        return observed(self.app.dispatcher.dispatch(parsed, request_id), parsed.model)
+        # The front's request span (or the trace headers it received), set by its middleware.
+        return observed(self.app.dispatcher.dispatch(parsed, request_id, trace=incoming.get()), parsed.model)
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(name, self.app.model_created(name)) for name in sorted(self.app.scheduler.models())]

@@ -18,6 +18,7 @@ from motor_common.runner import (
     stop_event_on_signals,
     write_ports_file,
 )
+from motor_common.tracing import reset_tracing, setup_tracing
 from motor_common.version import add_version_flag
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
@@ -79,6 +80,14 @@ def load(args: argparse.Namespace) -> CoordinatorConfig:
 async def amain(args: argparse.Namespace) -> int:
     cfg = load(args)
     setup_logging("coordinator", cfg.log.level, cfg.log.format)
+    setup_tracing(cfg.tracing, "coordinator")
+    try:
+        return await _serve(args, cfg)
+    finally:
+        reset_tracing()  # exports the spans not sent yet
+
+
+async def _serve(args: argparse.Namespace, cfg: CoordinatorConfig) -> int:
     stop = stop_event_on_signals()
     app = Coordinator(cfg)
     port = await app.start()
