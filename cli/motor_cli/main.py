@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("motor_cli.up", "run a whole fleet on this machine (simulated engines by default)"),
     "down": ("motor_cli.down", "stop the fleet started by motor up"),
     "status": ("motor_cli.status", "nodes and instances of a managed fleet, from the controller"),
-    "pause": ("motor_cli.pause", "take an instance of a managed fleet out of scheduling (through its nodes)"),
+    "pause": ("motor_cli.pause", "take an instance of a managed fleet out of scheduling (kept by the controller)"),
     "resume": ("motor_cli.pause", "put a paused instance of a managed fleet back into scheduling"),
 }
 

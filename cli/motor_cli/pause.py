@@ -1,13 +1,15 @@
 """motor pause / motor resume: take an instance of a managed fleet out of scheduling, or put it back.
 
-    motor pause 3524124913735523        # the fleet `motor up` runs in ./.motor/up
+    motor pause 3524124913735523 --reason "bad GPU, draining"   # the fleet `motor up` runs in ./.motor/up
     motor resume 3524124913735523 --controller 10.0.0.5:9200 --management-key-file key
 
-Asks the controller which nodes run the instance, then pauses (resumes) each of them through its
-nodemanager (NodeManagerService/PauseNode): the node's endpoints turn PAUSED, which the nodemanager
-never overwrites by polling, and the controller pushes the instance to the coordinators as PAUSED
-at every push until it is resumed. In-flight requests finish; new ones go elsewhere. A pause held
-by a nodemanager ends if that nodemanager restarts.
+Calls the controller's ControllerAdminService/PauseInstance (ResumeInstance). The controller keeps
+the pause in its store (it survives a restart or failover of the controller) and pushes the instance
+to every coordinator as PAUSED: requests in flight finish, new ones go to other instances. A pause
+of an instance that is not ACTIVE yet takes effect when it becomes ACTIVE.
+
+A node paused by its own nodemanager (NodeManagerService/PauseNode, e.g. a Kubernetes pre-stop
+drain) keeps its instance PAUSED after `motor resume`; the command names such nodes.
 
 Standalone coordinators (no controller) use `grpcurl … InstanceRegistryService/PauseInstances`; a
 coordinator managed by a controller refuses that call (FAILED_PRECONDITION MANAGED_BY_CONTROLLER).
@@ -27,15 +29,13 @@ from motor_cli.tls_args import add_tls_flags, tls_from_args
 from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
-from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
-from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as npbg
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.grpc_server import read_secret
-from motor_common.ports import host_port
 from motor_common.tls import TlsConfig
 
 EXIT_FAILED = 1
 MAX_ID = 2**53 - 1
+MAX_REASON_BYTES = 256
 
 
 def _instance_id(text: str) -> int:
@@ -48,8 +48,17 @@ def _instance_id(text: str) -> int:
     return value
 
 
+def _reason(text: str) -> str:
+    if len(text.encode()) > MAX_REASON_BYTES:
+        raise argparse.ArgumentTypeError(f"--reason is {len(text.encode())} bytes; at most {MAX_REASON_BYTES}")
+    return text
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("instance_id", type=_instance_id, help="instance id (see motor status)")
+    if parser.prog.endswith("pause"):
+        parser.add_argument("--reason", type=_reason, default="",
+                            help="why (shown by motor status while paused; at most 256 bytes)")
     parser.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR,
                         help="fleet started by `motor up` (default %(default)s)")
     parser.add_argument("--controller", metavar="ADDR",
@@ -62,32 +71,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 async def change(address: str, key: str | None, instance_id: int, pause: bool, timeout: float,
-                 tls: TlsConfig | None = None) -> list[str]:
-    """Pauses (resumes) every node of *instance_id*; returns their node ids."""
+                 tls: TlsConfig | None = None, reason: str = "") -> tuple[pb.ManagedInstance, list[str]]:
+    """Pauses (resumes) *instance_id* at the controller; returns the instance after the call and,
+    for a resume, the nodes whose nodemanager still holds a pause of its own."""
     md = call_metadata(key)
     async with open_channel(address, tls=tls) as channel:
         stub = pbg.ControllerAdminServiceStub(channel)
-        inst = (await stub.GetInstance(pb.GetInstanceRequest(instance_id=instance_id), metadata=md,
-                                       timeout=timeout)).instance
-        nodes: list[pb.Node] = []
-        token = ""
-        while True:
-            page = await stub.ListNodes(pb.ListNodesRequest(job_name=inst.instance.job_name, page_token=token),
-                                        metadata=md, timeout=timeout)
-            nodes.extend(n for n in page.nodes if n.spec.node_id in set(inst.node_ids))
-            token = page.next_page_token
-            if not token:
-                break
-    if not nodes:
-        raise RuntimeError(f"the controller knows no node of instance {instance_id}")
-    for node in nodes:
-        async with open_channel(host_port(node.spec.ip, node.spec.admin_port), tls=tls) as channel:
-            nm = npbg.NodeManagerServiceStub(channel)
-            if pause:
-                await nm.PauseNode(npb.PauseNodeRequest(), metadata=md, timeout=timeout)
-            else:
-                await nm.ResumeNode(npb.ResumeNodeRequest(), metadata=md, timeout=timeout)
-    return [n.spec.node_id for n in nodes]
+        if pause:
+            paused = await stub.PauseInstance(pb.PauseInstanceRequest(instance_id=instance_id, reason=reason),
+                                              metadata=md, timeout=timeout)
+            return paused.instance, []
+        resumed = await stub.ResumeInstance(pb.ResumeInstanceRequest(instance_id=instance_id),
+                                            metadata=md, timeout=timeout)
+        return resumed.instance, list(resumed.paused_node_ids)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,20 +93,27 @@ def run(args: argparse.Namespace) -> int:
         key_file = target.management_key_file(args.management_key_file, args.state_dir)
         key = read_secret(key_file) if key_file else None
         tls = tls_from_args(args, {"tls": target.tls_section(args.state_dir)})
-        node_ids = asyncio.run(change(address, key, args.instance_id, pause, args.timeout, tls))
+        inst, held = asyncio.run(change(address, key, args.instance_id, pause, args.timeout, tls,
+                                        getattr(args, "reason", "")))
     except MotorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
     except grpc.aio.AioRpcError as exc:
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_FAILED
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    verb = "paused" if pause else "resumed"
+    state = pb.InstanceState.Name(inst.state).removeprefix("INSTANCE_STATE_").lower()
     if args.json:
-        print(json.dumps({"instance_id": args.instance_id, "state": verb, "nodes": node_ids}))
+        print(json.dumps({"instance_id": args.instance_id, "state": "paused" if pause else "resumed",
+                          "paused": inst.paused, "reason": inst.pause_reason,
+                          "instance_state": state, "paused_by_nodes": held}))
+        return 0
+    if pause:
+        when = "" if state == "active" else f" (it is {state}: the pause applies once it is active)"
+        print(f"instance {args.instance_id} paused: {inst.pause_reason}{when}; the controller pushes it to the "
+              f"coordinators as PAUSED")
     else:
-        print(f"instance {args.instance_id} {verb} on node(s) {', '.join(node_ids)}; the controller "
-              f"pushes it to the coordinators at its next push")
+        print(f"instance {args.instance_id} resumed; the controller pushes it to the coordinators as AVAILABLE")
+        if held:
+            print(f"warning: node(s) {', '.join(held)} are paused by their nodemanager (PauseNode); the instance "
+                  f"stays PAUSED until each is resumed (NodeManagerService/ResumeNode)", file=sys.stderr)
     return 0

@@ -122,6 +122,8 @@ async def fetch_view(address: str, key: str | None, timeout: float = 2.0, tls: T
                 "endpoints": [f"{e.ip}:{e.business_port}" for e in inst.endpoints],
                 "nodes": list(m.node_ids),
                 "reason": m.reason,
+                "paused": m.paused,
+                "pause_reason": m.pause_reason,
             }
         )
     return view
@@ -138,6 +140,7 @@ def format_line(view: FleetView) -> str:
             by_role[inst["role"]] = by_role.get(inst["role"], 0) + 1
     roles = ", ".join(f"{r} {c}" for r, c in sorted(by_role.items()))
     others = [f"{i['role']}#{i['job']} {i['state']}" for i in view.instances if i["state"] != "active"]
+    others += [f"{i['role']}#{i['job']} paused" for i in view.instances if i["state"] == "active" and i.get("paused")]
     line = f"nodes {running}/{len(view.nodes)} running · instances {view.active}/{len(view.instances)} active"
     if roles:
         line += f" ({roles})"
@@ -204,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         output.grid(
             ["INSTANCE", "ROLE", "STATE", "JOB", "MODEL", "ENDPOINTS", "REASON"],
             [
-                [str(i["id"]), i["role"], i["state"], i["job"], i["model"], " ".join(i["endpoints"]), i["reason"] or ""]
+                [str(i["id"]), i["role"], i["state"] + (", paused" if i["paused"] else ""), i["job"], i["model"],
+                 " ".join(i["endpoints"]), (f"paused: {i['pause_reason']}; " if i["paused"] else "") + (i["reason"] or "")]
                 for i in view.instances
             ],
         )

@@ -125,3 +125,12 @@ def test_a_changed_kv_events_port_changes_the_fingerprint() -> None:
     a = inst(1)
     b = replace(a, endpoints=(replace(a.endpoints[0], kv_events_port=6000),))
     assert fingerprint({1: a}) != fingerprint({1: b})
+
+
+def test_an_operator_paused_instance_is_paused_while_active_and_absent_while_not() -> None:
+    def mi(iid: int, state: InstanceState) -> ManagedInstance:
+        return ManagedInstance(iid, f"job{iid}", 0, state, inst(iid), ("n",), "", 0.0, paused=True)
+
+    view = desired_view([mi(1, InstanceState.ACTIVE), mi(2, InstanceState.STARTING), mi(3, InstanceState.INACTIVE)],
+                        {1: Signal.HEALTHY})
+    assert {i: v.status for i, v in view.items()} == {1: InstanceStatus.PAUSED}

@@ -109,6 +109,9 @@ def encode_instance(mi: ManagedInstance) -> bytes:
             "reason": mi.reason,
             "generation": mi.generation,
             "withdrawn_dp_ranks": list(mi.withdrawn_dp_ranks),
+            "paused": mi.paused,
+            "pause_reason": mi.pause_reason,
+            "paused_at": mi.paused_at,
         }
     )
 
@@ -127,6 +130,10 @@ def decode_instance(raw: bytes) -> ManagedInstance:
         reason=d["reason"],
         generation=d["generation"],
         withdrawn_dp_ranks=tuple(d.get("withdrawn_dp_ranks", ())),
+        # records written before operator pauses existed carry none
+        paused=bool(d.get("paused", False)),
+        pause_reason=str(d.get("pause_reason", "")),
+        paused_at=float(d.get("paused_at", 0.0)),
     )
 
 

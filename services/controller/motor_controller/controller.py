@@ -23,7 +23,7 @@ import orjson
 from motor_common.domain import Instance, NodeSpec
 from motor_common.errors import MotorError, NotFound
 from motor_common.tasks import TaskOwner
-from motor_controller import codec
+from motor_controller import codec, operator_pause
 from motor_controller import scale_down as sdown
 from motor_controller.alarms import Alarm, AlarmAction, AlarmKind, AlarmStore
 from motor_controller.assembly import StartCommand
@@ -525,6 +525,27 @@ class Controller:
         if mi is None:
             raise NotFound(f"instance {instance_id} is not known", reason="INSTANCE_NOT_FOUND")
         return mi
+
+    async def set_paused(self, instance_id: int, paused: bool, reason: str = "") -> ManagedInstance:
+        """Operator pause (resume) of *instance_id*, persisted before it is answered; the pushers
+        then show it to every coordinator as PAUSED (AVAILABLE). Idempotent."""
+        async with self._lock:
+            mi = self.get_instance(instance_id)
+            nxt = operator_pause.pause(mi, reason, self._wall()) if paused else operator_pause.resume(mi)
+            if nxt is None:
+                return mi
+            await self.store.put(f"{KEYS.INSTANCE}{nxt.id}", codec.encode_instance(nxt))
+            self.instances[nxt.id] = nxt
+        log.info("instance paused by an operator" if paused else "instance resumed by an operator",
+                 extra={"instance_id": instance_id, "reason": nxt.pause_reason})
+        self._after_change()
+        return nxt
+
+    def nodes_paused_by_nodemanager(self, instance_id: int) -> list[str]:
+        """Nodes of *instance_id* whose last heartbeat says their nodemanager holds its own pause."""
+        mi = self.get_instance(instance_id)
+        return sorted(n for n in mi.node_ids
+                      if (ob := self.observations.get(n)) is not None and ob.state is NodeState.PAUSED)
 
     async def terminate_instance(self, instance_id: int, precision_alarm_clear: bool, reason: str) -> list[str]:
         async with self._lock:

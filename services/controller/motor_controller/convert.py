@@ -102,7 +102,11 @@ def managed_to_pb(mi: ManagedInstance) -> pb.ManagedInstance:
         master_address=mi.master_address,
         state_changed_at=ts(mi.state_changed_at),
         reason=mi.reason,
+        paused=mi.paused,
+        pause_reason=mi.pause_reason,
     )
+    if mi.paused:
+        out.paused_at.CopyFrom(ts(mi.paused_at))
     if mi.instance is not None:
         out.instance.CopyFrom(instance_to_pb(mi.instance))
     else:

@@ -73,6 +73,10 @@ class ManagedInstance:
     generation: int = 1
     # DP ranks coordinators must not see (a DP scale-down withdrew or retired them).
     withdrawn_dp_ranks: tuple[int, ...] = ()
+    # Operator pause (PauseInstance, operator_pause.py): coordinators see the instance PAUSED.
+    paused: bool = False
+    pause_reason: str = ""
+    paused_at: float = 0.0  # wall clock
 
     @property
     def blocked(self) -> bool:

@@ -52,13 +52,14 @@ class SyncState:
 
 
 def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Signal]) -> dict[int, Instance]:
-    """ACTIVE instances (PAUSED when their endpoints are paused) and RECOVERING ones as PAUSED."""
+    """ACTIVE instances (PAUSED when an operator paused them or their endpoints are paused) and
+    RECOVERING ones as PAUSED."""
     out: dict[int, Instance] = {}
     for mi in instances:
         if mi.instance is None:
             continue
         if mi.state is InstanceState.ACTIVE:
-            paused = signals.get(mi.id) is Signal.PAUSED
+            paused = mi.paused or signals.get(mi.id) is Signal.PAUSED
         elif mi.state is InstanceState.RECOVERING:
             paused = True
         else:

@@ -19,6 +19,7 @@ from motor_controller.convert import (
 )
 from motor_controller.fault_policy import AWAIT_RECOVERY, DP_SCALE_DOWN, NODE_RESTART, FtState
 from motor_controller.model import FaultReport
+from motor_controller.operator_pause import check_reason
 
 CONTROLLER_SERVICE = "motor.controller.v1.ControllerService"
 ADMIN_SERVICE = "motor.controller.v1.ControllerAdminService"
@@ -180,6 +181,17 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
             last_error=progress.last_error,
             retired_dp_ranks=self.ctl.retired_dp_ranks(request.instance_id),
         )
+
+    async def PauseInstance(self, request: pb.PauseInstanceRequest, context: Any) -> pb.PauseInstanceResponse:
+        self.gate()
+        mi = await self.ctl.set_paused(request.instance_id, True, check_reason(request.reason))
+        return pb.PauseInstanceResponse(instance=managed_to_pb(mi))
+
+    async def ResumeInstance(self, request: pb.ResumeInstanceRequest, context: Any) -> pb.ResumeInstanceResponse:
+        self.gate()
+        mi = await self.ctl.set_paused(request.instance_id, False)
+        return pb.ResumeInstanceResponse(instance=managed_to_pb(mi),
+                                         paused_node_ids=self.ctl.nodes_paused_by_nodemanager(mi.id))
 
     async def ListAlarms(self, request: pb.ListAlarmsRequest, context: Any) -> pb.ListAlarmsResponse:
         return pb.ListAlarmsResponse(alarms=[alarm_to_pb(a) for a in self.ctl.alarms.entries(request.active_only)])

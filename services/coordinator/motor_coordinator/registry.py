@@ -213,8 +213,9 @@ def _set_status(
         verb = "pause" if status is InstanceStatus.PAUSED else "resume"
         raise FailedPrecondition(
             f"this coordinator is managed by a controller, whose next push would undo a direct {verb}; "
-            f"{verb} the instance through the controller's fleet instead (PauseNode/ResumeNode on its "
-            f"nodemanagers). Pause/ResumeInstances without a generation are for standalone coordinators",
+            f"{verb} the instance through the controller instead (`motor {verb} ID`, or "
+            f"ControllerAdminService/{verb.capitalize()}Instance). Pause/ResumeInstances without a generation are "
+            f"for standalone coordinators",
             reason="MANAGED_BY_CONTROLLER",
             metadata={"current_generation": str(state.generation)},
         )

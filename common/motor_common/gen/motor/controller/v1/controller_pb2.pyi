@@ -310,20 +310,26 @@ class ListNodesResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ManagedInstance(_message.Message):
-    __slots__ = ("instance", "state", "node_ids", "master_address", "state_changed_at", "reason")
+    __slots__ = ("instance", "state", "node_ids", "master_address", "state_changed_at", "reason", "paused", "pause_reason", "paused_at")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_IDS_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_REASON_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_AT_FIELD_NUMBER: _ClassVar[int]
     instance: _types_pb2.Instance
     state: InstanceState
     node_ids: _containers.RepeatedScalarFieldContainer[str]
     master_address: str
     state_changed_at: _timestamp_pb2.Timestamp
     reason: str
-    def __init__(self, instance: _Optional[_Union[_types_pb2.Instance, _Mapping]] = ..., state: _Optional[_Union[InstanceState, str]] = ..., node_ids: _Optional[_Iterable[str]] = ..., master_address: _Optional[str] = ..., state_changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    paused: bool
+    pause_reason: str
+    paused_at: _timestamp_pb2.Timestamp
+    def __init__(self, instance: _Optional[_Union[_types_pb2.Instance, _Mapping]] = ..., state: _Optional[_Union[InstanceState, str]] = ..., node_ids: _Optional[_Iterable[str]] = ..., master_address: _Optional[str] = ..., state_changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., paused: _Optional[bool] = ..., pause_reason: _Optional[str] = ..., paused_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListInstancesRequest(_message.Message):
     __slots__ = ("job_name", "page_size", "page_token")
@@ -406,3 +412,35 @@ class ListAlarmsResponse(_message.Message):
     ALARMS_FIELD_NUMBER: _ClassVar[int]
     alarms: _containers.RepeatedCompositeFieldContainer[Alarm]
     def __init__(self, alarms: _Optional[_Iterable[_Union[Alarm, _Mapping]]] = ...) -> None: ...
+
+class PauseInstanceRequest(_message.Message):
+    __slots__ = ("instance_id", "reason", "request_id")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: int
+    reason: str
+    request_id: str
+    def __init__(self, instance_id: _Optional[int] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class PauseInstanceResponse(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: ManagedInstance
+    def __init__(self, instance: _Optional[_Union[ManagedInstance, _Mapping]] = ...) -> None: ...
+
+class ResumeInstanceRequest(_message.Message):
+    __slots__ = ("instance_id", "request_id")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: int
+    request_id: str
+    def __init__(self, instance_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ResumeInstanceResponse(_message.Message):
+    __slots__ = ("instance", "paused_node_ids")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_NODE_IDS_FIELD_NUMBER: _ClassVar[int]
+    instance: ManagedInstance
+    paused_node_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, instance: _Optional[_Union[ManagedInstance, _Mapping]] = ..., paused_node_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -276,6 +276,16 @@ class ControllerAdminServiceStub:
                 request_serializer=motor_dot_controller_dot_v1_dot_controller__pb2.ListAlarmsRequest.SerializeToString,
                 response_deserializer=motor_dot_controller_dot_v1_dot_controller__pb2.ListAlarmsResponse.FromString,
                 _registered_method=True)
+        self.PauseInstance = channel.unary_unary(
+                '/motor.controller.v1.ControllerAdminService/PauseInstance',
+                request_serializer=motor_dot_controller_dot_v1_dot_controller__pb2.PauseInstanceRequest.SerializeToString,
+                response_deserializer=motor_dot_controller_dot_v1_dot_controller__pb2.PauseInstanceResponse.FromString,
+                _registered_method=True)
+        self.ResumeInstance = channel.unary_unary(
+                '/motor.controller.v1.ControllerAdminService/ResumeInstance',
+                request_serializer=motor_dot_controller_dot_v1_dot_controller__pb2.ResumeInstanceRequest.SerializeToString,
+                response_deserializer=motor_dot_controller_dot_v1_dot_controller__pb2.ResumeInstanceResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerAdminServiceServicer:
@@ -319,6 +329,26 @@ class ControllerAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseInstance(self, request, context):
+        """Takes an instance out of scheduling: every coordinator sees it PAUSED (no new requests; requests
+        in flight finish) until ResumeInstance. The pause is kept in the controller's store, so it
+        survives a restart or a failover of the controller and of the coordinators. Idempotent: pausing
+        a paused instance changes nothing. Unknown id → NOT_FOUND; a deleted instance →
+        FAILED_PRECONDITION. An instance that is not ACTIVE yet is paused the moment it becomes ACTIVE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeInstance(self, request, context):
+        """Ends a pause made by PauseInstance. Idempotent. A node paused by its own nodemanager
+        (NodeManagerService/PauseNode, e.g. a Kubernetes pre-stop drain) keeps the instance PAUSED:
+        the response names those nodes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +381,16 @@ def add_ControllerAdminServiceServicer_to_server(servicer, server):
                     servicer.ListAlarms,
                     request_deserializer=motor_dot_controller_dot_v1_dot_controller__pb2.ListAlarmsRequest.FromString,
                     response_serializer=motor_dot_controller_dot_v1_dot_controller__pb2.ListAlarmsResponse.SerializeToString,
+            ),
+            'PauseInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseInstance,
+                    request_deserializer=motor_dot_controller_dot_v1_dot_controller__pb2.PauseInstanceRequest.FromString,
+                    response_serializer=motor_dot_controller_dot_v1_dot_controller__pb2.PauseInstanceResponse.SerializeToString,
+            ),
+            'ResumeInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeInstance,
+                    request_deserializer=motor_dot_controller_dot_v1_dot_controller__pb2.ResumeInstanceRequest.FromString,
+                    response_serializer=motor_dot_controller_dot_v1_dot_controller__pb2.ResumeInstanceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -516,6 +556,60 @@ class ControllerAdminService:
             '/motor.controller.v1.ControllerAdminService/ListAlarms',
             motor_dot_controller_dot_v1_dot_controller__pb2.ListAlarmsRequest.SerializeToString,
             motor_dot_controller_dot_v1_dot_controller__pb2.ListAlarmsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/motor.controller.v1.ControllerAdminService/PauseInstance',
+            motor_dot_controller_dot_v1_dot_controller__pb2.PauseInstanceRequest.SerializeToString,
+            motor_dot_controller_dot_v1_dot_controller__pb2.PauseInstanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/motor.controller.v1.ControllerAdminService/ResumeInstance',
+            motor_dot_controller_dot_v1_dot_controller__pb2.ResumeInstanceRequest.SerializeToString,
+            motor_dot_controller_dot_v1_dot_controller__pb2.ResumeInstanceResponse.FromString,
             options,
             channel_credentials,
             insecure,

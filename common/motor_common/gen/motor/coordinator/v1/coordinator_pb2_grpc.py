@@ -129,7 +129,8 @@ class InstanceRegistryServiceServicer:
         """Takes instances out of scheduling without forgetting them. Standalone coordinators only: once a
         controller manages this coordinator (it applied a write with generation > 0), a call without a
         generation is refused with FAILED_PRECONDITION, reason MANAGED_BY_CONTROLLER, because the
-        controller's next push would undo it; pause through the fleet (the instance's nodemanagers).
+        controller's next push would undo it; pause through the controller instead
+        (ControllerAdminService/PauseInstance, `motor pause`).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
