@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
 
 from motor_common.domain import EndpointStatus, EngineType, Instance, Role
 from motor_common.errors import Unavailable
@@ -133,7 +134,15 @@ async def test_unhealthy_awaits_recovery_and_never_relaunches_when_it_recovers()
     await fm.close()
 
 
+def results_count(strategy: str, outcome: Outcome) -> float:
+    value = REGISTRY.get_sample_value("motor_controller_recovery_results_total",
+                                      {"strategy": strategy, "outcome": outcome.value})
+    assert value is not None, "every strategy/outcome pair is exported from the start"
+    return value
+
+
 async def test_failed_await_recovery_escalates_at_once_to_a_relaunch_in_the_same_recovery() -> None:
+    before = {(s, o): results_count(s, o) for s in (AWAIT_RECOVERY, ENGINE_RELAUNCH) for o in Outcome}
     host = Host({1: managed()})
     build = Factory(Outcome.FAILED)
     fm = FaultManager(lambda: ON, host, build)
@@ -149,6 +158,9 @@ async def test_failed_await_recovery_escalates_at_once_to_a_relaunch_in_the_same
     build.last.gate.set()
     await wait_for(lambda: host.ended, timeout=2, what="strategy end")
     assert fm.failed[1] == ENGINE_RELAUNCH
+    # motor_controller_recovery_results_total: the wait failed, then the relaunch failed
+    moved = {k: results_count(*k) - v for k, v in before.items() if results_count(*k) != v}
+    assert moved == {(AWAIT_RECOVERY, Outcome.FAILED): 1, (ENGINE_RELAUNCH, Outcome.FAILED): 1}
     await fm.close()
 
 

@@ -170,6 +170,14 @@ async def test_domain_metrics_move_with_traffic(fleet: UpFleet) -> None:
     # gaps between relayed chunks (the simulated engine spaces its tokens as a GPU would)
     assert _value(s, "motor_coordinator_inter_token_latency_seconds_count", **ok) >= 1
     assert _value(s, "motor_coordinator_requests_in_flight") == 0
+    # PD phases of the 4 served requests, each timed once on its instance's role
+    for role, phase in (("prefill", "prefill"), ("decode", "decode_first_byte"), ("decode", "kv_handoff")):
+        assert _value(s, "motor_coordinator_pd_phase_duration_seconds_count", model="tiny", role=role, phase=phase) == 4
+        assert _value(s, "motor_coordinator_pd_phase_duration_seconds_sum", model="tiny", role=role, phase=phase) > 0
+    # one scheduling decision per role and request (the unknown model never reached the policy)
+    for role in ("prefill", "decode"):
+        assert _value(s, "motor_coordinator_policy_decisions_total", policy="least_load", role=role, outcome="routed") == 4
+    assert not [k for k in s if k[0] in ("motor_coordinator_retries_total", "motor_coordinator_failovers_total")]
 
     async with aiohttp.ClientSession() as http, http.get(programs["controller"]["metrics"]) as resp:
         c = _samples(await resp.text())
@@ -183,6 +191,9 @@ async def test_domain_metrics_move_with_traffic(fleet: UpFleet) -> None:
         assert _value(c, "motor_controller_node_engine_relaunches", node=node) == 0
     assert _value(c, "motor_controller_alarms_active", kind="precision") == 0
     assert ("motor_controller_alarms_active", frozenset({("kind", "store_unavailable")})) in c
+    # recoveries by strategy and outcome: exported from the start, none ran
+    assert _value(c, "motor_controller_recovery_results_total", strategy="engine_relaunch", outcome="done") == 0
+    assert _value(c, "motor_controller_recovery_results_total", strategy="node_restart", outcome="failed") == 0
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -203,7 +214,8 @@ def _declared_labels() -> dict[str, set[str]]:
 
     out: dict[str, set[str]] = {}
     for mod in ("motor_common.openai_front.metrics", "motor_coordinator.metrics", "motor_coordinator.request_metrics",
-                "motor_coordinator.precision_monitor"):
+                "motor_coordinator.precision_monitor", "motor_coordinator.dispatch_trace",
+                "motor_controller.recovery_metrics"):
         for obj in vars(importlib.import_module(mod)).values():
             if isinstance(obj, MetricWrapperBase):
                 out[obj._name] = set(obj._labelnames)

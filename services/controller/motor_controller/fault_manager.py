@@ -39,6 +39,7 @@ from motor_controller.fault_policy import (
     relaunch_expected,
 )
 from motor_controller.model import FaultReport, ManagedInstance
+from motor_controller.recovery_metrics import record
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ class FaultManager:
         if nxt is None:
             return None
         self.results.append((mi.id, failed.name, result))
+        record(failed.name, result)
         self.running[mi.id] = nxt
         progress.strategy, progress.phase, progress.state, progress.last_error = name, "starting", FtState.RUNNING, result.detail
         log.warning("fault strategy failed, escalating",
@@ -197,6 +199,7 @@ class FaultManager:
             else:
                 progress.state = FtState.IDLE
             self.results.append((mi.id, strategy.name, result))
+            record(strategy.name, result)
             del self.results[:-100]
             log.warning(
                 "fault strategy finished",

@@ -26,3 +26,9 @@ MIGRATIONS = Counter(
     "Requests continued on another engine after theirs died mid-answer (dispatch.migration_budget)",
     ["model"],
 )
+POLICY_DECISIONS = Counter(
+    "motor_coordinator_policy_decisions",
+    "Scheduling decisions by policy, role and outcome: routed (a request's first choice), "
+    "retry_pick (another endpoint chosen for a retry), no_candidate (nothing schedulable for the role)",
+    ["policy", "role", "outcome"],
+)

@@ -1,6 +1,7 @@
 """The scheduler's view: schedulable endpoints per model and role, their load and breakers.
 
-No I/O. ``accept`` swaps in a new registry snapshot; ``route`` chooses (never mutates);
+No I/O. ``accept`` swaps in a new registry snapshot; ``route`` chooses (never mutates; it only
+counts its decisions, ``motor_coordinator_policy_decisions_total``);
 ``load_guard`` does the in-flight accounting at dispatch time. Breaker and load updates come
 from the dispatcher (request outcomes) and the monitor (probes, metrics scrapes).
 """
@@ -14,12 +15,13 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role, normalize_ip
 from motor_common.errors import NotFound, Unavailable
 from motor_coordinator.breaker import Breaker
 from motor_coordinator.liveness import Liveness
+from motor_coordinator.metrics import POLICY_DECISIONS
 from motor_coordinator.policies import Candidate, EngineLoad, Policy, RequestInfo
 from motor_coordinator.policies.base import LiveSet, candidate_key, score
 from motor_coordinator.registry import RegistryState
@@ -162,6 +164,14 @@ class Scheduler:
         self._live_of: dict[EndpointKey, list[_Live]] = {}
         # Signs of life per endpoint: which attempts stalled on a hung engine (liveness.py).
         self.liveness = Liveness(clock)
+        self._decisions: dict[tuple[Role, str], Any] = {}
+
+    def _decided(self, role: Role, outcome: str) -> None:
+        """Count one decision (``motor_coordinator_policy_decisions_total``); label children cached."""
+        child = self._decisions.get((role, outcome))
+        if child is None:
+            child = self._decisions[(role, outcome)] = POLICY_DECISIONS.labels(self.policy.name, role.value, outcome)
+        child.inc()
 
     # -- snapshot --------------------------------------------------------------------------
 
@@ -309,7 +319,11 @@ class Scheduler:
         exclude: Iterable[EndpointKey] = (),
     ) -> Candidate | None:
         cands = self._candidates(req.model, role, engine, exclude)
-        return self.policy.select(role, cands, req) if cands else None
+        if not cands:
+            self._decided(role, "no_candidate")
+            return None
+        self._decided(role, "retry_pick")
+        return self.policy.select(role, cands, req)
 
     def _live_set(self, model: str, role: Role) -> _Live:
         live = self._live.get((model, role))
@@ -348,6 +362,8 @@ class Scheduler:
         di = select(Role.DECODE, d, req)
         if di is None:
             return None
+        self._decided(Role.PREFILL, "routed")
+        self._decided(Role.DECODE, "routed")
         return Route(d.engine, prefill=self._candidate(p, pi), decode=self._candidate(d, di))
 
     def route(self, req: RequestInfo) -> Route:
@@ -371,21 +387,28 @@ class Scheduler:
             engine = p.instance.engine_type
             same = decodes if len(engines) == 1 else [c for c in decodes if c.instance.engine_type is engine]
             d = self.policy.select(Role.DECODE, same, req)
+            self._decided(Role.PREFILL, "routed")
+            self._decided(Role.DECODE, "routed")
             return Route(p.instance.engine_type, prefill=p, decode=d)
         unions = self._candidates(model, Role.UNION)
         if unions:
             u = self.policy.select(Role.UNION, unions, req)
+            self._decided(Role.UNION, "routed")
             return Route(u.instance.engine_type, union=u)
         roles = {i.role for i in registered}
         if Role.PREFILL in roles or Role.DECODE in roles:
             has_p = bool(self._candidates(model, Role.PREFILL))
             missing = [n for n, ok in (("prefill", has_p), ("decode", bool(decodes))) if not ok]
+            for role, ok in ((Role.PREFILL, has_p), (Role.DECODE, bool(decodes))):
+                if not ok:
+                    self._decided(role, "no_candidate")
             what = " and ".join(missing) + " instance" if missing else "prefill+decode pair of one engine type"
             raise Unavailable(
                 f"no schedulable {what} for model {model!r}",
                 reason="NO_SCHEDULABLE_INSTANCE",
                 metadata={"model": model, "role": "+".join(missing) or "pair"},
             )
+        self._decided(Role.UNION, "no_candidate")
         raise Unavailable(
             f"no schedulable union instance for model {model!r}",
             reason="NO_SCHEDULABLE_INSTANCE",
