@@ -10,6 +10,8 @@ Generic rules from the message descriptors, applied to every field of every requ
   ``MAX_PID``;
 - instance ids 1 .. 2^53 - 1 wherever an id names an instance (``Instance.id``, every
   ``instance_ids`` item, the ``instance_id`` of the requests in ``ID_REQUIRED``);
+- generations 0 .. 2^53 - 1 (like instance ids, exact in every language's default number type and
+  in JSON; the coordinator's registry never goes higher), heartbeat sequences 0 .. 2^63 - 1;
 - ``lease_seconds`` within (0, ``MAX_LEASE_SEC``].
 
 A violation is an ``InvalidArgument`` (reason ``OUT_OF_RANGE`` or ``TOO_LONG``) naming the field
@@ -37,7 +39,8 @@ MAX_PID = 4_194_304  # Linux pid_max limit
 MAX_PORT = 65_535
 MAX_INSTANCE_ID = 2**53 - 1
 MAX_LEASE_SEC = 3600.0
-MAX_GENERATION = 2**63 - 1
+MAX_GENERATION = 2**53 - 1
+MAX_SEQUENCE = 2**63 - 1
 
 NAME_FIELDS = {"request_id", "job_name", "model_name", "node_id", "name", "reason_code", "election_key"}
 COUNT_FIELDS = {"node_rank", "nodes_per_instance", "local_world_size", "num_nodes", "dp_size", "dp_rank",
@@ -112,8 +115,10 @@ def _scalar_check(fd: FieldDescriptor, full: str) -> Check | None:
         return _range(0, MAX_COUNT)
     if name in ("pid", "pids"):
         return _range(0, MAX_PID)
-    if name in ("generation", "sequence", "acked_sequence"):
+    if name == "generation":
         return _range(0, MAX_GENERATION)
+    if name in ("sequence", "acked_sequence"):
+        return _range(0, MAX_SEQUENCE)
     return None
 
 

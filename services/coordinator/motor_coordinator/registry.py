@@ -31,13 +31,14 @@ from motor_common.errors import (
     InvalidArgument,
     NotFound,
 )
+from motor_common.request_limits import MAX_GENERATION
 from motor_coordinator.validation import validate_batch
 
 DEFAULT_PAGE_SIZE = 1000
 MAX_PAGE_SIZE = 1000
-# Highest generation the registry accepts or reaches (2^53 - 1: exact in every JSON client, and far
-# below the uint64 wire limit, so ``generation + 1`` can always be encoded in a response).
-MAX_GENERATION = 2**53 - 1
+# Highest generation the registry accepts or reaches: MAX_GENERATION = 2^53 - 1 (exact in every JSON
+# client, and far below the uint64 wire limit, so ``generation + 1`` can always be encoded in a
+# response); the chassis refuses a higher one in any request before a handler runs.
 
 
 @dataclass(frozen=True)
