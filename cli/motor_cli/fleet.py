@@ -38,6 +38,9 @@ class FleetOptions:
     heartbeat_interval_sec: float = 1.0
     heartbeat_timeout_sec: float = 3.0
     zero_latency: bool = False
+    # Route prefill by the engines' own KV-cache events (docs/kv-events.md): engines publish them,
+    # the coordinator runs the kv_events policy with the simulator's tokenizer.
+    kv_events: bool = False
     etcd_endpoint: str | None = None
     # Mutual TLS on every gRPC channel and HTTPS on the gateway, with certificates from a
     # throw-away CA in state_dir/tls (written by `motor up --tls`).
@@ -176,6 +179,8 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             "server": server(port, name),
             "log": {"format": "text"},
         }
+        if opts.kv_events:  # the simulated engines' tokenizer and block size (motor-sim's default 16)
+            cfg["scheduler"] = {"policy": "kv_events", "kv_events": {"tokenizer": "simulator", "block_size": 16}}
         if opts.etcd_endpoint:  # active/standby: announce a promotion to the controller
             cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint], "election_key": f"{HA_PREFIX}/coordinator/leader",
                          "advertise_address": coord_addrs[i]}  # fmt: skip
@@ -222,7 +227,8 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
                 "heartbeat_interval_seconds": opts.heartbeat_interval_sec,
                 "daemon_loop_interval": 1.0,
                 "health": {"poll_interval_sec": 0.5, "timeout_sec": 2.0, "startup_grace_sec": 60.0},
-                "engine": {"launcher": "simulator", "extra_args": sim_args, "log_dir": str(logs)},
+                "engine": {"launcher": "simulator", "extra_args": sim_args, "log_dir": str(logs),
+                           **({"kv_events": {"enable": True}} if opts.kv_events else {})},
                 "registration": {"backoff_base_sec": 0.5},
                 "log": {"format": "text"},
             },

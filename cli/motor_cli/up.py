@@ -85,6 +85,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=".motor/up", help="configs, logs, store and key (default .motor/up)")
     parser.add_argument("--config", help="fleet config file with per-program sections")
     parser.add_argument("--zero-latency", action="store_true", help="simulated engines answer instantly")
+    parser.add_argument("--kv-events", action="store_true",
+                        help="engines publish KV-cache events; the coordinator routes prefill by them (docs/kv-events.md)")
     parser.add_argument("--ha", action="store_true", help="two coordinators, active/standby through a local etcd")
     parser.add_argument("--restart-delay", type=float, default=2.0, help="seconds before a program that exited is restarted")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the fleet to be ready")
@@ -132,6 +134,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         state_dir=state,
         key_file=state / "management.key",
         zero_latency=args.zero_latency,
+        kv_events=args.kv_events,
         overrides=overrides,
         tls=args.tls,
     )

@@ -24,7 +24,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from motor_sim.tokenizer import token_id
+from motor_common.toy_tokenizer import token_id
 
 VOCAB: tuple[str, ...] = tuple(
     """the a of to and in is it that was for on are with as his they be at one have this from

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from motor_sim import tokenizer
+from motor_common import toy_tokenizer as tokenizer
 from motor_sim.generator import SamplingKey
 
 Kind = Literal["completion", "chat"]

@@ -65,9 +65,36 @@ def test_load_outweighs_a_hit_beyond_the_slack() -> None:
 def test_evicted_blocks_stop_attracting() -> None:
     index, p, c = setup()
     hold(index, c[2].key, PROMPT)
+    hold(index, c[1].key, SYSTEM[:16])  # only the first block
+    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[2]
     index.apply(c[2].key, 2, EventBatch(0.0, (BlockRemoved(tuple(vllm_event_hashes(PROMPT, 16)[:1])),)))
-    chosen = p.select(Role.PREFILL, c, req(0, PROMPT))
-    assert chosen is c[0]  # nobody holds block 0 any more: no prefix anywhere, first lowest cost
+    # c[2] still holds blocks 1..5, but without block 0 its prefix is empty: c[1]'s one block wins
+    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[1]
+
+
+def test_a_cold_prefix_goes_by_the_ring() -> None:
+    index, p, c = setup()
+    hold(index, c[0].key, list(range(5000, 5032)))
+    ring = PrefixAware(SchedulerConfig())
+    for text in ("a", "b", "c", "d"):
+        got = p.select(Role.PREFILL, c, RequestInfo(0, "m", text, tuple(PROMPT)))
+        assert got is ring.select(Role.PREFILL, c, RequestInfo(0, "m", text))
+    assert p.cold == 4 and p.fallbacks == 0
+
+
+def test_sglang_candidates_are_hashed_the_sglang_way() -> None:
+    from dataclasses import replace
+
+    from motor_common.domain import EngineType
+    from motor_common.kv_events import sglang_block_hashes
+
+    index = KvIndex()
+    c = [replace(x, instance=replace(x.instance, engine_type=EngineType.SGLANG)) for x in cands(2)]
+    for x in c:
+        index.add_engine(x.key, "m")
+        index.apply(x.key, 0, EventBatch(0.0, ()))
+    index.apply(c[1].key, 1, EventBatch(0.0, (BlockStored(tuple(sglang_block_hashes(PROMPT, 16)), None, (), 16),)))
+    assert KvEvents(SchedulerConfig(), index).select(Role.PREFILL, c, req(0, PROMPT)) is c[1]
 
 
 def test_falls_back_to_the_ring_without_token_ids_or_live_streams() -> None:

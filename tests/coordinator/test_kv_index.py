@@ -167,3 +167,16 @@ def test_restarted_forgets_blocks_and_accepts_any_next_seq() -> None:
     assert i.restarts("a") == 1 and i.block_count("a") == 0 and i.is_stale("a")
     assert i.apply("a", 0, stored(3), replayed=True) == Applied()
     assert i.prefix_lengths("m", [3], ["a"]) == {"a": 1}
+
+
+def test_a_live_copy_of_a_replayed_batch_0_is_a_duplicate_not_a_restart() -> None:
+
+    index = KvIndex()
+    index.add_engine("e", "m")
+    batch = EventBatch(0.0, (BlockStored((1, 2), None, (), 16),))
+    assert isinstance(index.apply("e", 0, batch, replayed=True), Applied)
+    assert isinstance(index.apply("e", 0, batch), Duplicate)  # queued live while the replay ran
+    assert index.restarts("e") == 0 and index.block_count("e") == 2
+    assert isinstance(index.apply("e", 1, EventBatch(0.0, ())), Applied)
+    assert isinstance(index.apply("e", 0, batch), Applied)  # live 0 after live 1: a restart
+    assert index.restarts("e") == 1

@@ -30,7 +30,7 @@ def req(seq: int = 0, prefix: str = "") -> RequestInfo:
 def test_unknown_policy_is_a_config_error_naming_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="least_load"):
         make_policy(SchedulerConfig(policy="fastest"))
-    assert set(POLICIES) == {"round_robin", "least_load", "prefix_aware"}
+    assert set(POLICIES) == {"round_robin", "least_load", "prefix_aware", "kv_events"}
 
 
 def test_round_robin_cycles_by_sequence_number() -> None:

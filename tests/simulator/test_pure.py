@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from motor_sim import tokenizer
+from motor_common import toy_tokenizer as tokenizer
 from motor_sim.costmodel import CostModel
 from motor_sim.faults import FaultMode, InvalidFault, parse_fault
 from motor_sim.generator import (

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 from prometheus_client import REGISTRY
 
@@ -26,16 +27,21 @@ from motor_coordinator.dispatcher import Dispatcher
 from motor_coordinator.election import EtcdLeadership
 from motor_coordinator.engine_client import EngineClient
 from motor_coordinator.http_front import CoordinatorBackend, HttpFront
+from motor_coordinator.kv_index import KvIndex
+from motor_coordinator.kv_sources import event_sources
+from motor_coordinator.kv_subscriber import KvEventSubscriber
 from motor_coordinator.leadership import Leadership, Standalone
 from motor_coordinator.monitor import Monitor
-from motor_coordinator.policies import make_policy
+from motor_coordinator.policies import NEEDS_KV_EVENTS, PolicyContext, make_policy
 from motor_coordinator.precision_monitor import PrecisionMonitor
 from motor_coordinator.precision_routing import PrecisionAwareScheduler
 from motor_coordinator.promotion import ControllerAlarms, PromotionAnnouncer
+from motor_coordinator.prompt_tokens import prompt_token_ids
 from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
+from motor_coordinator.request import ParsedRequest
 from motor_coordinator.state_metrics import CoordinatorCollector
 
 log = logging.getLogger(__name__)
@@ -56,14 +62,24 @@ class Coordinator:
         self.announcer: PromotionAnnouncer | None = None
         self.address = ""
         d = cfg.dispatch
+        kv = cfg.scheduler.kv_events
+        self.kv_index = KvIndex(kv.max_blocks_per_engine)
+        # Only a policy that routes by KV events subscribes to the engines' event streams.
+        self.kv_events: KvEventSubscriber | None = None
+        token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None
+        if cfg.scheduler.policy in NEEDS_KV_EVENTS:
+            self.kv_events = KvEventSubscriber(self.kv_index, replay_timeout_s=kv.replay_timeout_sec)
+            token_ids = partial(prompt_token_ids, tokenizer=kv.tokenizer, limit=kv.max_prompt_tokens)
+        self.policy = make_policy(cfg.scheduler, PolicyContext(self.kv_index))
         self.scheduler = PrecisionAwareScheduler(
-            make_policy(cfg.scheduler),
+            self.policy,
             breaker_failures=d.circuit_breaker_failures,
             breaker_cooldown=d.circuit_breaker_cooldown_sec,
         )
         self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec)
         self.dispatcher = Dispatcher(
-            self.scheduler, self.client, default_adapters(), d, prefix_chars=cfg.scheduler.prefix_chars
+            self.scheduler, self.client, default_adapters(), d, prefix_chars=cfg.scheduler.prefix_chars,
+            token_ids=token_ids,
         )
         self.monitor = Monitor(
             self.scheduler, self.client,
@@ -109,6 +125,8 @@ class Coordinator:
     def commit(self, new: RegistryState) -> None:
         """Scheduler first, then the mirror: no await between validation and this call."""
         self.scheduler.accept(new)
+        if self.kv_events is not None:
+            self.kv_events.set_sources(event_sources(new.instances.values()))
         became_authoritative = new.authoritative and not self.state.authoritative
         self.state = new
         if became_authoritative:
@@ -231,6 +249,8 @@ class Coordinator:
             await self.http.stop()
         await self.server.stop(grace)
         await self.tasks.close()
+        if self.kv_events is not None:
+            await self.kv_events.close()
         await self.precision.close()
         if self.ops is not None:
             await self.ops.stop()

@@ -8,9 +8,11 @@ the HA keys.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from motor_common import ports
 from motor_common.grpc_server import ServerConfig
+from motor_common.kv_events import DEFAULT_VLLM_SEED
 from motor_common.logs import LogConfig
 from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
@@ -19,6 +21,38 @@ from motor_common.tracing import TracingConfig
 from motor_coordinator.precision_config import PrecisionConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
+
+
+@dataclass(frozen=True)
+class KvEventsConfig:
+    """The ``kv_events`` policy (docs/kv-events.md): the coordinator subscribes to the KV-cache
+    events of every prefill/union endpoint that announces a ``kv_events_port``."""
+
+    # Token ids of text/chat prompts: "none" (only prompts given as ids are hashed; the others
+    # go by the ring) or "simulator" (motor-sim's tokenizer and chat template: exact for motor-sim).
+    tokenizer: Literal["none", "simulator"] = "none"
+    # The engines' --block-size (vLLM) / --page-size (SGLang), in tokens.
+    block_size: int = 16
+    # vLLM's hash seed (PYTHONHASHSEED of the engines; vLLM's default when unset).
+    hash_seed: str = DEFAULT_VLLM_SEED
+    # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (its default 1): hashes travel as 64-bit ints.
+    int_hashes: bool = True
+    # Prompt tokens hashed at most (leading blocks only; bounds the work per request).
+    max_prompt_tokens: int = 8192
+    # Block hashes remembered per engine (least recently stored dropped first).
+    max_blocks_per_engine: int = 200_000
+    # Deadline of each message of a replay (catch-up after a reconnect or a gap).
+    replay_timeout_sec: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.block_size <= 4096:
+            raise ValueError("scheduler.kv_events.block_size must be in [1, 4096]")
+        if not 1 <= self.max_prompt_tokens <= 1_000_000:
+            raise ValueError("scheduler.kv_events.max_prompt_tokens must be in [1, 1000000]")
+        if self.max_blocks_per_engine < 1:
+            raise ValueError("scheduler.kv_events.max_blocks_per_engine must be >= 1")
+        if self.replay_timeout_sec <= 0:
+            raise ValueError("scheduler.kv_events.replay_timeout_sec must be > 0")
 
 
 @dataclass(frozen=True)
@@ -32,6 +66,8 @@ class SchedulerConfig:
     prefix_load_slack: float = 4.0
     # least_load: weight of the engine's KV-cache usage (0..1) in the load score.
     kv_usage_weight: float = 4.0
+    # kv_events: where the KV events come from and how prompts are hashed.
+    kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 1:

@@ -127,8 +127,11 @@ class Dispatcher:
         cfg: DispatchConfig,
         *,
         prefix_chars: int = 256,
+        token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        # The prompt's token ids for policies that hash them (kv_events); None: not computed.
+        self.token_ids = token_ids
         self.client = client
         self.adapters = adapters
         self.cfg = cfg
@@ -157,7 +160,8 @@ class Dispatcher:
             fate.trace.end(error)
 
     async def _once(self, req: ParsedRequest, request_id: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
-        info = RequestInfo(next(self._seq), req.model, prompt_prefix(req, self.prefix_chars))
+        ids = self.token_ids(req) if self.token_ids is not None else None
+        info = RequestInfo(next(self._seq), req.model, prompt_prefix(req, self.prefix_chars), ids)
         route = self.scheduler.route(info)
         if route.union is not None:
             stream = self._union(req, route.union, info, request_id, fate)

@@ -5,7 +5,8 @@ model, so two models' indexes never mix). Every engine's event stream carries se
 
 - ``seq == last + 1`` (or the first batch seen): applied.
 - ``seq == 0`` live after any batch: the engine restarted (its publisher counts from 0 again):
-  the engine's blocks are dropped, then the batch is applied.
+  the engine's blocks are dropped, then the batch is applied — unless the last batch came from a
+  replay and this one is not newer: then it is the live copy of a replayed batch (a duplicate).
 - ``seq <= last`` otherwise: a duplicate (replayed twice, or live batches that a replay already
   delivered), ignored. A restart whose batch 0 was lost looks like duplicates until the stream
   passes ``last``; the subscriber therefore also resets an engine that re-registers
@@ -61,6 +62,8 @@ class _Engine:
     stale: bool = False
     blocks: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
     restarts: int = 0
+    # the last applied batch came from a replay: live copies of it may still be queued
+    last_replayed: bool = False
 
 
 class KvIndex:
@@ -95,6 +98,9 @@ class KvIndex:
     def has_engine(self, engine: str) -> bool:
         return engine in self._engines
 
+    def model_of(self, engine: str) -> str:
+        return self._engines[engine].model
+
     def last_seq(self, engine: str) -> int | None:
         return self._engines[engine].last_seq
 
@@ -107,6 +113,13 @@ class KvIndex:
         e = self._engines.get(engine)
         if e is not None:
             e.stale = True
+
+    def mark_live(self, engine: str) -> None:
+        """The stream is whole again (caught up after a reconnect): trust it, once it has a
+        position (an engine that has published nothing since its restart stays unknown)."""
+        e = self._engines.get(engine)
+        if e is not None and e.last_seq is not None:
+            e.stale = False
 
     def block_count(self, engine: str) -> int:
         return len(self._engines[engine].blocks)
@@ -124,6 +137,10 @@ class KvIndex:
         if e is None:
             raise KeyError(engine)
         if e.last_seq is not None:
+            if not replayed and e.last_replayed and seq <= e.last_seq:
+                # live copies of batches a replay already delivered (queued while it ran); a
+                # restart meanwhile is caught by the reconnect's replay
+                return Duplicate()
             if seq == 0 and not replayed:
                 # A live stream only repeats 0 when the engine's publisher restarted.
                 e.restarts += 1
@@ -136,6 +153,7 @@ class KvIndex:
                 return Gap(e.last_seq + 1)
         self._apply_events(engine, e, batch)
         e.last_seq = seq
+        e.last_replayed = replayed
         e.stale = False
         return Applied()
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from motor_common.kv_events import (
     END_SEQ,
@@ -85,7 +86,8 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
         sub.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
-        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED)
+        sub.setsockopt(zmq.IPV6, 1)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(src.endpoint)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
@@ -94,7 +96,11 @@ class KvEventSubscriber:
             while True:
                 ready = dict(await poller.poll())
                 if monitor in ready:
-                    await monitor.recv_multipart()
+                    event = parse_monitor_message(await monitor.recv_multipart())
+                    if event["event"] == zmq.EVENT_DISCONNECTED:
+                        # the engine is gone (or restarting): what it held is not to be trusted
+                        self.index.mark_stale(src.engine)
+                        continue
                     # (re)connected: the engine may have restarted and published while we were
                     # away (ZMQ drops what a SUB missed): catch up from its replay buffer
                     if src.replay_endpoint is not None:
@@ -138,11 +144,15 @@ class KvEventSubscriber:
         if got is None:
             return
         last = self.index.last_seq(src.engine) if self.index.has_engine(src.engine) else None
-        if reconnect and got and last is not None and int.from_bytes(got[-1][0], "big", signed=True) < last:
+        # An engine keeps its last batches for replay: an empty buffer, or one that ends before
+        # what we applied, after a reconnect means it restarted.
+        if reconnect and last is not None and (not got or int.from_bytes(got[-1][0], "big", signed=True) < last):
             log.info("engine %s restarted (its KV events went back); index reset", src.engine)
             self.index.restarted(src.engine)
         for seq_frame, payload in got:
             await self._handle(src, seq_frame, payload, replayed=True)
+        if reconnect:
+            self.index.mark_live(src.engine)  # caught up: trusted again (a reconnect marked it stale)
 
     async def _fetch_replay(self, src: EventSource, start: int) -> list[tuple[bytes, bytes]] | None:
         assert src.replay_endpoint is not None

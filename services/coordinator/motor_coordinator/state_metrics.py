@@ -1,15 +1,17 @@
 """The coordinator's state as Prometheus gauges, read at scrape time: registry generation and
-size, whether the registry is authoritative, election role and isolation."""
+size, whether the registry is authoritative, election role and isolation, and (policy kv_events)
+what the KV-event index holds per engine and how the policy decided."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from motor_common.leadership import LeaderRole
+from motor_coordinator.policies.kv_events import KvEvents
 
 if TYPE_CHECKING:
     from motor_coordinator.app import Coordinator
@@ -22,7 +24,7 @@ class CoordinatorCollector(Collector):
     def describe(self) -> list[GaugeMetricFamily]:
         return []  # built per scrape; no name reservation in the registry
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         state, lead = self.app.state, self.app.leadership
         gen = GaugeMetricFamily("motor_coordinator_registry_generation",
                                 "Generation of the instance registry (the controller's last applied write)")
@@ -56,3 +58,31 @@ class CoordinatorCollector(Collector):
             n = sum(sched.inflight(ep) for ep in inst.endpoints)
             inflight.add_metric([str(iid), inst.role.value, inst.model_name], float(n))
         yield inflight
+        yield from self._kv_events()
+
+    def _kv_events(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        if self.app.kv_events is None:
+            return
+        index = self.app.kv_index
+        blocks = GaugeMetricFamily("motor_coordinator_kv_index_blocks",
+                                   "KV blocks the engine holds per its KV events (policy kv_events)",
+                                   labels=["engine", "model"])
+        stale = GaugeMetricFamily("motor_coordinator_kv_index_stale",
+                                  "1 while the engine's KV-event stream is not trusted (disconnected, gap, "
+                                  "nothing received yet): it counts as holding nothing",
+                                  labels=["engine", "model"])
+        for engine in sorted(index.engines()):
+            model = index.model_of(engine)
+            blocks.add_metric([engine, model], float(index.block_count(engine)))
+            stale.add_metric([engine, model], 1.0 if index.is_stale(engine) else 0.0)
+        yield blocks
+        yield stale
+        policy = self.app.policy
+        if isinstance(policy, KvEvents):
+            routed = CounterMetricFamily("motor_coordinator_kv_events_decisions",
+                                         "Prefill choices of the kv_events policy: by held prefix, by the ring "
+                                         "for a cold prefix, by the ring without usable events or token ids",
+                                         labels=["decision"])
+            for name, n in (("prefix", policy.routed), ("cold", policy.cold), ("fallback", policy.fallbacks)):
+                routed.add_metric([name], float(n))
+            yield routed

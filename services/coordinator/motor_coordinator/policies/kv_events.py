@@ -9,12 +9,16 @@ second engine once the first is that much busier (and that engine then caches it
 the candidate order (stable).
 
 Falls back to ``prefix_aware`` (the ring) when the request has no token ids, when it is shorter
-than one block, or when no candidate has a live, gap-free event stream (stale or unknown engines
-count as holding nothing, so a partly stale set still uses what is known). Decode uses least load.
+than one block, when no candidate has a live, gap-free event stream (stale or unknown engines
+count as holding nothing, so a partly stale set still uses what is known), or when no candidate
+holds even the first block (a cold prefix: the ring spreads cold prefixes, the events then follow
+wherever they were cached). Decode uses least load.
 
-Pure: no I/O; the index is fed elsewhere (:mod:`motor_coordinator.kv_subscriber`).
-NOT registered in ``POLICIES`` yet: the coordinator does not yet learn the engines' event ports nor
-fill :attr:`RequestInfo.token_ids` (docs/kv-events.md, notes/kvroute.md).
+Hashing follows the candidates' engine type (vLLM or SGLang) unless :class:`BlockHashing` names
+a flavour; block size, seed and int form come from ``scheduler.kv_events``.
+
+Pure: no I/O; the index is fed elsewhere (:mod:`motor_coordinator.kv_subscriber`), token ids
+come from :mod:`motor_coordinator.prompt_tokens`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from motor_common.domain import Role
+from motor_common.domain import EngineType, Role
 from motor_common.kv_events import DEFAULT_VLLM_SEED, Flavour, block_hashes
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
@@ -35,7 +39,7 @@ from motor_coordinator.policies.prefix_aware import PrefixAware
 class BlockHashing:
     """How the model's engines hash blocks (``--block-size`` / ``--page-size``, hash seed)."""
 
-    flavour: Flavour = Flavour.VLLM
+    flavour: Flavour | None = None  # None: the candidates' engine type
     block_size: int = 16
     seed: str = DEFAULT_VLLM_SEED
     int_hashes: bool = True  # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1)
@@ -46,12 +50,15 @@ class KvEvents:
 
     def __init__(self, cfg: SchedulerConfig, index: KvIndex, hashing: BlockHashing | None = None) -> None:
         self.index = index
-        self.hashing = hashing or BlockHashing()
+        k = cfg.kv_events
+        self.hashing = hashing or BlockHashing(None, k.block_size, k.hash_seed, k.int_hashes)
         self.prefix_weight = cfg.prefix_load_slack
         self.kv_usage_weight = cfg.kv_usage_weight
         self.ring = PrefixAware(cfg)
         self.least = LeastLoad(cfg)
-        self.fallbacks = 0
+        self.fallbacks = 0  # no ids, too short, or every candidate stale
+        self.cold = 0  # nobody holds the first block
+        self.routed = 0  # chosen by held prefix and load
 
     def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
         token_ids = req.token_ids
@@ -63,8 +70,16 @@ class KvEvents:
         keys = [c.key for c in candidates]
         if all(self.index.is_stale(k) for k in keys):
             return self._fallback(role, candidates, req)
-        hashes = block_hashes(h.flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
+        flavour = h.flavour
+        if flavour is None:
+            sglang = candidates[0].instance.engine_type is EngineType.SGLANG
+            flavour = Flavour.SGLANG if sglang else Flavour.VLLM
+        hashes = block_hashes(flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
         held = self.index.prefix_lengths(req.model, hashes, keys)
+        if not any(held.values()):
+            self.cold += 1
+            return self.ring.select(role, candidates, req)
+        self.routed += 1
         total = len(hashes)
         best = candidates[0]
         best_cost = float("inf")

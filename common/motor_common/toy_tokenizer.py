@@ -1,4 +1,5 @@
-"""Deterministic toy tokenizer and chat template (pure, no I/O).
+"""Deterministic toy tokenizer and chat template of motor-sim (pure, no I/O), shared with the
+coordinator so that its kv_events policy hashes the very token ids a simulator engine caches.
 
 Words and punctuation marks are tokens; a token id is the CRC-32 of its text (31 bits), so the
 same text always yields the same ids in every process, and generated words (see ``generator``)
