@@ -45,6 +45,7 @@ class EtcdElection:
         check_interval: float,
         on_change: OnChange | None = None,
         call_timeout: float = 1.0,
+        may_acquire: Callable[[], str | None] | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("etcd election needs at least one endpoint")
@@ -56,6 +57,10 @@ class EtcdElection:
             log.warning(note)
         self.call_timeout = min(call_timeout, self.ttl / 3)
         self._on_change = on_change
+        # Asked before taking a free lock: None = go ahead, else why this candidate holds back
+        # (it only observes; it keeps asking every check interval).
+        self._may_acquire = may_acquire
+        self._holding_back = ""
         self.view: Leadership = lship.initial_candidate()
         self._client: Any = None
         self._lease: Any = None
@@ -149,8 +154,17 @@ class EtcdElection:
         current = await self._call(client.get(self.key))
         if current is not None:
             # Held (cheap path: one read per check, no lease churn while a master exists).
+            self._holding_back = ""
             await self._publish(lship.observed_holder(self.view, self._holder_name(current.value)))
             return
+        wait = self._may_acquire() if self._may_acquire is not None else None
+        if wait is not None:
+            if wait != self._holding_back:
+                log.warning("the master lock is free; not taking it yet: %s", wait)
+            self._holding_back = wait
+            await self._publish(lship.observed_holder(self.view, ""))
+            return
+        self._holding_back = ""
         sent = time.monotonic()
         lease = await self._call(client.lease(int(max(2, round(self.ttl)))))
         tx = client.transactions

@@ -5,6 +5,8 @@ Before the head frame nothing has reached the HTTP client, so a request may be s
 * no route (failover in progress): wait up to ``pool.failover_timeout`` for a master;
 * the call failed before its head with a retryable status (``routing.retryable``: coordinator
   unreachable, NOT_MASTER, ISOLATED): probe at once and send it to the (new) master;
+* REGISTRY_NOT_SYNCED (a coordinator elected before the controller synced it): wait for a ready
+  route (``pool.wait_ready``), then send it again;
 * the route moved to another coordinator while we waited for the head (the old master froze or
   was cut off; its call may never answer): cancel it and send the request to the new master.
 
@@ -87,13 +89,18 @@ async def dispatch(
             log.warning("coordinator route moved before the head: resending",
                         extra={"old": route.address, "new": str(moved), "attempt": attempt})
         except grpc.aio.AioRpcError as exc:
-            if pool.single or not retryable(exc.code().name, error_reason(exc)):
+            reason = error_reason(exc)
+            if pool.single or not retryable(exc.code().name, reason):
                 raise
             last_exc = exc
             log.warning("dispatch failed before the head: trying the master again",
                         extra={"coordinator": route.address, "code": exc.code().name,
-                               "reason": error_reason(exc), "attempt": attempt})
-            if pool.route.address == route.address:
+                               "reason": reason, "attempt": attempt})
+            if reason == "REGISTRY_NOT_SYNCED":
+                # Elected before the controller synced it: wait for a ready route (a synced peer,
+                # or this one once its instance set arrives), within the failover bound.
+                await pool.wait_ready(failover_deadline)
+            elif pool.route.address == route.address:
                 # Re-decide first: a fresh probe, or the route change it causes.
                 await _probed(pool, failover_deadline)
     if last_exc is not None:

@@ -143,15 +143,32 @@ class CoordinatorPool:
             except TimeoutError:
                 return self._route
 
+    async def wait_ready(self, deadline: float) -> Route:
+        """The route once it names a *ready* coordinator, or the last route when the monotonic
+        *deadline* passes (a coordinator that just took over may not have its instance set yet)."""
+        while True:
+            route = self._route
+            remaining = deadline - time.monotonic()
+            if (route.address is not None and route.ready) or remaining <= 0 or self.single:
+                return route
+            changed = self._changed
+            self.kick()
+            try:
+                await asyncio.wait_for(changed.wait(), min(remaining, self._probe_interval))
+            except TimeoutError:
+                pass
+
     def _set(self, views: list[CoordinatorView]) -> None:
         self._views.update((v.address, v) for v in views)
         if len(self._views) < len(self._order):
             return  # not every coordinator probed yet: no decision on partial knowledge
         new = choose([self._views[a] for a in self._order], self._route.address)
         old, self._route = self._route, new
-        if (new.address, new.degraded) != (old.address, old.degraded):
+        moved = (new.address, new.degraded) != (old.address, old.degraded)
+        if moved:
             log.warning("coordinator route changed", extra={
                 "old": old.address, "new": new.address, "degraded": new.degraded, "reason": new.reason})
+        if moved or new.ready != old.ready:  # waiters for a ready route wake too (wait_ready)
             changed, self._changed = self._changed, asyncio.Event()
             changed.set()
 

@@ -68,8 +68,14 @@ def choose(views: Sequence[CoordinatorView], current: str | None = None) -> Rout
     return Route(None, reason=f"{NO_MASTER} ({detail})" if detail else NO_MASTER)
 
 
+# Refusals that say "this coordinator cannot take it now, another one (or this one shortly) can".
+RETRYABLE_REASONS = (None, "NOT_MASTER", "ISOLATED", "REGISTRY_NOT_SYNCED")
+
+
 def retryable(code: str, reason: str | None) -> bool:
     """A Dispatch that failed *before its head* may be sent again to the (new) master when the
-    coordinator was unreachable (UNAVAILABLE without ErrorInfo: connect error, reset) or refused
-    because it is not, or no longer, the serving master."""
-    return code == "UNAVAILABLE" and reason in (None, "NOT_MASTER", "ISOLATED")
+    coordinator was unreachable (UNAVAILABLE without ErrorInfo: connect error, reset), refused
+    because it is not, or no longer, the serving master, or has not received its instance set yet
+    (just restarted and elected before the controller's next sync: a synced peer, or this one in
+    a moment, can serve it)."""
+    return code == "UNAVAILABLE" and reason in RETRYABLE_REASONS

@@ -70,3 +70,35 @@ async def test_master_isolates_when_etcd_dies_and_recovers_when_it_returns() -> 
         await etcd.wait_healthy()
         await wait_for(lambda: a.view.serving, timeout=15, what="a serving again")
         await a.stop()
+
+
+@pytest.mark.etcd
+async def test_a_candidate_that_holds_back_leaves_a_free_lock_to_one_that_may_take_it() -> None:
+    """A coordinator not synced yet (``may_acquire`` says why) observes a free lock without taking
+    it; a synced peer takes it; once allowed, the held-back one wins when the lock is free again."""
+    hold: list[str | None] = ["not synced yet"]
+    async with etcd_server() as etcd:
+        b = EtcdElection([etcd.endpoint], "/motor/test/leader", "b", ttl=2, check_interval=0.1,
+                         may_acquire=lambda: hold[0])
+        await b.start()
+        await wait_for(lambda: b._holding_back == "not synced yet", timeout=10,
+                       what="b seeing the free lock and holding back")
+        a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=2, check_interval=0.1)
+        await a.start()
+        await wait_for(lambda: a.view.role is LeaderRole.MASTER, timeout=10, what="a master")
+        await wait_for(lambda: b.view.holder == "a", timeout=10, what="b sees a")
+        assert b.view.role is not LeaderRole.MASTER
+        hold[0] = None
+        await a.stop()  # resigns: b may take the lock now
+        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=5, what="b master")
+        await b.stop()
+
+
+def test_an_unsynced_coordinator_holds_back_only_until_synced_or_the_delay_passed() -> None:
+    from motor_coordinator.leadership import campaign_hold
+
+    why = campaign_hold(synced=False, waited=1.0, delay=10.0)
+    assert why is not None and "not synced" in why and "10 s" in why
+    assert campaign_hold(synced=True, waited=0.0, delay=10.0) is None
+    assert campaign_hold(synced=False, waited=10.0, delay=10.0) is None
+    assert campaign_hold(synced=False, waited=0.0, delay=0.0) is None  # 0: campaign at once

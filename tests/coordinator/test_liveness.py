@@ -79,3 +79,15 @@ def test_forgotten_engines_start_afresh() -> None:
     clock.t += 2
     live.forget(set())
     assert not live.innocent(live.sent(E))
+
+
+def test_alive_since_tells_a_probe_that_waited_while_the_engine_answered_requests() -> None:
+    clock = Clock()
+    live = Liveness(clock)
+    assert not live.alive_since(E, 0.0)  # never heard of
+    live.alive(E)
+    probe_sent = clock.t
+    clock.t += 2
+    assert not live.alive_since(E, probe_sent)  # silent while the probe waited: the failure counts
+    live.alive(E)  # a streamed chunk arrives while the probe still waits
+    assert live.alive_since(E, probe_sent)

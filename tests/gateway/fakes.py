@@ -61,6 +61,7 @@ class FakeDispatch(cgrpc.DispatchServiceServicer):
     script: Script = field(default_factory=lambda: replay(head(), chunk(b'{"ok": true}')))
     ready: bool = True
     reason: str = ""
+    role: int = cpb.COORDINATOR_ROLE_STANDALONE
     models: list[str] = field(default_factory=lambda: ["tiny"])
     requests: list[cpb.DispatchRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
@@ -82,7 +83,8 @@ class FakeDispatch(cgrpc.DispatchServiceServicer):
         )
 
     async def GetReadiness(self, request: cpb.GetReadinessRequest, context: Any) -> cpb.GetReadinessResponse:
-        return cpb.GetReadinessResponse(ready=self.ready, reason=self.reason, role=cpb.COORDINATOR_ROLE_STANDALONE)
+        return cpb.GetReadinessResponse(ready=self.ready, reason=self.reason, role=self.role,
+                                        store_available=True)
 
 
 @contextlib.asynccontextmanager

@@ -68,6 +68,7 @@ def test_a_master_with_nothing_schedulable_still_gets_requests_for_its_precise_e
 def test_only_pre_head_unavailability_and_role_refusals_are_retried() -> None:
     assert retryable("UNAVAILABLE", None)
     assert retryable("UNAVAILABLE", "NOT_MASTER") and retryable("UNAVAILABLE", "ISOLATED")
+    assert retryable("UNAVAILABLE", "REGISTRY_NOT_SYNCED")  # elected before its first sync
     assert not retryable("UNAVAILABLE", "NO_SCHEDULABLE_INSTANCE")
     assert not retryable("UNAVAILABLE", "PREFILL_FAILED")
     assert not retryable("DEADLINE_EXCEEDED", None)

@@ -22,6 +22,7 @@ import orjson
 
 from motor_common.domain import Instance, NodeSpec
 from motor_common.errors import MotorError, NotFound
+from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_controller import codec, operator_pause
 from motor_controller import scale_down as sdown
@@ -55,7 +56,6 @@ from motor_controller.push_plan import desired_view, fingerprint
 from motor_controller.pusher import CoordinatorPusher
 from motor_controller.reconcile import World, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
-from motor_controller.stall_clock import StallCompensatedClock
 from motor_controller.store import Store
 from motor_controller.strategies.await_recovery import AwaitRecovery
 from motor_controller.strategies.dp_scale_down import DpScaleDown, ScaleDownPeers
@@ -216,18 +216,9 @@ class Controller:
                    "reattach_grace_sec": self.config.reattach_grace()},
         )
 
-    async def _lag_monitor(self, clock: StallCompensatedClock) -> None:
-        while True:
-            await asyncio.sleep(clock.period)
-            stall = clock.tick()
-            if stall >= 1.0:
-                log.warning("event loop stalled: %.1fs not counted in heartbeat ages", stall,
-                            extra={"stalled_total_sec": round(clock.stalled_total, 1)})
-
     def start(self) -> None:
         if self.stall_clock is not None and len(self._clock_tasks) == 0:
-            self.stall_clock.tick()  # the time before the monitor ran is not a stall
-            self._clock_tasks.spawn(self._lag_monitor(self.stall_clock), name="lag-monitor")
+            self._clock_tasks.spawn(lag_monitor(self.stall_clock, log, "heartbeat ages"), name="lag-monitor")
         self.acting = True
         self._tasks.spawn(self._reconcile_loop(), name="reconcile")
         for rec in list(self.scale_downs.values()):

@@ -17,6 +17,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.openai_front.app import read_api_key
 from motor_common.ops_http import OpsHttpServer
+from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
 from motor_coordinator.adapters import default_adapters
@@ -30,7 +31,7 @@ from motor_coordinator.http_front import CoordinatorBackend, HttpFront
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_sources import event_sources
 from motor_coordinator.kv_subscriber import KvEventSubscriber
-from motor_coordinator.leadership import Leadership, Standalone
+from motor_coordinator.leadership import Leadership, Standalone, campaign_hold
 from motor_coordinator.monitor import Monitor
 from motor_coordinator.policies import NEEDS_KV_EVENTS, PolicyContext, make_policy
 from motor_coordinator.precision_monitor import PrecisionMonitor
@@ -71,10 +72,14 @@ class Coordinator:
             self.kv_events = KvEventSubscriber(self.kv_index, replay_timeout_s=kv.replay_timeout_sec)
             token_ids = partial(prompt_token_ids, tokenizer=kv.tokenizer, limit=kv.max_prompt_tokens)
         self.policy = make_policy(cfg.scheduler, PolicyContext(self.kv_index))
+        # Engine silence and breaker cool-downs are measured on a clock that stops while this
+        # process is frozen or starved (stall_clock.py): waking up, it does not blame the engines.
+        self.stall_clock = StallCompensatedClock()
         self.scheduler = PrecisionAwareScheduler(
             self.policy,
             breaker_failures=d.circuit_breaker_failures,
             breaker_cooldown=d.circuit_breaker_cooldown_sec,
+            clock=self.stall_clock,
         )
         self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec)
         self.dispatcher = Dispatcher(
@@ -199,6 +204,7 @@ class Coordinator:
         port = await self.server.start()
         self.address = self.cfg.ha.advertise_address or f"{self.cfg.server.host}:{port}"
         self._dirty = asyncio.Event()
+        self.tasks.spawn(lag_monitor(self.stall_clock, log, "engine silence"), name="lag-monitor")
         await self._apply_readiness()
         await self._start_election()
         self.precision.start(self.address, self.server.client_key, self.cfg.server.tls)
@@ -236,7 +242,9 @@ class Coordinator:
             announcer = self.announcer = PromotionAnnouncer(sink, self.address)
             lead.on_promoted(lambda view: announcer.promoted(view.term))
             lead.on_demoted(lambda _: announcer.cancel())
-        await lead.start(self.cfg.ha.candidate_id or self.address)
+        started, delay = time.monotonic(), self.cfg.ha.unsynced_campaign_delay_sec
+        await lead.start(self.cfg.ha.candidate_id or self.address, lambda: campaign_hold(
+            synced=self.state.authoritative, waited=time.monotonic() - started, delay=delay))
 
     async def stop(self, grace: float | None = None) -> None:
         if isinstance(self.leadership, EtcdLeadership):

@@ -144,6 +144,11 @@ class HaConfig:
     exit_on_lost: bool = False
     # Timeout of one etcd call (capped at master_lock_ttl / 3).
     etcd_call_timeout_sec: float = 1.0
+    # A coordinator whose instance registry the controller has not synced yet (just started or
+    # restarted) does not take a free master lock for up to this many seconds after its start, so a
+    # synced standby wins the failover instead of a peer that would answer REGISTRY_NOT_SYNCED
+    # until the controller's next sync (0: campaign at once). Once synced it campaigns at once.
+    unsynced_campaign_delay_sec: float = 10.0
 
     @property
     def enabled(self) -> bool:
@@ -157,6 +162,8 @@ class HaConfig:
                 raise ValueError(f"ha.etcd_endpoints: {ep!r} is not host:port")
         if self.etcd_call_timeout_sec <= 0:
             raise ValueError("ha.etcd_call_timeout_sec must be > 0")
+        if not 0 <= self.unsynced_campaign_delay_sec <= 300:
+            raise ValueError("ha.unsynced_campaign_delay_sec must be between 0 and 300")
 
 
 @dataclass(frozen=True)

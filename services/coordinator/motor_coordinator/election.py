@@ -86,12 +86,14 @@ class EtcdLeadership:
 
     # -- life cycle ----------------------------------------------------------------------------
 
-    async def start(self, candidate: str) -> None:
+    async def start(self, candidate: str, may_acquire: Callable[[], str | None] | None = None) -> None:
+        """Campaign as *candidate*; *may_acquire* (None = go ahead, else why not yet) is asked
+        before taking a free lock."""
         ha = self._cfg.ha
         self._election = EtcdElection(
             list(ha.etcd_endpoints), ha.election_key, candidate,
             ttl=self.ttl, check_interval=self.check_interval,
-            on_change=self._changed, call_timeout=ha.etcd_call_timeout_sec,
+            on_change=self._changed, call_timeout=ha.etcd_call_timeout_sec, may_acquire=may_acquire,
         )
         log.info("campaigning", extra={"candidate": candidate, "key": ha.election_key,
                                        "ttl": self.ttl, "check_interval": self.check_interval})

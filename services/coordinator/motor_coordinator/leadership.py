@@ -40,3 +40,17 @@ class Standalone:
 
     def subscribe(self, on_change: Callable[[], None]) -> None:
         return None
+
+
+def campaign_hold(*, synced: bool, waited: float, delay: float) -> str | None:
+    """Why a coordinator should not take a free master lock yet (None: take it).
+
+    A coordinator that has not received its instance set (just started or restarted) would
+    answer every request REGISTRY_NOT_SYNCED until the controller's next sync; a synced standby
+    would serve at once. So an unsynced one holds back for *delay* seconds after its start
+    (*waited* so far), and takes the lock after that only if nobody synced took it.
+    """
+    if synced or waited >= delay:
+        return None
+    return (f"this coordinator's instance registry is not synced yet; a synced peer may take the "
+            f"lock first (this one holds back for at most {delay:g} s after its start)")

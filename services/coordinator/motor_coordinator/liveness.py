@@ -86,6 +86,11 @@ class Liveness:
         e = self._engine(a.key)
         return self._clock() - max(a.sent_at, e.last_alive)
 
+    def alive_since(self, key: Key, t: float) -> bool:
+        """The engine gave a sign of life after *t* (e.g. streamed a chunk while a probe waited)."""
+        e = self._engines.get(key)
+        return e is not None and e.last_alive > t
+
     def innocent(self, a: Attempt) -> bool:
         """*a* reached an engine a probe had already found silent (see the module docstring)."""
         w = self._engine(a.key).witness

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -14,6 +15,9 @@ from motor_coordinator.policies import EngineLoad
 from motor_coordinator.scheduler import EndpointKey, ProbeTarget, Scheduler, endpoint_key
 
 log = logging.getLogger(__name__)
+
+# Seconds of this process's own stall during one probe beyond which its failure is not counted.
+STALL_TOLERANCE = 0.5
 
 _GAUGES = {
     EngineType.VLLM: ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
@@ -77,20 +81,32 @@ class Monitor:
 
     async def _probe_one(self, key: EndpointKey, endpoint: Endpoint) -> None:
         try:
-            sent_at = self.scheduler.clock()
-            ok = await self.client.probe(endpoint)
-            if not ok:
-                metrics.PROBE_FAILURES.labels(endpoint.host_port).inc()
-            self.scheduler.record_probe(key, ok, sent_at)
+            await self._probe_and_record(key, endpoint)
         finally:
             self._probing.discard(key)
 
     async def _probe(self, t: ProbeTarget) -> None:
-        sent_at = self.scheduler.clock()
-        ok = await self.client.probe(t.endpoint)
+        await self._probe_and_record(t.key, t.endpoint)
+
+    async def _probe_and_record(self, key: EndpointKey, endpoint: Endpoint) -> None:
+        sent_at, raw_sent = self.scheduler.clock(), time.monotonic()
+        ok = await self.client.probe(endpoint)
         if not ok:
-            metrics.PROBE_FAILURES.labels(t.endpoint.host_port).inc()
-        self.scheduler.record_probe(t.key, ok, sent_at)
+            stalled = (time.monotonic() - raw_sent) - (self.scheduler.clock() - sent_at)
+            if stalled > STALL_TOLERANCE:
+                # This process froze or starved while the probe waited: its timeout says nothing
+                # about the engine (a stall-compensated scheduler clock shows the gap).
+                log.info("health probe of %s timed out across a %.1fs stall of this process: not counted",
+                         endpoint.host_port, stalled)
+                return
+            if self.scheduler.liveness.alive_since(key, sent_at):
+                # It answered requests while the probe waited: slow (a starved API server), not
+                # dead. Hung engines are caught by the first-byte watchdog (liveness.py).
+                log.info("health probe of %s failed while the engine was answering requests: not counted",
+                         endpoint.host_port)
+                return
+            metrics.PROBE_FAILURES.labels(endpoint.host_port).inc()
+        self.scheduler.record_probe(key, ok, sent_at)
 
     async def _scrape(self, t: ProbeTarget) -> None:
         text = await self.client.get_text(t.endpoint, "/metrics")

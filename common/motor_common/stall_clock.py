@@ -1,5 +1,5 @@
-"""Heartbeat ages that survive a busy box: a monotonic clock that stops while this process's event
-loop is stalled (pure; the lag monitor that feeds it lives in the controller).
+"""Timers that survive a busy box: a monotonic clock that stops while this process's event loop is
+stalled (the class is pure; :func:`lag_monitor` is the task that feeds it).
 
 A node is lost when its last heartbeat is older than the timeout. Measured with the raw monotonic
 clock, a controller whose event loop was starved for seconds (CPU contention, a long synchronous
@@ -13,10 +13,16 @@ ticks is a stall and is not counted. Between ticks, reading the clock never runs
 monitor ran) does not count the stall either. Heartbeat ages therefore count missed intervals of
 *responsive* receiving time; on a loop that is merely slow the clock runs slower and a lost node is
 declared later, never earlier.
+
+Users: the controller (heartbeat ages, every fault-manager timer) and the coordinator (how long an
+engine has been silent, breaker cool-downs): a coordinator frozen or starved for seconds does not
+wake up and blame the engines for its own silence.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -52,3 +58,15 @@ class StallCompensatedClock:
         self.stalled_total += stall
         self.longest_stall = max(self.longest_stall, stall)
         return stall
+
+
+async def lag_monitor(clock: StallCompensatedClock, log: logging.Logger, what: str,
+                      warn_after: float = 1.0) -> None:
+    """Feed *clock* forever (run it as an owned task); log each stall of *warn_after* s or more."""
+    clock.tick()  # the time before the monitor ran is not a stall
+    while True:
+        await asyncio.sleep(clock.period)
+        stall = clock.tick()
+        if stall >= warn_after:
+            log.warning("event loop stalled: %.1fs not counted in %s", stall, what,
+                        extra={"stalled_total_sec": round(clock.stalled_total, 1)})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from motor_controller.stall_clock import StallCompensatedClock
+from motor_common.stall_clock import StallCompensatedClock
 
 
 class Raw:
