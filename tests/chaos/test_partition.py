@@ -192,7 +192,8 @@ async def test_partition_cuts_off_the_master_coordinator(tmp_path: Path) -> None
             cfg = {"server": {"management_key_file": str(key_file)}, "master_lock_ttl": 3,
                    "master_standby_check_interval": 0.5,
                    "ha": {"etcd_endpoints": [f"{hub_ip}:2379"], "election_key": "/motor/chaos/leader",
-                          "advertise_address": f"{host}:9100"}}
+                          "advertise_address": f"{host}:9100",
+                          "unsynced_campaign_delay_sec": 0}}  # instances are registered after the election
             (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
             ports = tmp_path / f"{name}.ports.json"
             await start(name, ns, [tool("motor-coordinator"), "--config", str(tmp_path / f"{name}.json"), "--host",

@@ -29,6 +29,7 @@ from motor_controller.strategies.engine_relaunch import (
     classify_dispatch_error,
     dispatch_timeout,
     relaunch_complete,
+    resume_plan,
     unreachable_exceeded,
 )
 from motor_controller.strategies.node_restart import NodeRestart, restart_summary
@@ -76,6 +77,16 @@ def test_phase_two_aborts_only_nodes_whose_restart_was_not_dispatched() -> None:
     assert abort_targets(targets, {"b"}) == [Target("a", "h:1"), Target("c", "h:3")]
     assert abort_targets(targets, {"a", "b", "c"}) == []
     assert abort_targets(targets, set()) == targets
+
+
+def test_a_resumed_relaunch_commands_only_the_nodes_the_previous_controller_did_not_reach() -> None:
+    targets = [Target("a", "h:1"), Target("b", "h:2"), Target("c", "h:3")]
+    dead = status(IID, EndpointStatus.ABNORMAL)
+    todo, relaunching = resume_plan(
+        targets, [status(), status(IID, EndpointStatus.INITIAL, state=NodeState.RELAUNCHING), dead], IID)
+    assert todo == [Target("c", "h:3")] and relaunching == ["b"]  # a: relaunched already (NORMAL)
+    assert resume_plan(targets, [status(), status(), status()], IID) == ([], [])  # finished meanwhile
+    assert resume_plan(targets[:1], [status(IID + 1)], IID) == ([Target("a", "h:1")], [])
 
 
 def test_unreachable_threshold() -> None:
@@ -129,11 +140,29 @@ class FakeNodeManagers:
 TARGETS = [Target("a", "a:1"), Target("b", "b:1")]
 
 
-def strategy(nms: FakeNodeManagers, *, deleted: bool = False, spawned: list[Any] | None = None) -> EngineRelaunch:
+def strategy(nms: FakeNodeManagers, *, deleted: bool = False, spawned: list[Any] | None = None,
+             resumed: bool = False) -> EngineRelaunch:
     def spawn(coro: Coroutine[Any, Any, None]) -> None:
         (spawned if spawned is not None else []).append(asyncio.get_running_loop().create_task(coro))
 
-    return EngineRelaunch(nms, CFG, TARGETS, Progress(), deleted=lambda _: deleted, spawn=spawn)
+    return EngineRelaunch(nms, CFG, TARGETS, Progress(), deleted=lambda _: deleted, spawn=spawn, resumed=resumed)
+
+
+async def test_a_relaunch_resumed_before_its_dispatch_commands_the_dead_engine_now() -> None:
+    """The controller died between the fault report and the RestartEngine call: the nodemanager
+    waits (self-termination frozen) with its engine dead; the next controller must command it."""
+    dead = status(IID, EndpointStatus.ABNORMAL)
+    nms = FakeNodeManagers(statuses={"a:1": [dead, status()], "b:1": [status(IID, state=NodeState.RELAUNCHING),
+                                                                      status()]})
+    result = await strategy(nms, resumed=True).run(managed(IID))
+    assert result.outcome is Outcome.DONE and nms.restarts == ["a:1"] and nms.aborts == []
+
+
+async def test_a_relaunch_that_finished_while_the_controller_was_away_restarts_nothing() -> None:
+    nms = FakeNodeManagers()  # every node runs the instance, all NORMAL
+    result = await strategy(nms, resumed=True).run(managed(IID))
+    assert result.outcome is Outcome.DONE and "away" in result.detail
+    assert nms.restarts == [] and nms.aborts == []
 
 
 async def test_phase_one_relaunches_every_node_and_is_done_when_all_normal() -> None:

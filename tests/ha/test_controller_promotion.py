@@ -79,7 +79,10 @@ async def test_new_master_gets_the_full_instance_set_at_its_own_address_soon_aft
         etcd = await es.enter_async_context(etcd_server())
         ctl = await es.enter_async_context(start_controller(tmp_path, CONTROLLER, management_key=KEY))
         ha = {"master_lock_ttl": 2, "master_standby_check_interval": 0.25, "controller_address": ctl.address,
-              "ha": {"etcd_endpoints": [etcd.endpoint], "election_key": "/motor/promo-test/leader"}}
+              # the controller learns of these coordinators only from their promotion, so they are never
+              # synced before it: campaign at once (docs/ha.md)
+              "ha": {"etcd_endpoints": [etcd.endpoint], "election_key": "/motor/promo-test/leader",
+                     "unsynced_campaign_delay_sec": 0}}
         coords = [await es.enter_async_context(start_coordinator(tmp_path, ha, management_key=KEY, name=n))
                   for n in ("coord-a", "coord-b")]
         nms = [await FakeNodeManager(f"{job}-n0", job, 0, 1, ctl.address, role=role).start()

@@ -83,7 +83,8 @@ async def test_promotion_announced_lost_master_exits_and_graceful_stop_hands_ove
         controller, fake = await es.enter_async_context(fake_controller())
         cfg = {"master_lock_ttl": 3, "master_standby_check_interval": 0.5,
                "controller_address": controller,
-               "ha": {"etcd_endpoints": [etcd.endpoint], "exit_on_lost": True}}
+               # no instance set is ever pushed here: campaign at once (docs/ha.md)
+               "ha": {"etcd_endpoints": [etcd.endpoint], "exit_on_lost": True, "unsynced_campaign_delay_sec": 0}}
         procs: list[Proc] = []
         for name in ("k-a", "k-b", "k-c"):
             procs.append(await es.enter_async_context(

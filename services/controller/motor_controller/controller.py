@@ -227,12 +227,16 @@ class Controller:
                                                                        "phase": rec.phase.value})
                 self.fault_manager.resume(rec.instance_id, DP_SCALE_DOWN)
         for mi in list(self.instances.values()):
-            # Left RECOVERING by a controller that died mid-strategy (e.g. during an engine relaunch,
-            # which the nodemanager finishes on its own): watch it recover; if it does not within
-            # await_recovery_timeout_sec, the usual escalation relaunches it. Never left paused.
+            # Left RECOVERING by a controller that died mid-strategy. An engine relaunch is resumed
+            # (idempotent: nodes already relaunching or relaunched get no second command, one the
+            # previous controller never reached gets it now: engine_relaunch.resume_plan); any other
+            # recovery is watched; if it does not recover within await_recovery_timeout_sec, the
+            # usual escalation relaunches it. Never left paused.
             if mi.state is InstanceState.RECOVERING and mi.id not in self.fault_manager.running:
-                if self.fault_manager.resume(mi.id, AWAIT_RECOVERY):
-                    log.warning("resuming an interrupted recovery", extra={"instance_id": mi.id, "reason": mi.reason})
+                name = ENGINE_RELAUNCH if mi.reason.endswith(ENGINE_RELAUNCH) else AWAIT_RECOVERY
+                if self.fault_manager.resume(mi.id, name):
+                    log.warning("resuming an interrupted recovery", extra={"instance_id": mi.id, "reason": mi.reason,
+                                                                          "strategy": name})
         for alarm in self.alarms.active():  # raised before a restart or takeover: recover now
             if self._start_precision_recovery(alarm):
                 log.warning("resumed precision alarm recovery", extra={"instance_ids": list(alarm.instance_ids)})
@@ -371,7 +375,8 @@ class Controller:
             if len(targets) != len(mi.node_ids):
                 return None  # some node is not even registered: nothing to relaunch with
             return EngineRelaunch(self.node_managers, ft, targets, progress, deleted=deleted, spawn=spawn,
-                                  clock=self._clock, call_margin=self.config.rpc_timeout_sec)  # fmt: skip
+                                  clock=self._clock, call_margin=self.config.rpc_timeout_sec,
+                                  resumed=progress.phase == "recovered")  # fmt: skip
         if name == AWAIT_RECOVERY:
             return AwaitRecovery(ft, progress, healthy=self.instance_healthy, deleted=deleted, clock=self._clock)
         if name == NODE_RESTART:

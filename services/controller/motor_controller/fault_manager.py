@@ -125,6 +125,7 @@ class FaultManager:
         if mi is None or not mi.live or mi.blocked or mi.id in self.running:
             return False
         progress = self.progress.setdefault(mi.id, Progress())
+        progress.phase = "recovered"  # tells the factory it resumes (engine_relaunch.resume_plan)
         strategy = self._build(name, mi, progress, mi.node_ids, self._spawn_abort)
         if strategy is None:
             return False

@@ -85,6 +85,24 @@ def relaunch_complete(status: NodeStatus, instance_id: int) -> bool:
     )
 
 
+def resume_plan(
+    targets: Sequence[Target], statuses: Sequence[NodeStatus], instance_id: int
+) -> tuple[list[Target], list[str]]:
+    """A relaunch resumed after a controller restart: (nodes to dispatch to, nodes already
+    relaunching). A node that runs the instance with every endpoint NORMAL again needs nothing; one
+    whose state is RELAUNCHING got the previous controller's command; every other one (its engine
+    still dead: the previous controller died before dispatching) gets the command now. Nothing to
+    dispatch and nothing relaunching = the relaunch finished while the controller was away."""
+    todo: list[Target] = []
+    relaunching: list[str] = []
+    for t, st in zip(targets, statuses, strict=True):
+        if st.state is NodeState.RELAUNCHING:
+            relaunching.append(t.node_id)
+        elif not relaunch_complete(st, instance_id):
+            todo.append(t)
+    return todo, relaunching
+
+
 def abort_targets(targets: Sequence[Target], dispatched: Iterable[str]) -> list[Target]:
     """Phase 2: only nodemanagers whose restart was not dispatched get an abort."""
     done = set(dispatched)
@@ -111,7 +129,11 @@ class EngineRelaunch:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         call_margin: float = 5.0,
+        resumed: bool = False,
     ) -> None:
+        # Resumed by a controller that restarted mid-relaunch: the previous one may have dispatched
+        # to some or all nodes already (see resume_plan).
+        self.resumed = resumed
         self._nms = node_managers
         self._margin = call_margin
         self._deadline = 0.0
@@ -147,12 +169,20 @@ class EngineRelaunch:
             return await self._phase2(mi, f"nodemanagers unreachable: {', '.join(down)}")
         if self._deleted(mi.id):
             return StrategyResult(Outcome.ABORTED, "instance deleted")
-        # dispatch RestartEngine(RESTART) to all
+        todo = list(self.targets)
+        if self.resumed:
+            statuses = [r for r in probes if not isinstance(r, BaseException)]
+            todo, relaunching = resume_plan(self.targets, statuses, mi.id)
+            self.dispatched.update(relaunching)
+            if not todo and not relaunching:
+                self._phase("done")
+                return StrategyResult(Outcome.DONE, "relaunched while the controller was away")
+        # dispatch RestartEngine(RESTART) to all (resumed: to those not relaunching or relaunched)
         self._phase("dispatch")
         self.progress.relaunch_attempts += 1
         self._deadline = deadline = self._clock() + self._cfg.engine_relaunch_complete_timeout_sec
-        results = await asyncio.gather(*(self._dispatch(t, mi.id) for t in self.targets))
-        failed = [f"{t.node_id}: {err}" for t, err in zip(self.targets, results, strict=True) if err]
+        results = await asyncio.gather(*(self._dispatch(t, mi.id) for t in todo))
+        failed = [f"{t.node_id}: {err}" for t, err in zip(todo, results, strict=True) if err]
         if self._deleted(mi.id):
             return StrategyResult(Outcome.ABORTED, "instance deleted")
         if failed:
