@@ -60,20 +60,39 @@ class Engines:
             text += f",bootstrap={sim.extra['bootstrap_port']}"
         if "side_channel_port" in sim.extra:
             text += f",kv={sim.extra['side_channel_port']}"
+        if "kv_events_port" in sim.extra:
+            text += f",kv_events={sim.extra['kv_events_port']},kv_events_replay={sim.extra['kv_events_replay_port']}"
         return text
 
 
 @asynccontextmanager
 async def start_engines(flavour: str, log_dir: Path, sim_args: Sequence[str], *, prefills: int = 1,
-                        decodes: int = 1) -> AsyncIterator[Engines]:
+                        decodes: int = 1, prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
+                        kv_events: bool = False) -> AsyncIterator[Engines]:
+    """*kv_events*: prefill engines publish KV-cache events (the engine's own ``--kv-events-config``
+    on free ports, in ``Proc.extra`` and announced by :meth:`Engines.endpoint_arg`)."""
     cap = ["--max-num-seqs", "512"] if flavour == "vllm" else ["--max-running-requests", "512"]
     async with AsyncExitStack() as es:
-        ps = [await es.enter_async_context(start_simulator(
-            flavour, "prefill", log_dir, model=MODEL, extra_args=[*cap, *sim_args], name=f"{flavour}-p{i}"))
-            for i in range(prefills)]
+        ps = []
+        for i in range(prefills):
+            events: list[str] = []
+            ports: dict[str, int] = {}
+            if kv_events:
+                ports = {"kv_events_port": free_port(), "kv_events_replay_port": free_port()}
+                cfg: dict[str, Any] = {"publisher": "zmq", "endpoint": f"tcp://*:{ports['kv_events_port']}",
+                                       "replay_endpoint": f"tcp://*:{ports['kv_events_replay_port']}",
+                                       "topic": "kv-events"}
+                if flavour == "vllm":
+                    cfg["enable_kv_cache_events"] = True
+                events = ["--kv-events-config", json.dumps(cfg)]
+            p = await es.enter_async_context(start_simulator(
+                flavour, "prefill", log_dir, model=MODEL, extra_args=[*cap, *sim_args, *prefill_args, *events],
+                name=f"{flavour}-p{i}"))
+            p.extra.update(ports)
+            ps.append(p)
         ds = [await es.enter_async_context(start_simulator(
-            flavour, "decode", log_dir, model=MODEL, extra_args=[*cap, *sim_args], name=f"{flavour}-d{i}"))
-            for i in range(decodes)]
+            flavour, "decode", log_dir, model=MODEL, extra_args=[*cap, *sim_args, *decode_args],
+            name=f"{flavour}-d{i}")) for i in range(decodes)]
         yield Engines(flavour, ps, ds)
 
 

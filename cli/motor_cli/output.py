@@ -18,6 +18,10 @@ def endpoint_text(inst: Instance) -> str:
             text += f",bootstrap={ep.bootstrap_port}"
         if ep.kv_port:
             text += f",kv={ep.kv_port}"
+        if ep.kv_events_port:
+            text += f",kv_events={ep.kv_events_port}"
+        if ep.kv_events_replay_port:
+            text += f",kv_events_replay={ep.kv_events_replay_port}"
         parts.append(text)
     return " ".join(parts)
 
@@ -32,7 +36,8 @@ def instance_dict(inst: Instance) -> dict[str, Any]:
         "status": inst.status.value,
         "endpoints": [
             {"id": ep.id, "ip": ep.ip, "port": ep.business_port, "bootstrap_port": ep.bootstrap_port,
-             "kv_port": ep.kv_port, "dp_rank": ep.dp_rank}
+             "kv_port": ep.kv_port, "dp_rank": ep.dp_rank, "kv_events_port": ep.kv_events_port,
+             "kv_events_replay_port": ep.kv_events_replay_port}
             for ep in inst.endpoints
         ],
     }

@@ -86,7 +86,7 @@ def _instance_flags(p: argparse.ArgumentParser, *, file_help: str) -> None:
     p.add_argument("--role", choices=[r.value for r in Role])
     p.add_argument("--model", help="served model name, as clients send it in 'model'")
     p.add_argument("--engine", choices=[e.value for e in EngineType])
-    p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT[,bootstrap=N][,kv=N]",
+    p.add_argument("--endpoint", action="append", default=[], metavar="IP:PORT[,bootstrap=N][,kv=N][,kv_events=N][,kv_events_replay=N]",
                    help="one engine of the instance (repeatable: all endpoints of one instance)")
     p.add_argument("--job", help="job name (default derived from role and instance id)")
     p.add_argument("--file", help=file_help)

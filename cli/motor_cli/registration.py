@@ -40,19 +40,26 @@ _HASH_MASK = INSTANCE_HASH_MASK  # the 52 bits below the namespace bit
 
 @dataclass(frozen=True, order=True)
 class EndpointSpec:
-    """One engine as the operator names it: ``IP:PORT[,bootstrap=N][,kv=N]``."""
+    """One engine as the operator names it:
+    ``IP:PORT[,bootstrap=N][,kv=N][,kv_events=N][,kv_events_replay=N]`` (the last two: the
+    engine's KV-event publisher and replay ports, docs/kv-events.md)."""
 
     ip: str
     port: int
     bootstrap_port: int = 0
     kv_port: int = 0
+    kv_events_port: int = 0
+    kv_events_replay_port: int = 0
 
     @property
     def host_port(self) -> str:
         return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
 
     def canonical(self) -> str:
-        return f"{self.host_port},bootstrap={self.bootstrap_port},kv={self.kv_port}"
+        text = f"{self.host_port},bootstrap={self.bootstrap_port},kv={self.kv_port}"
+        if self.kv_events_port or self.kv_events_replay_port:  # ids of endpoints without stay as they were
+            text += f",kv_events={self.kv_events_port},kv_events_replay={self.kv_events_replay_port}"
+        return text
 
 
 def _port(text: str, what: str, minimum: int = 1) -> int:
@@ -66,7 +73,7 @@ def _port(text: str, what: str, minimum: int = 1) -> int:
 
 
 def parse_endpoint(text: str) -> EndpointSpec:
-    """Parse ``IP:PORT[,bootstrap=N][,kv=N]`` (IPv6 as ``[::1]:8000``)."""
+    """Parse ``IP:PORT[,bootstrap=N][,kv=N][,kv_events=N][,kv_events_replay=N]`` (IPv6 as ``[::1]:8000``)."""
     head, *options = [part.strip() for part in text.strip().split(",")]
     where = f"endpoint {text!r}"
     if head.startswith("["):
@@ -75,19 +82,22 @@ def parse_endpoint(text: str) -> EndpointSpec:
     else:
         ip, sep, port_text = head.rpartition(":")
     if not ip or not port_text:
-        raise InvalidArgument(f"{where}: expected IP:PORT[,bootstrap=N][,kv=N]", reason="INVALID_ENDPOINT")
+        raise InvalidArgument(f"{where}: expected IP:PORT[,bootstrap=N][,kv=N][,kv_events=N][,kv_events_replay=N]",
+                              reason="INVALID_ENDPOINT")
     if not is_ip(ip):
         raise InvalidArgument(f"{where}: {ip!r} is not an IPv4 or IPv6 address", reason="INVALID_ENDPOINT")
     port = _port(port_text, where, MIN_BUSINESS_PORT)
-    extra = {"bootstrap": 0, "kv": 0}
+    extra = {"bootstrap": 0, "kv": 0, "kv_events": 0, "kv_events_replay": 0}
     for option in options:
         key, eq, value = option.partition("=")
         if not eq or key not in extra:
             raise InvalidArgument(
-                f"{where}: unknown option {option!r} (known: bootstrap=N, kv=N)", reason="INVALID_ENDPOINT"
+                f"{where}: unknown option {option!r} (known: bootstrap=N, kv=N, kv_events=N, kv_events_replay=N)",
+                reason="INVALID_ENDPOINT",
             )
         extra[key] = _port(value, f"{where} {key}")
-    return EndpointSpec(normalize_ip(ip), port, extra["bootstrap"], extra["kv"])
+    return EndpointSpec(normalize_ip(ip), port, extra["bootstrap"], extra["kv"], extra["kv_events"],
+                        extra["kv_events_replay"])
 
 
 def sorted_group(endpoints: Iterable[EndpointSpec]) -> tuple[EndpointSpec, ...]:
@@ -126,7 +136,8 @@ def build_instance(
     iid = derive_instance_id(role, group)
     eps = tuple(
         Endpoint(id=i, ip=ep.ip, business_port=ep.port, bootstrap_port=ep.bootstrap_port,
-                 kv_port=ep.kv_port, dp_rank=i)
+                 kv_port=ep.kv_port, dp_rank=i, kv_events_port=ep.kv_events_port,
+                 kv_events_replay_port=ep.kv_events_replay_port)
         for i, ep in enumerate(group)
     )
     return Instance(id=iid, role=role, job_name=job or default_job_name(role, iid), model_name=model,

@@ -141,3 +141,15 @@ def test_delete_of_unknown_id_or_endpoint_is_refused() -> None:
         resolve_delete([registered], endpoints=[parse_endpoint("127.0.0.1:9999")])
     with pytest.raises(InvalidArgument):
         resolve_delete([registered])
+
+
+def test_kv_events_ports_are_parsed_registered_and_leave_other_ids_unchanged() -> None:
+    spec = parse_endpoint("127.0.0.1:8100,kv_events=7100,kv_events_replay=7200")
+    assert (spec.kv_events_port, spec.kv_events_replay_port) == (7100, 7200)
+    i = inst(Role.PREFILL, "127.0.0.1:8100,kv_events=7100,kv_events_replay=7200")
+    assert (i.endpoints[0].kv_events_port, i.endpoints[0].kv_events_replay_port) == (7100, 7200)
+    plain = inst(Role.PREFILL, "127.0.0.1:8100")
+    assert plain.id != i.id  # another engine configuration, another id
+    assert parse_endpoint("127.0.0.1:8100").canonical() == "127.0.0.1:8100,bootstrap=0,kv=0"  # ids kept
+    with pytest.raises(InvalidArgument, match="kv_events"):
+        parse_endpoint("127.0.0.1:8100,kv_events=99999")
