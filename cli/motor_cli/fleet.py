@@ -34,7 +34,9 @@ class FleetOptions:
     controller_port: int = 9200
     node_ports: tuple[int, ...] = ()
     state_dir: Path = Path(".motor/up")
-    key_file: Path = Path(".motor/up/management.key")
+    # The operator key of people and the CLI (``fleet.json``'s ``management_key_file``); every
+    # program's own key is in state_dir/keys (:func:`fleet_keys`).
+    key_file: Path = Path(".motor/up/keys/operator.key")
     heartbeat_interval_sec: float = 1.0
     heartbeat_timeout_sec: float = 3.0
     zero_latency: bool = False
@@ -83,6 +85,7 @@ class ProgramSpec:
 class FleetPlan:
     options: FleetOptions
     programs: tuple[ProgramSpec, ...]
+    keys: FleetKeys
 
     def of_kind(self, kind: str) -> list[ProgramSpec]:
         return [p for p in self.programs if p.kind == kind]
@@ -117,6 +120,45 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+@dataclass(frozen=True)
+class FleetKeys:
+    """Where a local fleet's credentials live: one key per role and per program, so that no
+    program holds a key that opens another role's RPCs (docs/security.md, Credentials).
+
+    - ``operator`` (people, the CLI) and the controller's own key are the operator keys every
+      program accepts on its admin RPCs (``operators``: ``operator: …``, ``controller: …``);
+    - each nodemanager and coordinator presents its own node key to the controller (``nodes``:
+      ``prefill-0: …``, ``coordinator: …``), which opens ControllerService only;
+    - the gateway presents its own inference key to the coordinators (``inference``:
+      ``gateway: …``), which opens DispatchService only; ``application`` is a second inference
+      key for programs that call DispatchService themselves (``fleet.json``'s
+      ``inference_key_file``). The gateway's OpenAI front stays open (a local fleet)."""
+
+    operator: Path
+    application: Path
+    operators: Path
+    nodes: Path
+    inference: Path
+    own: Mapping[str, Path]  # program name -> the key it presents when it calls another program
+
+    def named(self, kind: str) -> dict[str, Path]:
+        """name -> own key file of the keys listed in the *kind* file (operators/nodes/inference)."""
+        return {n: p for n, p in self.own.items() if self.kind_of(n) == kind}
+
+    @staticmethod
+    def kind_of(program: str) -> str:
+        if program == "controller":
+            return "operators"
+        return "inference" if program == "gateway" else "nodes"
+
+
+def fleet_keys(opts: FleetOptions, programs: list[tuple[str, str]]) -> FleetKeys:
+    """The key files of a fleet whose programs are *programs* ((name, kind) pairs)."""
+    d = opts.state_dir / "keys"
+    own = {name: d / f"{name}.key" for name, kind in programs if kind != "etcd"}
+    return FleetKeys(opts.key_file, d / "application.key", d / "operators.keys", d / "nodes.keys", d / "inference.keys", own)
+
+
 def tls_dir(opts: FleetOptions) -> Path:
     """Where `motor up --tls` writes its CA and certificates."""
     return opts.state_dir / "tls"
@@ -144,7 +186,6 @@ def node_names(opts: FleetOptions) -> list[tuple[str, str]]:
 def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
     """Every program of the fleet with its argv and configuration."""
     sd = opts.state_dir
-    key = str(opts.key_file)
     logs = sd / "logs"
     programs: list[ProgramSpec] = []
 
@@ -166,15 +207,22 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
     def server(port: int, name: str) -> dict[str, Any]:
         # metrics_port 0: the ops endpoint (/metrics, /health, /ready) on any free port, read back
         # from the program's ports file into fleet.json (`motor status` lists the URLs)
-        section: dict[str, Any] = {"host": opts.host, "port": port, "management_key_file": key,
-                                   "metrics_port": 0}
+        auth: dict[str, Any] = {"operator_keys_file": str(keys.operators), "key_file": str(keys.own[name])}
+        if name == "controller":
+            auth["node_keys_file"] = str(keys.nodes)
+        elif name.startswith("coordinator"):
+            auth["inference_keys_file"] = str(keys.inference)
+        section: dict[str, Any] = {"host": opts.host, "port": port, "auth": auth, "metrics_port": 0}
         if opts.tls:
             section["tls"] = tls(name)
         return section
 
+    coord_names = ["coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
+                   for i in range(len(opts.coordinator_ports))]
+    keys = fleet_keys(opts, [(n, "coordinator") for n in coord_names] + [("controller", "controller")]
+                      + [(n, "nodemanager") for n, _ in node_names(opts)] + [("gateway", "gateway")])
     coord_addrs = [host_port(opts.host, p) for p in opts.coordinator_ports]
-    for i, port in enumerate(opts.coordinator_ports):
-        name = "coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
+    for i, (name, port) in enumerate(zip(coord_names, opts.coordinator_ports, strict=True)):
         cfg: dict[str, Any] = {
             "server": server(port, name),
             "log": {"format": "text"},
@@ -237,9 +285,9 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
         )
 
     gateway: dict[str, Any] = {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs,
-                               "log": {"format": "text"}}
+                               "coordinator_key_file": str(keys.own["gateway"]), "log": {"format": "text"}}
     if opts.tls:
         gateway["tls"] = {k: v for k, v in tls("gateway").items() if k != "require_client_cert"}
         gateway["https"] = tls("gateway", mutual=False)
     program("gateway", "gateway", "motor-gateway", gateway, opts.gateway_port)
-    return FleetPlan(opts, tuple(programs))
+    return FleetPlan(opts, tuple(programs), keys)

@@ -20,7 +20,7 @@ from motor_common.errors import FailedPrecondition
 
 DEFAULT_STATE_DIR = ".motor/up"
 FLEET_FILE = "fleet.json"
-KEY_FILE = "management.key"
+KEY_FILE = "keys/operator.key"
 
 
 def pid_alive(pid: int) -> bool:

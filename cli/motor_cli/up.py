@@ -132,7 +132,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         controller_port=controller,
         node_ports=tuple(_pick(host, None, NODEMANAGER_GRPC, "nodemanager", taken) for _ in range(nodes)),
         state_dir=state,
-        key_file=state / "management.key",
+        key_file=state / "keys" / "operator.key",
         zero_latency=args.zero_latency,
         kv_events=args.kv_events,
         overrides=overrides,
@@ -244,13 +244,34 @@ class Supervisor:
 def _write_configs(plan: FleetPlan) -> None:
     opts = plan.options
     opts.state_dir.mkdir(parents=True, exist_ok=True)
-    if not opts.key_file.exists():
-        opts.key_file.write_text(secrets.token_hex(24) + "\n")
-        opts.key_file.chmod(0o600)
+    _write_keys(plan)
     if opts.tls:
         _write_certificates(plan)
     for spec in plan.programs:
         spec.config_path.write_text(yaml.safe_dump(dict(spec.config), sort_keys=False))
+
+
+def _secret_file(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _write_keys(plan: FleetPlan) -> None:
+    """One key per program and one for the operator (kept across runs), and the named key files
+    each program accepts (rewritten from them): see motor_cli.fleet.FleetKeys."""
+    keys = plan.keys
+    for path in (keys.operator, keys.application, *keys.own.values()):
+        if not path.exists():
+            _secret_file(path, secrets.token_hex(24) + "\n")
+
+    def listing(named: dict[str, Path]) -> str:
+        return "".join(f"{name}: {path.read_text().strip()}\n" for name, path in named.items())
+
+    _secret_file(keys.operators, listing({"operator": keys.operator, **keys.named("operators")}))
+    _secret_file(keys.nodes, listing(keys.named("nodes")))
+    _secret_file(keys.inference, listing({"application": keys.application, **keys.named("inference")}))
 
 
 def _write_certificates(plan: FleetPlan) -> None:
@@ -291,7 +312,10 @@ def _ops_url(plan: FleetPlan, spec: ProgramSpec) -> str | None:
         port = json.loads(spec.ports_file.read_text()).get("metrics")
     except (OSError, ValueError, AttributeError):
         return None
-    return f"http://{host_port(plan.options.host, port)}" if isinstance(port, int) else None
+    # HTTPS with the program's certificate under --tls (server.ops_tls "auto"), unless overridden
+    ops_tls = spec.config.get("server", {}).get("ops_tls", "auto")
+    scheme = "https" if plan.options.tls and ops_tls != "plaintext" else "http"
+    return f"{scheme}://{host_port(plan.options.host, port)}" if isinstance(port, int) else None
 
 
 def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
@@ -302,7 +326,9 @@ def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
         "gateway_url": plan.gateway_url,
         "controller": plan.controller_address,
         "coordinators": plan.coordinator_addresses,
-        "management_key_file": str(opts.key_file.resolve()),
+        "management_key_file": str(opts.key_file.resolve()),  # the operator's key (the CLI's)
+        "inference_key_file": str(plan.keys.application.resolve()),  # DispatchService (gRPC) callers
+        "keys": {name: str(path.resolve()) for name, path in plan.keys.own.items()},  # each program's own
         "tls": dataclasses.asdict(tls) if (tls := cli_tls(plan)) else None,
         "model": opts.model,
         "programs": {c.spec.name: {"pid": c.pid, "port": c.spec.port, "kind": c.spec.kind, "role": c.spec.role,
@@ -374,7 +400,7 @@ def _banner(plan: FleetPlan) -> str:
             f"  gateway      {url}/v1",
             f"  coordinator  {', '.join(plan.coordinator_addresses)}",
             f"  controller   {plan.controller_address}",
-            f"  state        {o.state_dir}  (configs, logs/, management.key, controller.db)",
+            f"  state        {o.state_dir}  (configs, logs/, keys/, controller.db)",
             "",
             "Try:",
             f"  {curl} -s {url}/v1/completions -H 'Content-Type: application/json' -d '{body}'",

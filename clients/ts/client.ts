@@ -2,7 +2,8 @@
 //
 //   cd clients/ts && npm install && npx tsc && node dist/client.js FLEET_JSON
 //
-// FLEET_JSON is the fleet.json `motor up` writes (controller, coordinators, management_key_file).
+// FLEET_JSON is the fleet.json `motor up` writes (controller, coordinators, management_key_file,
+// inference_key_file).
 // Prints one JSON line per check; exits 1 on the first failed check.
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
@@ -30,7 +31,7 @@ const defs = protoLoader.loadSync(
 );
 const pkg = grpc.loadPackageDefinition(defs) as any;
 
-type Fleet = { controller: string; coordinators: string[]; management_key_file: string };
+type Fleet = { controller: string; coordinators: string[]; management_key_file: string; inference_key_file: string };
 const fleet: Fleet = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const key = readFileSync(fleet.management_key_file, "utf8").trim();
 const meta = new grpc.Metadata();
@@ -95,9 +96,12 @@ async function main(): Promise<void> {
   const body = Buffer.from(JSON.stringify({ model: "tiny", prompt: "Hello", max_tokens: 4, stream: true }));
   const frames: any[] = await new Promise((resolve, reject) => {
     const out: any[] = [];
+    // DispatchService takes an inference key, not the management (operator) key.
+    const app = new grpc.Metadata();
+    app.set("authorization", `Bearer ${readFileSync(fleet.inference_key_file, "utf8").trim()}`);
     const call = dispatch.Dispatch(
       { request_id: "ts-client-1", api: "OPEN_AI_API_COMPLETIONS", body },
-      new grpc.Metadata(),
+      app,
       { deadline: deadline() },
     );
     call.on("data", (f: any) => out.push(f));

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from google.protobuf import any_pb2
@@ -106,6 +106,11 @@ class ServerConfig:
     grace_seconds: float = 5.0
     # Port of the HTTP ops endpoint (/metrics, /health, /ready); None = disabled, 0 = any.
     metrics_port: int | None = None
+    # The ops endpoint's transport (motor_common.ops_http): "auto" = HTTPS with this program's
+    # certificate whenever `tls` serves TLS (with require_client_cert, /metrics needs a client
+    # certificate from tls.ca_file; /health and /ready answer probes without one), else plain HTTP;
+    # "https" = HTTPS without client certificates on any route; "plaintext" = plain HTTP always.
+    ops_tls: Literal["auto", "https", "plaintext"] = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -116,6 +121,10 @@ class ServerConfig:
             if self.tls.cert_file is not None:
                 raise ValueError("set tls.cert_file/key_file or the older tls_cert_file/tls_key_file, not both")
             object.__setattr__(self, "tls", replace(self.tls, cert_file=self.tls_cert_file, key_file=self.tls_key_file))
+        if self.ops_tls not in ("auto", "https", "plaintext"):
+            raise ValueError(f"ops_tls must be auto, https or plaintext, not {self.ops_tls!r}")
+        if self.ops_tls == "https" and not self.tls.serves_tls:
+            raise ValueError("ops_tls: https needs tls.cert_file and tls.key_file (the certificate to serve)")
 
 
 def read_secret(path: str | None, what: str = "management key") -> str | None:
@@ -213,7 +222,7 @@ def _authenticate(given: str | None, auth: Authenticator, role: Role, service: s
         raise Unauthenticated(f"unknown credential: {short} needs {_ROLE_WORDS[role]}",
                               reason="MANAGEMENT_KEY_REQUIRED")
     if role not in principal.roles:
-        kinds = " and ".join(sorted(_ROLE_WORDS[r].split(" ", 1)[1] for r in principal.roles))
+        kinds = " and ".join(_ROLE_WORDS[r] for r in sorted(principal.roles))
         raise PermissionDenied(
             f"key {principal.name!r} is {kinds}; {short} needs {_ROLE_WORDS[role]}",
             reason="CREDENTIAL_ROLE", metadata={"needs": role.value, "key": principal.name},

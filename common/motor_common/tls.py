@@ -162,8 +162,9 @@ def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials:
 class _HttpsContext:
     """A server SSLContext whose certificate is reloaded at a handshake after the files changed."""
 
-    def __init__(self, tls: TlsConfig) -> None:
+    def __init__(self, tls: TlsConfig, *, optional_client_cert: bool = False) -> None:
         self._tls = tls
+        self._optional = optional_client_cert
         self._paths = [p for p in (tls.cert_file, tls.key_file, tls.ca_file) if p]
         self._lock = threading.Lock()
         self.current = self._build()
@@ -183,6 +184,8 @@ class _HttpsContext:
             ctx.load_verify_locations(self._tls.ca_file)
         if self._tls.require_client_cert:
             ctx.verify_mode = ssl.CERT_REQUIRED
+        elif self._optional and self._tls.ca_file:
+            ctx.verify_mode = ssl.CERT_OPTIONAL  # asked for, verified when sent, not required
         return ctx
 
     def _on_hello(self, sslobj: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext) -> None:
@@ -199,9 +202,11 @@ class _HttpsContext:
         sslobj.context = self.current
 
 
-def https_context(tls: TlsConfig) -> ssl.SSLContext:
+def https_context(tls: TlsConfig, *, optional_client_cert: bool = False) -> ssl.SSLContext:
     """Server SSLContext for an aiohttp site: serves ``cert_file``; with ``require_client_cert``
-    only clients with a certificate signed by ``ca_file``; reloads the files when they change."""
+    only clients with a certificate signed by ``ca_file``; with *optional_client_cert* (and
+    ``ca_file``) a client certificate is asked for and verified but not required (the handler
+    decides, from the connection's ``peercert``); reloads the files when they change."""
     if not tls.serves_tls:
         raise ConfigError("tls.cert_file and tls.key_file are needed to serve HTTPS")
-    return _HttpsContext(tls).outer
+    return _HttpsContext(tls, optional_client_cert=optional_client_cert).outer

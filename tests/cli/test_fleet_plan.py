@@ -26,7 +26,7 @@ def test_default_fleet_is_one_prefill_and_one_decode_wired_to_one_controller_and
     assert (p.config["role"], d.config["role"]) == ("prefill", "decode")
     assert p.config["controller_address"] == "127.0.0.1:9200" and p.config["server"]["port"] == 7001
     assert p.config["engine"]["launcher"] == "simulator"
-    assert all(spec.config["server"]["management_key_file"] == "/s/k" for spec in plan.programs if "server" in spec.config)
+    assert all("management_key_file" not in spec.config["server"] for spec in plan.programs if "server" in spec.config)
     assert plan.of_kind("gateway")[0].argv[0] == "/bin/motor-gateway"
 
 
@@ -107,3 +107,22 @@ def test_motor_up_places_program_ports_outside_the_ephemeral_range_and_never_twi
     assert len(set(ports)) == len(ports) == 7
     assert not any(low <= p <= high for p in ports), (ports, (low, high))
     assert 9100 not in o.coordinator_ports
+
+
+def test_each_program_presents_its_own_key_and_accepts_only_its_roles() -> None:
+    plan = plan_fleet(opts(), Path("/b"))
+    keys = plan.keys
+    by = {p.name: p.config for p in plan.programs}
+    assert keys.operator == Path("/s/k") and keys.own["gateway"] == Path("/s/keys/gateway.key")
+    ctl = by["controller"]["server"]["auth"]
+    assert ctl == {"operator_keys_file": "/s/keys/operators.keys", "key_file": "/s/keys/controller.key",
+                   "node_keys_file": "/s/keys/nodes.keys"}
+    coord = by["coordinator"]["server"]["auth"]
+    assert coord["inference_keys_file"] == "/s/keys/inference.keys" and "node_keys_file" not in coord
+    assert coord["key_file"] == "/s/keys/coordinator.key"
+    nm = by["prefill-0"]["server"]["auth"]
+    assert nm == {"operator_keys_file": "/s/keys/operators.keys", "key_file": "/s/keys/prefill-0.key"}
+    assert by["gateway"]["coordinator_key_file"] == "/s/keys/gateway.key"
+    assert keys.named("operators") == {"controller": Path("/s/keys/controller.key")}
+    assert set(keys.named("nodes")) == {"coordinator", "prefill-0", "decode-0"}
+    assert keys.named("inference") == {"gateway": Path("/s/keys/gateway.key")}

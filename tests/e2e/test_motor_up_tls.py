@@ -91,3 +91,25 @@ async def test_motor_up_tls_runs_the_fleet_with_mutual_tls(fleet: UpFleet, tmp_p
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await _list_nodes(address, key, creds)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE, (who, address)
+
+    # The ops ports (/metrics, /health, /ready) of the gRPC programs are HTTPS too; `motor status`
+    # lists them; probes need no client certificate, /metrics needs one from the fleet CA.
+    programs = view["programs"]
+    assert {p["kind"] for p in programs.values()} == {"controller", "coordinator", "nodemanager", "gateway"}
+    probe = ssl.create_default_context(cafile=tls.ca_file)
+    scraper = ssl.create_default_context(cafile=tls.ca_file)
+    assert tls.cert_file and tls.key_file
+    scraper.load_cert_chain(tls.cert_file, tls.key_file)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for name, urls in programs.items():
+            assert all(u and u.startswith("https://") for u in (urls["metrics"], urls["health"], urls["ready"])), urls
+            async with session.get(urls["ready"], ssl=probe) as r:
+                assert r.status == 200, (name, await r.text())
+            async with session.get(urls["metrics"], ssl=scraper) as r:
+                assert r.status == 200 and "# TYPE" in await r.text(), name
+            if urls["kind"] == "gateway":
+                continue  # the OpenAI front's own /metrics: HTTPS, no client certificate (docs/security.md)
+            async with session.get(urls["metrics"], ssl=probe) as r:
+                assert r.status == 403, name
+            with pytest.raises(aiohttp.ClientError):
+                await session.get(urls["health"].replace("https://", "http://"))

@@ -20,7 +20,7 @@ from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.logs import setup_logging
-from motor_common.ops_http import OpsHttpServer, Readiness
+from motor_common.ops_http import OpsHttpServer, Readiness, ops_server
 from motor_common.runner import (
     DOCS_HINT,
     check_config,
@@ -75,11 +75,11 @@ async def _ready_always() -> tuple[bool, str]:
 
 
 async def start_ops(config: ControllerConfig, readiness: Readiness) -> OpsHttpServer | None:
-    """``/metrics``, ``/health`` and ``/ready`` over HTTP when ``server.metrics_port`` is set."""
-    if config.server.metrics_port is None:
-        return None
-    ops = OpsHttpServer(config.server.host, config.server.metrics_port, readiness)
-    await ops.start()
+    """``/metrics``, ``/health`` and ``/ready`` when ``server.metrics_port`` is set (HTTP or
+    HTTPS: ``server.ops_tls``)."""
+    ops = ops_server(config.server, readiness)
+    if ops is not None:
+        await ops.start()
     return ops
 
 

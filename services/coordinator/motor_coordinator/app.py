@@ -16,7 +16,7 @@ from motor_common.domain import Instance
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.openai_front.app import read_api_key
-from motor_common.ops_http import OpsHttpServer
+from motor_common.ops_http import OpsHttpServer, ops_server
 from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
@@ -216,8 +216,8 @@ class Coordinator:
                 ep, lambda coro: self.tasks.spawn(coro, name="health-probe-now"))
         if d.metrics_scrape_interval_sec > 0:
             self.tasks.spawn(self.monitor.scrape_loop(), name="metrics-scrape")
-        if self.cfg.server.metrics_port is not None:
-            self.ops = OpsHttpServer(self.cfg.server.host, self.cfg.server.metrics_port, self._ops_readiness)
+        self.ops = ops_server(self.cfg.server, self._ops_readiness)
+        if self.ops is not None:
             await self.ops.start()
             self._collector = CoordinatorCollector(self)
             REGISTRY.register(self._collector)

@@ -26,7 +26,7 @@ from motor_common.credentials import presented_key
 from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
-from motor_common.ops_http import OpsHttpServer
+from motor_common.ops_http import OpsHttpServer, ops_server
 from motor_common.ports import free_port
 from motor_common.runner import EXIT_RESCHEDULE, write_ports_file
 from motor_common.tasks import TaskOwner
@@ -215,8 +215,8 @@ class ApiServerModule(_Base):
         self.server = server
         self.app.admin_port = port
         self.app.node.node_id = default_node_id(cfg, os.environ, socket.gethostname())
-        if cfg.server.metrics_port is not None:
-            self.ops = OpsHttpServer(cfg.server.host, cfg.server.metrics_port, self._ready)
+        self.ops = ops_server(cfg.server, self._ready)
+        if self.ops is not None:
             await self.ops.start()
         if self.app.ports_file:
             write_ports_file(self.app.ports_file, {"grpc": port, "metrics": self.ops.port if self.ops else None})

@@ -28,6 +28,7 @@ type fleet struct {
 	Controller        string   `json:"controller"`
 	Coordinators      []string `json:"coordinators"`
 	ManagementKeyFile string   `json:"management_key_file"`
+	InferenceKeyFile  string   `json:"inference_key_file"`
 }
 
 func report(check string, fields map[string]any) {
@@ -109,8 +110,14 @@ func main() {
 	}
 	report("coordinator.GetInstance", map[string]any{"id": fmt.Sprint(id), "role": got.Instance.Role.String(), "listed": len(listed.Instances)})
 
+	// DispatchService takes an inference key, not the management (operator) key.
+	inferenceKey, err := os.ReadFile(f.InferenceKeyFile)
+	if err != nil {
+		fail(err)
+	}
+	app := metadata.AppendToOutgoingContext(base, "authorization", "Bearer "+strings.TrimSpace(string(inferenceKey)))
 	body := []byte(`{"model": "tiny", "prompt": "Hello", "max_tokens": 4, "stream": true}`)
-	stream, err := coordinatorv1.NewDispatchServiceClient(coordConn).Dispatch(base, &coordinatorv1.DispatchRequest{
+	stream, err := coordinatorv1.NewDispatchServiceClient(coordConn).Dispatch(app, &coordinatorv1.DispatchRequest{
 		RequestId: "go-client-1", Api: coordinatorv1.OpenAiApi_OPEN_AI_API_COMPLETIONS, Body: body,
 	})
 	if err != nil {
