@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 import openai
 import pytest
+import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as tspb
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as tsgrpc
 from opentelemetry.sdk.trace import ReadableSpan
@@ -38,6 +39,7 @@ from motor_gateway.pool import CoordinatorPool
 from tests.coordinator.grpc_util import KEY, Stubs
 from tests.coordinator.test_dispatch_sim import MODEL, instance
 from tests.helpers import wait_for
+from tests.motor_up import motor_up
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator, tool
 
 pytestmark = pytest.mark.slow
@@ -260,3 +262,31 @@ def test_tracing_requested_without_the_otel_extra_is_a_config_error_naming_the_e
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "tracing.otlp_endpoint" in bad.stderr, bad
 
+
+
+async def test_motor_up_fleet_exports_the_trace_of_one_request_in_order(tmp_path: Path) -> None:
+    """The whole story on a `motor up` fleet (controller, nodemanagers launching the engines):
+    tracing turned on in the fleet config, one request's spans at a collector, in order."""
+    async with collector() as (col, col_port):
+        tracing = {"enabled": True, "otlp_endpoint": f"http://127.0.0.1:{col_port}"}
+        config = tmp_path / "fleet.yaml"
+        config.write_text(yaml.safe_dump({"coordinator": {"tracing": tracing}, "gateway": {"tracing": tracing}}))
+        async with motor_up(tmp_path, "--prefill", "1", "--decode", "1", "--config", str(config)) as fleet:
+            traceparent, tid, client_span = client_traceparent()
+            async with openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="unused",
+                                          max_retries=0, timeout=30) as client:
+                resp = await client.completions.create(model="tiny", prompt="Hello, Motor", max_tokens=4,
+                                                       extra_headers={"traceparent": traceparent})
+            assert resp.choices[0].text
+
+            def exported() -> dict[str, Any] | None:
+                got = {s.name: s for _, s in col.spans if s.trace_id.hex() == tid}
+                return got if {"POST /v1/completions", "coordinator.dispatch", "prefill", "decode"} <= set(got) else None
+
+            span = await wait_for(exported, timeout=30, what="the request's spans at the collector")
+    gw, disp, pre, dec = (span[n] for n in ("POST /v1/completions", "coordinator.dispatch", "prefill", "decode"))
+    assert gw.parent_span_id.hex() == client_span
+    assert disp.parent_span_id == gw.span_id
+    assert pre.parent_span_id == disp.span_id and dec.parent_span_id == disp.span_id
+    assert gw.start_time_unix_nano <= disp.start_time_unix_nano <= pre.start_time_unix_nano
+    assert pre.end_time_unix_nano <= dec.start_time_unix_nano <= dec.end_time_unix_nano <= gw.end_time_unix_nano

@@ -29,6 +29,7 @@ Metrics (``model`` is always a model the scheduler routed, so the label set is b
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Literal
 
@@ -72,10 +73,13 @@ class EngineCall:
         self.role = role
         self.cand = cand
         ep = cand.endpoint
-        self.span = tracer().start(role, trace.span, kind="client", attrs={
-            "motor.role": role, "motor.instance_id": cand.instance.id, "server.address": ep.ip,
-            "server.port": ep.business_port, "motor.attempt": attempt})
-        self._kv: Span | None = tracer().start("kv_handoff", self.span) if role == "decode" else None
+        tr = tracer()
+        attrs: dict[str, AttrValue] | None = None
+        if tr.enabled:  # no attribute dict per engine call when tracing is off
+            attrs = {"motor.role": role, "motor.instance_id": cand.instance.id, "server.address": ep.ip,
+                     "server.port": ep.business_port, "motor.attempt": attempt}
+        self.span = tr.start(role, trace.span, kind="client", attrs=attrs)
+        self._kv: Span | None = tr.start("kv_handoff", self.span) if role == "decode" else None
         self._stream: Span | None = None
         self.sent = time.perf_counter()
         self.first_at: float | None = None
@@ -175,9 +179,16 @@ class DispatchTrace:
         """The request is over: end what is still open (failed with *error*'s type, if any)."""
         for c in list(self.calls):
             if error is not None:
-                c.fail(type(error).__name__)
+                c.fail(_why(error))
             else:
                 c.end()
         if error is not None:
-            self.span.fail(getattr(error, "reason", "") or type(error).__name__)
+            self.span.fail(_why(error))
         self.span.end()
+
+
+def _why(error: BaseException) -> str:
+    """A failed request's span status: the client left, the MotorError reason, or the type."""
+    if isinstance(error, GeneratorExit | asyncio.CancelledError):
+        return "cancelled"
+    return getattr(error, "reason", "") or type(error).__name__
