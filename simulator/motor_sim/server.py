@@ -35,6 +35,11 @@ from motor_sim.zmq_fault import FaultPublisher
 
 log = logging.getLogger("motor_sim")
 _JSON = "application/json"
+# The engine_error fault's answer: vLLM's error shape for an engine-side exception, whose type is
+# the exception's class and whose message names engine internals (and here the host and port).
+_ENGINE_ERROR = {"error": {"message": "EngineCore encountered an issue (worker 127.0.0.1:29500 died). "
+                                      "See stack trace (above) for the root cause.",
+                           "type": "EngineDeadError", "param": None, "code": 500}}
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -158,6 +163,8 @@ class SimServer:
             if fault.mode is FaultMode.POISON and fault.match.encode() in raw:
                 log.error("fault injection: poison request received, event loop blocked")
                 _block_forever()
+            if fault.mode is FaultMode.ENGINE_ERROR:
+                return web.Response(body=orjson.dumps(_ENGINE_ERROR), status=500, content_type=_JSON)
             # A big body is decoded and tokenized off the event loop: one request never stalls
             # the others (or /health) for the seconds a multi-megabyte prompt takes.
             if len(raw) > _OFFLOOP_BYTES:

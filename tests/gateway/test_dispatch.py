@@ -108,6 +108,8 @@ async def test_error_after_stream_started_is_a_final_sse_error_event(rig: Rig) -
          503, "service_unavailable_error"),
         (errors.Unavailable("engine 10.0.0.7:8001 unreachable: ClientConnectorError", reason="PREFILL_FAILED"),
          503, "service_unavailable_error"),
+        (errors.Unavailable("the decode engine could not load the prefill's KV cache (3 attempt(s))",
+                            reason="KV_TRANSFER_FAILED"), 503, "service_unavailable_error"),
         (errors.DeadlineExceeded("engine timed out"), 504, "timeout_error"),
         (errors.Internal("boom"), 500, "server_error"),
         (RuntimeError("unexpected"), 500, "server_error"),

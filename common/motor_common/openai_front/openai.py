@@ -132,6 +132,8 @@ _PUBLIC_BY_CODE = {
     "coordinator_unreachable": "the coordinator is unreachable; retry later",
     "no_master_coordinator": "no coordinator can take requests right now (failover in progress); retry later",
     "engine_error": "the engine failed to process the request; retry later",
+    "kv_transfer_failed": "the model's decode engine could not take over the request from its prefill engine; "
+                          "retry later",
 }
 _PUBLIC_BY_STATUS = {
     502: "the coordinator could not answer this request",
@@ -149,6 +151,13 @@ def public(err: HttpError, request_id: str) -> HttpError:
     return HttpError(err.status, f"{text} (request id {request_id})", err.type, err.code, err.param)
 
 
+def public_engine_error(status: int, request_id: str) -> bytes:
+    """What a client gets instead of an engine's 5xx answer: one OpenAI error object naming the
+    request id (the engine's own body goes to the log)."""
+    return HttpError(status, _PUBLIC_BY_CODE["engine_error"] + f" (request id {request_id})",
+                     "server_error", "engine_error").json()
+
+
 def engine_error_body(status: int, body: bytes, request_id: str) -> bytes | None:
     """The body to send instead of an engine's error answer (*status* >= 400), or None to relay it
     unchanged. A 4xx already in OpenAI's shape (vLLM) is relayed as it is; another 4xx shape
@@ -159,8 +168,7 @@ def engine_error_body(status: int, body: bytes, request_id: str) -> bytes | None
     except orjson.JSONDecodeError:
         parsed = None
     if status >= 500:
-        return HttpError(status, _PUBLIC_BY_CODE["engine_error"] + f" (request id {request_id})",
-                         "server_error", "engine_error").json()
+        return public_engine_error(status, request_id)
     err = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(err, dict) and {"message", "type", "param", "code"} <= set(err) and isinstance(err["message"], str):
         return None

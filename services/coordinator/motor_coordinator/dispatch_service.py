@@ -44,6 +44,8 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         admit(self.app, degraded_hint=_degraded_hint(context))
         parsed = parse_body(api, request.body)
         rid = request.request_id or request_id_var.get() or new_request_id()
+        # The id the client knows is the one every message and log line of this request names.
+        request_id_var.set(rid)
         timeout = self.app.cfg.dispatch.request_timeout_sec
         remaining = context.time_remaining()
         if remaining is not None:

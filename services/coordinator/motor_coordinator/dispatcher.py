@@ -39,6 +39,7 @@ import orjson
 from motor_common.domain import Endpoint, Role
 from motor_common.errors import FailedPrecondition, Unavailable
 from motor_common.logs import request_id_var
+from motor_common.openai_front.openai import public_engine_error
 from motor_common.tracing import Parent
 from motor_coordinator import metrics
 from motor_coordinator.adapters import EngineAdapter
@@ -54,6 +55,8 @@ from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_
 log = logging.getLogger(__name__)
 JSON = "application/json"
 SSE = "text/event-stream"
+# How much of an engine's error answer goes to the log (the client gets a public message instead).
+ENGINE_ERROR_LOG_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -315,6 +318,22 @@ class Dispatcher:
         live.alive(a.key)
         return result
 
+    def _handoff_exhausted(self, req: ParsedRequest, p: Candidate, d: Candidate, retries: int,
+                           answer: bytes) -> Unavailable:
+        """The decode could not load the prefill's KV, *retries* hand-off retries included: the
+        engine's error (vLLM: an ``InternalServerError`` object) goes to the log, the client gets
+        a retryable error that names no engine."""
+        rid = request_id_var.get()
+        log.warning("KV hand-off failed %d time(s) for model %r (request id %s), last prefill %s -> decode %s: %s",
+                    retries + 1, req.model, rid, p.endpoint.host_port, d.endpoint.host_port,
+                    answer[:ENGINE_ERROR_LOG_BYTES].decode("utf-8", "replace"))
+        return Unavailable(
+            f"the decode engine could not load the prefill's KV cache ({retries + 1} attempt(s)) for model "
+            f"{req.model!r}; retry later (the coordinator log has the details under request id {rid})",
+            reason="KV_TRANSFER_FAILED",
+            metadata={"model": req.model},
+        )
+
     async def _relay(
         self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
         read: Sequence[bytes] | None = None, call: EngineCall | None = None,
@@ -328,6 +347,14 @@ class Dispatcher:
             self.scheduler.record_success(cand.endpoint)
         if call is not None:
             call.head(resp.status)
+        if resp.status >= 500:
+            # An engine's 5xx body is its internals (vLLM's carries the exception class, a traceback
+            # may name hosts): the client gets a public error object, the log the engine's words.
+            yield Head(head.http_status, JSON, head.request_id, head.prefill_instance_id, head.decode_instance_id)
+            yield await self._public_5xx(resp, cand, head, read)
+            if call is not None:
+                call.end()
+            return
         yield head
         try:
             for chunk in read or ():
@@ -359,6 +386,25 @@ class Dispatcher:
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
 
+    async def _public_5xx(self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head,
+                          read: Sequence[bytes] | None) -> bytes:
+        """Log an engine's 5xx answer (its first ``ENGINE_ERROR_LOG_BYTES``) with the request id and
+        return the public body the client gets instead."""
+        got = b"".join(read or ())
+        complete = read is not None and not head.content_type.startswith(SSE)  # _peek read all of it
+        try:
+            while not complete and len(got) < ENGINE_ERROR_LOG_BYTES:
+                chunk = await resp.content.read(ENGINE_ERROR_LOG_BYTES - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except (aiohttp.ClientError, OSError) as exc:
+            got += f" [body cut off: {exc!r}]".encode()
+        log.warning("engine %s answered HTTP %d (request id %s); the client gets a public error instead: %s",
+                    cand.endpoint.host_port, head.http_status, head.request_id,
+                    got[:ENGINE_ERROR_LOG_BYTES].decode("utf-8", "replace"))
+        return public_engine_error(head.http_status, head.request_id)
+
     async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter) -> tuple[bool, list[bytes]]:
         """Read a decode's answer until its adapter can tell whether the KV hand-off failed (a JSON
         answer: all of it; a stream: its first decisive event). Returns (failed, bytes read)."""
@@ -378,8 +424,12 @@ class Dispatcher:
                 if verdict is not None or not chunk:
                     return verdict is True, read
         except (aiohttp.ClientError, OSError) as exc:
+            rid = request_id_var.get()
+            log.warning("engine %s broke its answer before the first byte (request id %s): %r",
+                        f"{resp.url.host}:{resp.url.port}", rid, exc)
             raise Unavailable(
-                f"engine broke its answer before the first byte: {type(exc).__name__}",
+                "the engine broke off its answer before the first byte; the coordinator log has the details "
+                f"under request id {rid}",
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
 
@@ -503,11 +553,13 @@ class Dispatcher:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
                     try:
                         handoff_failed, read = await self._peek(resp, adapter)
-                        if not handoff_failed or kv_retries >= self.cfg.kv_load_retries:
+                        if not handoff_failed:
                             async for frame in self._relay(resp, d, head, count_5xx=False, read=read, call=call):
                                 yield frame
                             return
                         call.fail("kv_handoff_failed")
+                        if kv_retries >= self.cfg.kv_load_retries:
+                            raise self._handoff_exhausted(req, p, d, kv_retries, b"".join(read))
                     except BaseException:
                         resp.close()
                         raise
