@@ -251,6 +251,6 @@ async def test_missing_head_is_a_502(rig: Rig) -> None:
 
 
 async def test_unknown_route_is_an_openai_404(rig: Rig) -> None:
-    async with rig.http.post(f"{rig.url}/v1/embeddings", json=COMPLETION) as resp:
+    async with rig.http.post(f"{rig.url}/v1/audio/transcriptions", json=COMPLETION) as resp:
         assert resp.status == 404
         assert_openai_error(await resp.json(), "invalid_request_error")

@@ -81,8 +81,15 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return InvalidArgument(message, reason=code.upper(), metadata={"param": param} if param else None)
 
 
+# Routes relayed whole to one instance (the coordinator's passthrough.py): path → api.
+PASSTHROUGH_ROUTES = {"/v1/embeddings": "embeddings", "/v1/responses": "responses", "/tokenize": "tokenize",
+                      "/detokenize": "detokenize"}
+
+
 def validate_body(raw: bytes, api: str, limits: HttpLimits = _DEFAULT_LIMITS) -> dict[str, Any]:
-    """Validation of an OpenAI request body; *api* is ``completions`` or ``chat``.
+    """Validation of an OpenAI request body; *api* is ``completions``, ``chat`` or a pass-through
+    API (``PASSTHROUGH_ROUTES``; ``model`` optional there, as vLLM allows, and the route's own
+    fields checked by the coordinator).
 
     What the front must know or bound: a JSON object within ``limits.max_json_depth`` levels,
     ``model`` a non-empty string of at most ``limits.max_model_chars``, ``stream`` a boolean if
@@ -92,6 +99,15 @@ def validate_body(raw: bytes, api: str, limits: HttpLimits = _DEFAULT_LIMITS) ->
     """
     body = load_object(raw, limits.max_json_depth)
     model = body.get("model")
+    if api in PASSTHROUGH_ROUTES.values():
+        if model is not None and (not isinstance(model, str) or not model):
+            raise invalid("'model' must be a non-empty string", "model")
+        if model is not None:
+            check_model(model, limits.max_model_chars)
+        if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
+            raise invalid("'stream' must be a boolean", "stream")
+        check_pd_fields(body)
+        return body
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a non-empty string", "model")
     check_model(model, limits.max_model_chars)

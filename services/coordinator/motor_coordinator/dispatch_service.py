@@ -15,7 +15,16 @@ from motor_common.tracing import carrier_from
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
-from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
+from motor_coordinator.request import (
+    CHAT,
+    COMPLETIONS,
+    DETOKENIZE,
+    EMBEDDINGS,
+    RESPONSES,
+    TOKENIZE,
+    VERSION,
+    parse_body,
+)
 from motor_coordinator.request_metrics import observed
 
 if TYPE_CHECKING:
@@ -23,7 +32,10 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = "motor.coordinator.v1.DispatchService"
 
-_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT}
+_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT,
+         cpb.OPEN_AI_API_EMBEDDINGS: EMBEDDINGS, cpb.OPEN_AI_API_RESPONSES: RESPONSES,
+         cpb.OPEN_AI_API_TOKENIZE: TOKENIZE, cpb.OPEN_AI_API_DETOKENIZE: DETOKENIZE,
+         cpb.OPEN_AI_API_VERSION: VERSION}
 _ROLES = {
     LeaderRole.STANDALONE: cpb.COORDINATOR_ROLE_STANDALONE,
     LeaderRole.MASTER: cpb.COORDINATOR_ROLE_MASTER,
@@ -39,7 +51,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         api = _APIS.get(request.api)
         if api is None:
             raise InvalidArgument(
-                "api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API"
+                "api must be set: one of " + ", ".join(cpb.OpenAiApi.Name(a) for a in _APIS), reason="INVALID_API"
             )
         admit(self.app, degraded_hint=_degraded_hint(context))
         parsed = parse_body(api, request.body)

@@ -30,18 +30,18 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
 from motor_common.domain import Endpoint, Role
-from motor_common.errors import FailedPrecondition, Unavailable
+from motor_common.errors import FailedPrecondition, NotFound, Unavailable
 from motor_common.logs import request_id_var
 from motor_common.openai_front.openai import public_engine_error
 from motor_common.tracing import Parent
-from motor_coordinator import metrics
+from motor_coordinator import metrics, passthrough
 from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
 from motor_coordinator.dispatch_trace import DispatchTrace, EngineCall, RetryReason
@@ -49,7 +49,7 @@ from motor_coordinator.engine_client import EngineClient, EngineUnreachable
 from motor_coordinator.liveness import Attempt
 from motor_coordinator.migration import StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
-from motor_coordinator.request import ParsedRequest, prompt_prefix
+from motor_coordinator.request import PASSTHROUGH, VERSION, ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,9 @@ class Dispatcher:
         """*trace*: the caller's span or the trace headers it received (``motor_common.tracing``)."""
         fate = _Fate(req.model, request_id, DispatchTrace(req.model, request_id, trace, stream=req.stream))
         stream: AsyncGenerator[Frame, None]
-        if self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body)):
+        if req.api in PASSTHROUGH:
+            stream = self._passthrough(req, request_id, fate)
+        elif self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body)):
             stream = self._migrating(req, request_id, fate)
         else:
             stream = self._once(req, request_id, fate)
@@ -489,6 +491,64 @@ class Dispatcher:
             if len(tried) <= self.cfg.prefill_retries:
                 fate.trace.retry("union", "unreachable", failed, cand)
         raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
+
+    # -- pass-through APIs (passthrough.py) ---------------------------------------------------
+
+    def _passthrough_model(self, req: ParsedRequest) -> str:
+        models = self.scheduler.models()
+        if req.api == VERSION:  # any model: the first with a schedulable instance
+            for model in sorted(models):
+                info = RequestInfo(0, model, "")
+                if self.scheduler.pick_first(passthrough.roles(req.api), info, count=False) is not None:
+                    return model
+            raise Unavailable("no schedulable instance to answer /version", reason="NO_SCHEDULABLE_INSTANCE")
+        model = passthrough.resolve_model(req.model, models)
+        if model not in models:
+            raise NotFound(f"model {model!r} is not served by any registered instance", reason="MODEL_NOT_FOUND",
+                           metadata={"model": model, "param": "model"})
+        return model
+
+    async def _passthrough(self, req: ParsedRequest, rid: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
+        """The request relayed whole to one instance of the roles ``passthrough.roles`` allows,
+        another one after an unreachable engine (at most ``prefill_retries`` times)."""
+        model = self._passthrough_model(req)
+        info = RequestInfo(next(self._seq), model, prompt_prefix(req, self.prefix_chars))
+        order = passthrough.roles(req.api)
+        tried: list[EndpointKey] = []
+        last = ""
+        while len(tried) <= self.cfg.prefill_retries:
+            cand = self.scheduler.pick_first(order, info, tried)
+            if cand is None:
+                break
+            role = cand.instance.role.value
+            call = fate.trace.call(role, cand)
+            async with self.scheduler.load_guard(cand):
+                try:
+                    resp = await self._attempt(cand, role, fate, self.client.open(
+                        cand.endpoint, req.path, dict(req.body), rid, trace=call.carrier, method=req.method))
+                except EngineUnreachable as exc:
+                    call.fail("unreachable")
+                    self.scheduler.record_failure(cand.endpoint)
+                    last = str(exc)
+                else:
+                    head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, cand.instance.id,
+                                cand.instance.id)
+                    try:
+                        # a 5xx counts against the engine: nothing else took part in the answer
+                        async for frame in self._relay(resp, cand, head, call=call):
+                            yield frame
+                    except BaseException:
+                        resp.close()
+                        raise
+                    finally:
+                        resp.release()
+                    return
+            tried.append(endpoint_key(cand.endpoint))
+        if not tried:
+            names = " or ".join(r.value for r in order)
+            raise Unavailable(f"no schedulable {names} instance of model {model!r} for {req.path}",
+                              reason="NO_SCHEDULABLE_INSTANCE", metadata={"model": model, "role": names})
+        raise self._exhausted("engine", replace(req, model=model), len(tried), last or "no other instance")
 
     # -- prefill, then decode (vLLM) ---------------------------------------------------------
 
