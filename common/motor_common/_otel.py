@@ -22,6 +22,7 @@ from motor_common.tracing import (
     Carrier,
     Kind,
     Parent,
+    PassthroughSpan,
     Span,
     Tracer,
     TracingConfig,
@@ -85,6 +86,8 @@ class OtelTracer(Tracer):
     def start(self, name: str, parent: Parent, *, kind: Kind = "internal",
               attrs: Mapping[str, AttrValue] | None = None) -> Span:
         if isinstance(parent, _OtelSpan):
+            if not parent.recording:  # an unsampled trace: its children are not recorded either
+                return PassthroughSpan(parent.carrier)
             ctx: Any = trace.set_span_in_context(parent.span)
         elif isinstance(parent, tuple):
             ctx = _PROPAGATOR.extract(dict(parent)) if parent else Context()
