@@ -195,7 +195,8 @@ def _serves_completions(port: int) -> Any:
 @asynccontextmanager
 async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = None,
                       gateway_args: Sequence[str] = (), config: dict[str, Any] | None = None,
-                      co_located: bool = False) -> AsyncIterator[Target]:
+                      co_located: bool = False, gateway_config: dict[str, Any] | None = None,
+                      name: str | None = None) -> AsyncIterator[Target]:
     """motor-coordinator + motor-gateway, engines registered with the real ``motor register add``;
     *co_located*: no gateway, the coordinator's own OpenAI front (``http.port``) is the target."""
     cfg = json.loads(json.dumps(config or {}))
@@ -208,7 +209,8 @@ async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = N
         if co_located:
             gw = Proc("co-located", coord.popen, coord.log_path, port=int(coord.ports["http"]))
         else:
-            gw = await es.enter_async_context(start_gateway(log_dir, [coord.address], extra_args=gateway_args))
+            gw = await es.enter_async_context(start_gateway(log_dir, [coord.address], extra_args=gateway_args,
+                                                            config=gateway_config))
         env = {**os.environ, "MOTOR_COORDINATOR": coord.address}
         for role, sims in (("prefill", engines.prefills), ("decode", engines.decodes)):
             for sim in sims:
@@ -225,7 +227,7 @@ async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = N
             if time.monotonic() > deadline:
                 raise TimeoutError(f"motor gateway not serving:\n{gw.log()[-2000:]}")
             await asyncio.sleep(0.1)
-        yield Target("motor (co-located)" if co_located else "motor", gw.url,
+        yield Target(name or ("motor (co-located)" if co_located else "motor"), gw.url,
                      [coord.pid] if co_located else [coord.pid, gw.pid])
 
 

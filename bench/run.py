@@ -11,6 +11,8 @@ in front of *the same* engines, in turn:
   room to P and D at once). This is the baseline "added latency" is measured against.
 * ``motor``    — motor-gateway + motor-coordinator (default config), engines registered with
   ``motor register add``.
+* ``motor-unary`` (only when named in ``--only``) — the same, the gateway with ``multiplex: false``
+  (one Dispatch call per request instead of its DispatchMany stream): the A/B of that stream.
 * ``motor (co-located)`` — motor-coordinator alone with its co-located OpenAI front
   (``http.port``): the gateway's routes dispatching in process, no gRPC hop.
 * ``vllm-router/cache_aware``, ``vllm-router/round_robin`` (vLLM flavour) and
@@ -121,8 +123,13 @@ def targets_for(flavour: str, only: set[str] | None) -> list[tuple[str, Callable
                 ("vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin"))]
     else:
         out += [("sglang-router/cache_aware", lambda e, d: start_sglang_router(e, d, "cache_aware"))]
-    return [t for t in out if only is None or t[0] in only or t[0].split("/")[0] in only
-            or (t[0].startswith("motor") and "motor" in only)]
+    picked = [t for t in out if only is None or t[0] in only or t[0].split("/")[0] in only
+              or (t[0].startswith("motor") and "motor" in only)]
+    if only is not None and "motor-unary" in only:
+        # A/B of the gateway's DispatchMany stream: the same gateway with one Dispatch call per request.
+        picked.insert(1, ("motor-unary", lambda e, d: start_motor(e, d, gateway_config={"multiplex": False},
+                                                                  name="motor-unary")))
+    return picked
 
 
 async def bench_flavour(mode: str, flavour: str, args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:

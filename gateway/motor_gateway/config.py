@@ -47,6 +47,10 @@ class GatewayConfig:
     # request that failed before its first byte is sent (first try included).
     failover_timeout_sec: float = 10.0
     dispatch_attempts: int = 3
+    # Requests travel on one long-lived DispatchMany stream per coordinator (the gRPC call's cost
+    # paid once per connection); false = one Dispatch call per request. A coordinator without
+    # DispatchMany (older version) gets Dispatch calls either way. docs/benchmarks.md has numbers.
+    multiplex: bool = True
     # Seconds in-flight requests get to finish on SIGTERM/SIGINT.
     shutdown_grace_sec: float = 10.0
     # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced);

@@ -25,8 +25,9 @@ import grpc
 
 from motor_common.errors import Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
-from motor_common.grpc_server import error_reason
+from motor_common.grpc_server import AUTHORIZATION_HEADER, error_reason
 from motor_common.leadership import DEGRADED_HEADER
+from motor_common.tracing import TRACEPARENT, TRACESTATE
 from motor_gateway.pool import CoordinatorPool
 from motor_gateway.routing import retryable
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 DEGRADED_METADATA = (DEGRADED_HEADER, "1")
 
-Call = Any  # grpc.aio.UnaryStreamCall[DispatchRequest, DispatchResponse]
+Call = Any  # grpc.aio.UnaryStreamCall[DispatchRequest, DispatchResponse], or a mux.MuxCall
 
 
 class _Moved(Exception):
@@ -80,12 +81,9 @@ async def dispatch(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        md = (*metadata, DEGRADED_METADATA) if route.degraded else metadata
-        call = pool.stub(route.address).Dispatch(request, timeout=remaining, metadata=md)
         try:
-            return call, await _first_frame(pool, call, route.address)
+            return await _send(pool, route.address, request, remaining, metadata, route.degraded)
         except _Moved as moved:
-            call.cancel()
             log.warning("coordinator route moved before the head: resending",
                         extra={"old": route.address, "new": str(moved), "attempt": attempt})
         except grpc.aio.AioRpcError as exc:
@@ -106,6 +104,35 @@ async def dispatch(
     if last_exc is not None:
         raise last_exc
     raise Unavailable(pool.route.reason or "no master coordinator", reason="NO_MASTER_COORDINATOR")
+
+
+async def _send(pool: CoordinatorPool, address: str, request: cpb.DispatchRequest, timeout: float,
+                metadata: tuple[tuple[str, str], ...], degraded: bool) -> tuple[Call, Any]:
+    """One send to *address* and its first frame: on the coordinator's DispatchMany stream, or a
+    Dispatch call if it has none (an older coordinator answers UNIMPLEMENTED: sent again as a
+    Dispatch call at once, and every later request too)."""
+    mux = pool.mux(address)
+    for multiplexed in (True, False):
+        if multiplexed and not mux.supported:
+            continue
+        if multiplexed:
+            # The stream carries the credential once; the request id travels in the request, the
+            # trace context and the degraded hint in its start command.
+            call = mux.dispatch(request, timeout=timeout, degraded=degraded,
+                                trace={k: v for k, v in metadata if k in (TRACEPARENT, TRACESTATE)},
+                                metadata=tuple(kv for kv in metadata if kv[0] == AUTHORIZATION_HEADER))
+        else:
+            md = (*metadata, DEGRADED_METADATA) if degraded else metadata
+            call = pool.stub(address).Dispatch(request, timeout=timeout, metadata=md)
+        try:
+            return call, await _first_frame(pool, call, address)
+        except _Moved:
+            call.cancel()
+            raise
+        except grpc.aio.AioRpcError as exc:
+            if not (multiplexed and exc.code() == grpc.StatusCode.UNIMPLEMENTED and not mux.supported):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _probed(pool: CoordinatorPool, deadline: float) -> None:

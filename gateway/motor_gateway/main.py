@@ -90,7 +90,7 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     pool = CoordinatorPool(cfg.coordinators, tls=cfg.tls, tls_ca_file=cfg.tls_ca_file,
                            timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
                            probe_timeout=cfg.probe_timeout_sec, failover_timeout=cfg.failover_timeout_sec,
-                           dispatch_attempts=cfg.dispatch_attempts)
+                           dispatch_attempts=cfg.dispatch_attempts, multiplex=cfg.multiplex)
     client = GrpcDispatchClient(pool, request_timeout=cfg.request_timeout_sec,
                                 control_timeout=cfg.control_timeout_sec, credential=credential)
     try:

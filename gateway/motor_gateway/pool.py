@@ -24,6 +24,7 @@ from motor_common.leadership import LeaderRole
 from motor_common.openai_front.dispatch import Readiness
 from motor_common.tasks import TaskOwner
 from motor_common.tls import TlsConfig
+from motor_gateway.mux import DispatchMux
 from motor_gateway.routing import UNREACHABLE, CoordinatorView, Route, choose
 
 __all__ = ["UNREACHABLE", "CoordinatorPool"]
@@ -42,6 +43,7 @@ class _Member:
         self.address = address
         self.channel = open_channel(address, tls=tls, tls_ca_file=tls_ca_file)
         self.stub = cgrpc.DispatchServiceStub(self.channel)
+        self.mux = DispatchMux(self.stub, address)
 
     async def view(self, timeout: float) -> CoordinatorView:
         try:
@@ -75,10 +77,13 @@ class CoordinatorPool:
         probe_timeout: float = 0.5,
         failover_timeout: float = 10.0,
         dispatch_attempts: int = 3,
+        multiplex: bool = True,
     ) -> None:
         if not addresses:
             raise ValueError("CoordinatorPool needs at least one address")
         self._members = {a: _Member(a, tls, tls_ca_file) for a in addresses}
+        for member in self._members.values():
+            member.mux.supported = multiplex
         self._order = list(self._members)
         self._timeout = timeout
         self._probe_interval = probe_interval
@@ -116,6 +121,10 @@ class CoordinatorPool:
     def stub(self, address: str | None = None) -> cgrpc.DispatchServiceStub:
         """The DispatchService stub of *address*, else of the routed (or first) coordinator."""
         return self._members[address or self.current].stub
+
+    def mux(self, address: str) -> DispatchMux:
+        """The DispatchMany stream to *address*."""
+        return self._members[address].mux
 
     def changed(self) -> asyncio.Event:
         """An event set at the next route change (take it before awaiting)."""
@@ -209,4 +218,5 @@ class CoordinatorPool:
 
     async def close(self) -> None:
         await self._tasks.close()
+        await asyncio.gather(*(m.mux.close() for m in self._members.values()), return_exceptions=True)
         await asyncio.gather(*(m.channel.close() for m in self._members.values()), return_exceptions=True)

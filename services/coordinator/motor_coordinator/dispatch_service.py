@@ -1,4 +1,5 @@
-"""``motor.coordinator.v1.DispatchService`` (no management key): Dispatch, ListModels, GetReadiness."""
+"""``motor.coordinator.v1.DispatchService`` (no management key): Dispatch, DispatchMany (many Dispatch
+calls on one stream, ``dispatch_mux``), ListModels, GetReadiness."""
 
 from __future__ import annotations
 
@@ -11,20 +12,12 @@ from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.logs import new_request_id, request_id_var
-from motor_common.tracing import carrier_from
+from motor_common.tracing import Carrier, carrier_from
+from motor_coordinator.dispatch_mux import serve_stream
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
-from motor_coordinator.request import (
-    CHAT,
-    COMPLETIONS,
-    DETOKENIZE,
-    EMBEDDINGS,
-    RESPONSES,
-    TOKENIZE,
-    VERSION,
-    parse_body,
-)
+from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
 from motor_coordinator.request_metrics import observed
 
 if TYPE_CHECKING:
@@ -32,10 +25,7 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = "motor.coordinator.v1.DispatchService"
 
-_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT,
-         cpb.OPEN_AI_API_EMBEDDINGS: EMBEDDINGS, cpb.OPEN_AI_API_RESPONSES: RESPONSES,
-         cpb.OPEN_AI_API_TOKENIZE: TOKENIZE, cpb.OPEN_AI_API_DETOKENIZE: DETOKENIZE,
-         cpb.OPEN_AI_API_VERSION: VERSION}
+_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT}
 _ROLES = {
     LeaderRole.STANDALONE: cpb.COORDINATOR_ROLE_STANDALONE,
     LeaderRole.MASTER: cpb.COORDINATOR_ROLE_MASTER,
@@ -48,23 +38,33 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         self.app = app
 
     async def Dispatch(self, request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        metadata = context.invocation_metadata() or ()
+        async for frame in self.frames(request, _degraded_hint(metadata), context.time_remaining(),
+                                       carrier_from(metadata)):  # traceparent from the gateway
+            yield frame
+
+    def DispatchMany(self, requests: AsyncIterator[cpb.DispatchManyRequest], context: Any
+                     ) -> AsyncIterator[cpb.DispatchManyResponse]:
+        return serve_stream(requests, self.frames)
+
+    async def frames(self, request: cpb.DispatchRequest, degraded: bool, remaining: float | None,
+                     trace: Carrier) -> AsyncIterator[cpb.DispatchResponse]:
+        """One Dispatch: its response frames; raises ``MotorError``. *remaining*: the caller's
+        deadline in seconds (None = none); the configured request timeout bounds it. *trace*: the
+        caller's trace context."""
         api = _APIS.get(request.api)
         if api is None:
             raise InvalidArgument(
-                "api must be set: one of " + ", ".join(cpb.OpenAiApi.Name(a) for a in _APIS), reason="INVALID_API"
+                "api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API"
             )
-        admit(self.app, degraded_hint=_degraded_hint(context))
+        admit(self.app, degraded_hint=degraded)
         parsed = parse_body(api, request.body)
         rid = request.request_id or request_id_var.get() or new_request_id()
-        # The id the client knows is the one every message and log line of this request names.
-        request_id_var.set(rid)
         timeout = self.app.cfg.dispatch.request_timeout_sec
-        remaining = context.time_remaining()
         if remaining is not None:
             timeout = min(timeout, remaining)
         try:
             async with asyncio.timeout(timeout):
-                trace = carrier_from(context.invocation_metadata() or ())  # traceparent from the gateway
                 async for frame in observed(self.app.dispatcher.dispatch(parsed, rid, trace=trace), parsed.model):
                     if isinstance(frame, Head):
                         yield cpb.DispatchResponse(head=cpb.ResponseHead(
@@ -122,5 +122,5 @@ def admit(app: Coordinator, *, degraded_hint: bool) -> None:
         )
 
 
-def _degraded_hint(context: Any) -> bool:
-    return any(k == DEGRADED_HEADER and v == "1" for k, v in context.invocation_metadata() or ())
+def _degraded_hint(metadata: Any) -> bool:
+    return any(k == DEGRADED_HEADER and v == "1" for k, v in metadata)

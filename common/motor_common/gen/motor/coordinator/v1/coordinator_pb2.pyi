@@ -13,11 +13,6 @@ class OpenAiApi(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPEN_AI_API_UNSPECIFIED: _ClassVar[OpenAiApi]
     OPEN_AI_API_COMPLETIONS: _ClassVar[OpenAiApi]
     OPEN_AI_API_CHAT_COMPLETIONS: _ClassVar[OpenAiApi]
-    OPEN_AI_API_EMBEDDINGS: _ClassVar[OpenAiApi]
-    OPEN_AI_API_RESPONSES: _ClassVar[OpenAiApi]
-    OPEN_AI_API_TOKENIZE: _ClassVar[OpenAiApi]
-    OPEN_AI_API_DETOKENIZE: _ClassVar[OpenAiApi]
-    OPEN_AI_API_VERSION: _ClassVar[OpenAiApi]
 
 class CoordinatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -28,11 +23,6 @@ class CoordinatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 OPEN_AI_API_UNSPECIFIED: OpenAiApi
 OPEN_AI_API_COMPLETIONS: OpenAiApi
 OPEN_AI_API_CHAT_COMPLETIONS: OpenAiApi
-OPEN_AI_API_EMBEDDINGS: OpenAiApi
-OPEN_AI_API_RESPONSES: OpenAiApi
-OPEN_AI_API_TOKENIZE: OpenAiApi
-OPEN_AI_API_DETOKENIZE: OpenAiApi
-OPEN_AI_API_VERSION: OpenAiApi
 COORDINATOR_ROLE_UNSPECIFIED: CoordinatorRole
 COORDINATOR_ROLE_STANDALONE: CoordinatorRole
 COORDINATOR_ROLE_MASTER: CoordinatorRole
@@ -219,6 +209,78 @@ class DispatchResponse(_message.Message):
     head: ResponseHead
     chunk: bytes
     def __init__(self, head: _Optional[_Union[ResponseHead, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class DispatchManyRequest(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[DispatchCommand]
+    def __init__(self, commands: _Optional[_Iterable[_Union[DispatchCommand, _Mapping]]] = ...) -> None: ...
+
+class DispatchCommand(_message.Message):
+    __slots__ = ("stream_id", "start", "cancel")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    start: DispatchStart
+    cancel: bool
+    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[DispatchStart, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class DispatchStart(_message.Message):
+    __slots__ = ("request", "timeout_ms", "degraded", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    request: DispatchRequest
+    timeout_ms: int
+    degraded: bool
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, request: _Optional[_Union[DispatchRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., degraded: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DispatchManyResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[DispatchEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[DispatchEvent, _Mapping]]] = ...) -> None: ...
+
+class DispatchEvent(_message.Message):
+    __slots__ = ("stream_id", "frame", "end", "error")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    frame: DispatchResponse
+    end: bool
+    error: DispatchError
+    def __init__(self, stream_id: _Optional[int] = ..., frame: _Optional[_Union[DispatchResponse, _Mapping]] = ..., end: _Optional[bool] = ..., error: _Optional[_Union[DispatchError, _Mapping]] = ...) -> None: ...
+
+class DispatchError(_message.Message):
+    __slots__ = ("code", "message", "reason", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    reason: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()

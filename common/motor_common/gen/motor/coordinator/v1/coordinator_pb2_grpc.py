@@ -462,6 +462,11 @@ class DispatchServiceStub:
                 request_serializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchRequest.SerializeToString,
                 response_deserializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchResponse.FromString,
                 _registered_method=True)
+        self.DispatchMany = channel.stream_stream(
+                '/motor.coordinator.v1.DispatchService/DispatchMany',
+                request_serializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchManyRequest.SerializeToString,
+                response_deserializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchManyResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/motor.coordinator.v1.DispatchService/ListModels',
                 request_serializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.ListModelsRequest.SerializeToString,
@@ -481,10 +486,22 @@ class DispatchServiceServicer:
     def Dispatch(self, request, context):
         """Runs one OpenAI request through a prefill→decode handoff (or a union instance) and streams the
         engine's HTTP response back: first a head, then body chunks exactly as the engine sent them.
-        Completions and chat completions are split prefill→decode; the other APIs (OpenAiApi) are
-        relayed whole to one instance.
         Errors before the head are gRPC statuses: INVALID_ARGUMENT (bad body), NOT_FOUND (unknown
         model), UNAVAILABLE (no schedulable instance / not master), DEADLINE_EXCEEDED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DispatchMany(self, request_iterator, context):
+        """Many Dispatch calls multiplexed on one long-lived stream: a gateway keeps one per coordinator,
+        so the cost of a call (setup, metadata, credential check, deadline, status) is paid once per
+        connection instead of once per request, and under load one message carries the frames of
+        many requests. Each request is a `start` under a stream_id the client chooses (unique among
+        its open requests); its frames come back under the same id, exactly as Dispatch would stream
+        them (a head, then chunks), followed by `end` (finished) or `error` (the code, message and
+        ErrorInfo reason Dispatch would have failed with). `cancel` stops one request (the engines see
+        the disconnect). Closing the stream cancels every request still open on it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -511,6 +528,11 @@ def add_DispatchServiceServicer_to_server(servicer, server):
                     servicer.Dispatch,
                     request_deserializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchRequest.FromString,
                     response_serializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchResponse.SerializeToString,
+            ),
+            'DispatchMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.DispatchMany,
+                    request_deserializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchManyRequest.FromString,
+                    response_serializer=motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchManyResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -551,6 +573,33 @@ class DispatchService:
             '/motor.coordinator.v1.DispatchService/Dispatch',
             motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchRequest.SerializeToString,
             motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DispatchMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/motor.coordinator.v1.DispatchService/DispatchMany',
+            motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchManyRequest.SerializeToString,
+            motor_dot_coordinator_dot_v1_dot_coordinator__pb2.DispatchManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

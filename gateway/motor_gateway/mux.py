@@ -1,0 +1,227 @@
+"""The gateway's side of ``DispatchMany``: one long-lived stream per coordinator carrying every
+request, instead of one gRPC call per request (the call's setup, metadata, credential check and
+status are paid once per stream).
+
+:meth:`DispatchMux.dispatch` returns a :class:`MuxCall` with the part of grpc.aio's
+``UnaryStreamCall`` the gateway uses (``read`` → a ``DispatchResponse`` or ``grpc.aio.EOF``,
+``cancel``, ``done``), failing with the same ``grpc.aio.AioRpcError`` a Dispatch call would (code,
+details, ErrorInfo reason in the trailing metadata), so failover (``motor_gateway.failover``) and
+error mapping (``motor_gateway.client``) treat both alike. The stream opens at the first request;
+when it breaks (coordinator gone, keepalive timeout), every request open on it fails with the
+stream's error (UNAVAILABLE: retryable before the head) and the next request opens a new one. A
+coordinator without ``DispatchMany`` (UNIMPLEMENTED: an older version) gets unary Dispatch calls
+from then on (:attr:`DispatchMux.supported`).
+
+Commands waiting when the stream can take a message go out together, as the coordinator sends the
+events of many requests in one message: under load one gRPC message serves many requests.
+A request's frames wait in its own queue until the HTTP side reads them; a slow HTTP client
+never stalls the others (the queue holds at most that one answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import grpc
+
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_server import status_details
+from motor_common.tasks import TaskOwner
+
+log = logging.getLogger(__name__)
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+# One message carries at most this many commands, and stops growing past this many body bytes.
+MAX_BATCH_COMMANDS = 256
+MAX_BATCH_BYTES = 1024 * 1024
+_EOF: Any = grpc.aio.EOF
+
+
+def _error(code: grpc.StatusCode, details: str, trailing: grpc.aio.Metadata | None = None) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing or grpc.aio.Metadata(), details)
+
+
+def _request_error(err: cpb.DispatchError) -> grpc.aio.AioRpcError:
+    """The AioRpcError a Dispatch call ending with *err*'s status raises."""
+    code = _CODES.get(err.code, grpc.StatusCode.UNKNOWN)
+    details = status_details(code, err.message, err.reason, dict(err.metadata))
+    return _error(code, err.message, grpc.aio.Metadata(("grpc-status-details-bin", details)))
+
+
+class MuxCall:
+    """One request on a DispatchMany stream."""
+
+    __slots__ = ("_deadline", "_done", "_frames", "_stream", "stream_id")
+
+    def __init__(self, stream: _Stream, stream_id: int, deadline: float) -> None:
+        self._stream = stream
+        self.stream_id = stream_id
+        self._deadline = deadline
+        self._frames: asyncio.Queue[Any] = asyncio.Queue()
+        self._done = False
+
+    def deliver(self, item: Any) -> None:
+        """A frame, ``grpc.aio.EOF`` or the AioRpcError the request ended with."""
+        self._frames.put_nowait(item)
+
+    async def read(self) -> Any:
+        """The next ``DispatchResponse``, or ``grpc.aio.EOF`` after the last; raises the request's
+        ``AioRpcError`` (DEADLINE_EXCEEDED at its deadline, like a gRPC call)."""
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                item = await self._frames.get()
+        except TimeoutError:
+            self.cancel()
+            raise _error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        if isinstance(item, grpc.aio.AioRpcError):
+            self._done = True
+            raise item
+        if item is _EOF:
+            self._done = True
+        return item
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> bool:
+        """Stop the request (client gone, route moved): the coordinator aborts it."""
+        if self._done:
+            return False
+        self._done = True
+        self._stream.cancel(self.stream_id)
+        return True
+
+
+class _Stream:
+    """One DispatchMany call, its writer and reader tasks and the requests open on it."""
+
+    def __init__(self, mux: DispatchMux, call: Any) -> None:
+        self.mux = mux
+        self.call = call
+        self.calls: dict[int, MuxCall] = {}
+        self.outbox: asyncio.Queue[cpb.DispatchCommand] = asyncio.Queue()
+        self.broken = False
+        self.writer: asyncio.Task[Any] | None = None
+
+    def start(self, request: cpb.DispatchRequest, timeout: float, degraded: bool, trace: dict[str, str]) -> MuxCall:
+        sid = self.mux.next_id()
+        loop = asyncio.get_running_loop()
+        call = MuxCall(self, sid, loop.time() + timeout)
+        self.calls[sid] = call
+        self.outbox.put_nowait(cpb.DispatchCommand(stream_id=sid, start=cpb.DispatchStart(
+            request=request, timeout_ms=max(1, min(int(timeout * 1000), 2**32 - 1)), degraded=degraded,
+            trace_context=trace)))
+        return call
+
+    def cancel(self, sid: int) -> None:
+        if self.calls.pop(sid, None) is not None and not self.broken:
+            self.outbox.put_nowait(cpb.DispatchCommand(stream_id=sid, cancel=True))
+
+    async def write(self) -> None:
+        write = self.call.write
+        outbox = self.outbox
+        try:
+            while True:
+                # Every command waiting goes in one message (bounded like the coordinator's batches).
+                batch = [await outbox.get()]
+                size = len(batch[0].start.request.body)
+                while not outbox.empty() and len(batch) < MAX_BATCH_COMMANDS and size < MAX_BATCH_BYTES:
+                    cmd = outbox.get_nowait()
+                    batch.append(cmd)
+                    size += len(cmd.start.request.body)
+                await write(cpb.DispatchManyRequest(commands=batch))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            # The stream is over; the reader sees why and fails the open requests.
+            log.debug("DispatchMany write failed: %s", exc)
+        except Exception as exc:  # grpc's ExecuteBatchError (a write after the call ended)
+            if "grpc" not in type(exc).__module__:
+                raise
+            log.debug("DispatchMany write failed: %s", exc)
+
+    async def read(self) -> None:
+        read = self.call.read
+        calls = self.calls
+        try:
+            while (msg := await read()) is not _EOF:
+                for ev in msg.events:
+                    kind = ev.WhichOneof("kind")
+                    if kind == "frame":
+                        call = calls.get(ev.stream_id)
+                        if call is not None:
+                            call.deliver(ev.frame)
+                    elif kind == "end":
+                        call = calls.pop(ev.stream_id, None)
+                        if call is not None:
+                            call.deliver(_EOF)
+                    elif kind == "error":
+                        call = calls.pop(ev.stream_id, None)
+                        if call is not None:
+                            call.deliver(_request_error(ev.error))
+            exc = _error(grpc.StatusCode.UNAVAILABLE, "the coordinator ended the DispatchMany stream")
+        except grpc.aio.AioRpcError as err:
+            exc = err
+        self.fail(exc)
+
+    def fail(self, exc: grpc.aio.AioRpcError) -> None:
+        """The stream is over: every request still open on it fails with *exc*."""
+        self.broken = True
+        if self.writer is not None:
+            self.writer.cancel()
+        self.mux.ended(self, exc)
+        calls = list(self.calls.values())
+        self.calls.clear()
+        for call in calls:
+            call.deliver(exc)
+
+
+class DispatchMux:
+    """The DispatchMany stream to one coordinator (opened on first use, reopened after a break)."""
+
+    def __init__(self, stub: cgrpc.DispatchServiceStub, address: str) -> None:
+        self._stub = stub
+        self.address = address
+        self._stream: _Stream | None = None
+        self._next = 0
+        self._tasks = TaskOwner(f"dispatch-mux {address}")
+        # False once the coordinator answered UNIMPLEMENTED (no DispatchMany): unary calls then.
+        self.supported = True
+        self.opened = 0  # streams opened so far (logs, tests)
+
+    def next_id(self) -> int:
+        self._next += 1
+        return self._next
+
+    def dispatch(self, request: cpb.DispatchRequest, *, timeout: float, degraded: bool, trace: dict[str, str],
+                 metadata: tuple[tuple[str, str], ...]) -> MuxCall:
+        """Send *request* on the stream (opened with *metadata*, the credential, if there is none);
+        *trace*: its W3C trace context headers."""
+        stream = self._stream
+        if stream is None:
+            stream = self._stream = _Stream(self, self._stub.DispatchMany(metadata=metadata))
+            self.opened += 1
+            stream.writer = self._tasks.spawn(stream.write(), name=f"dispatch-mux-write {self.address}")
+            self._tasks.spawn(stream.read(), name=f"dispatch-mux-read {self.address}")
+        return stream.start(request, timeout, degraded, trace)
+
+    def ended(self, stream: _Stream, exc: grpc.aio.AioRpcError) -> None:
+        if self._stream is stream:
+            self._stream = None
+        if not stream.call.done():
+            stream.call.cancel()
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            if self.supported:
+                log.warning("coordinator has no DispatchMany (older version): one Dispatch call per request",
+                            extra={"coordinator": self.address})
+            self.supported = False
+        elif exc.code() != grpc.StatusCode.CANCELLED:
+            log.info("DispatchMany stream ended", extra={"coordinator": self.address, "code": exc.code().name,
+                                                         "detail": exc.details(), "open": len(stream.calls)})
+
+    async def close(self) -> None:
+        stream, self._stream = self._stream, None
+        await self._tasks.close()
+        if stream is not None and not stream.call.done():
+            stream.call.cancel()
