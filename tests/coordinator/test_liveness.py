@@ -91,3 +91,20 @@ def test_alive_since_tells_a_probe_that_waited_while_the_engine_answered_request
     assert not live.alive_since(E, probe_sent)  # silent while the probe waited: the failure counts
     live.alive(E)  # a streamed chunk arrives while the probe still waits
     assert live.alive_since(E, probe_sent)
+
+
+def test_an_explained_silence_makes_every_attempt_innocent_until_the_engine_lives() -> None:
+    clock = Clock()
+    live = Liveness(clock)
+    live.alive(E)
+    episode = live.episode(E)
+    serving = live.sent(E)
+    clock.t += 5
+    assert not live.innocent(serving)
+    live.explain(E)  # a convicted poison request was on it
+    assert live.innocent(serving)
+    assert live.episode(E) == episode
+    clock.t += 1
+    live.alive(E)
+    assert live.episode(E) == clock.t
+    assert not live.innocent(live.sent(E))

@@ -123,7 +123,8 @@ def error_from_motor(exc: MotorError) -> HttpError:
 # Server-side failures (5xx) whose message is written for clients: no engine or coordinator
 # addresses, no exception names. Every other 5xx message is replaced by a public one below and
 # the original goes to the log with the request id.
-_SAFE_5XX = frozenset({"no_schedulable_instance", "request_timeout", "not_master", "isolated"})
+_SAFE_5XX = frozenset({"no_schedulable_instance", "request_timeout", "not_master", "isolated",
+                       "stream_not_continued"})
 _PUBLIC_BY_CODE = {
     "prefill_failed": "the model's prefill engines failed to process the request; retry later",
     "decode_failed": "the model's decode engines failed to process the request; retry later",

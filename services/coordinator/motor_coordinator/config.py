@@ -95,6 +95,16 @@ class DispatchConfig:
     # Keep it above health_probe_interval_sec + probe_timeout_sec; an engine that is merely slow
     # on a long prefill still answers its probes and is waited for.
     first_byte_timeout_sec: float = 5.0
+    # The requests an engine was serving when it stopped answering (poison suspects) are sent to
+    # another engine one at a time; one that stalls a second engine is refused as poison. false:
+    # every suspect is refused at once — a poison request never reaches a second engine, but the
+    # innocent requests of a frozen engine fail with it (docs/fault-tolerance.md).
+    parole_suspects: bool = True
+    # A stream whose engine has given no sign of life (no chunk, answer, probe or scrape) for this
+    # long since its last chunk has stalled: it is continued on another engine like a broken one
+    # (mid-stream migration), or ended with an error when it cannot be continued. Keep it above
+    # health_probe_interval_sec + probe_timeout_sec: a live engine is waited for.
+    inter_token_timeout_sec: float = 5.0
     # Continuations per request when its engine dies after the response head: a stream goes on
     # on another engine (prompt + the text already sent, re-prefilled), a non-streamed answer is
     # run again; 0 = off (docs/fault-tolerance.md, mid-stream migration).
@@ -112,7 +122,7 @@ class DispatchConfig:
 
     def __post_init__(self) -> None:
         if min(self.request_timeout_sec, self.connect_timeout_sec, self.probe_timeout_sec,
-               self.first_byte_timeout_sec) <= 0:
+               self.first_byte_timeout_sec, self.inter_token_timeout_sec) <= 0:
             raise ValueError("dispatch timeouts must be > 0")
         if self.prefill_retries < 0:
             raise ValueError("dispatch.prefill_retries must be >= 0")

@@ -7,15 +7,17 @@ UNAVAILABLE (reason ENGINE_STREAM_BROKEN).
 
 A sequential (vLLM) decode whose answer says the KV hand-off failed (its adapter reads the first
 bytes: a NIXL handshake or transfer that failed under ``kv_load_failure_policy: fail``) is run
-again before the client saw a byte — a fresh prefill, then another decode when one is schedulable,
-else the same one (whose retried NIXL handshake usually succeeds) — at most
+again before the client saw a byte — a fresh prefill and another decode, each when one is
+schedulable, else the same one (whose retried NIXL handshake usually succeeds) — at most
 ``dispatch.kv_load_retries`` times; then the decode's own answer is relayed.
 
 Every attempt waits for its engine's first byte under a watchdog: when the engine gives no sign of
 life for ``first_byte_timeout_sec`` the attempt has stalled. Whether a stalled or dropped attempt
-is sent to another engine is decided by ``liveness.Liveness`` (innocent: yes; suspect: a stall is
-refused as a poison suspect, FAILED_PRECONDITION ``POISON_REQUEST_SUSPECTED``, and a drop gets one
-more engine).
+is sent to another engine is decided by ``liveness.Liveness`` (innocent: yes) and, for a stalled
+suspect, by ``quarantine.Quarantine``: the suspects of one hung engine are paroled to other
+engines one at a time, and one that stalls a second engine is convicted — refused as poison,
+FAILED_PRECONDITION ``POISON_REQUEST_SUSPECTED`` (``dispatch.parole_suspects`` off: every stalled
+suspect is). A dropped suspect gets one more engine.
 
 Mid-stream migration (``dispatch.migration_budget`` continuations per request): when an engine dies
 after the head, a stream continues on another engine — re-prefilled with the prompt plus the text
@@ -45,9 +47,10 @@ from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
 from motor_coordinator.dispatch_trace import DispatchTrace, EngineCall, RetryReason
 from motor_coordinator.engine_client import EngineClient, EngineUnreachable
-from motor_coordinator.liveness import Attempt
+from motor_coordinator.liveness import Attempt, Key
 from motor_coordinator.migration import StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
+from motor_coordinator.quarantine import Quarantine, Turn
 from motor_coordinator.request import ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
 
@@ -84,7 +87,8 @@ class _PrefillFailed(Exception):
 
 
 class _Stalled(Exception):
-    """The engine gave no sign of life for the first-byte deadline while the attempt waited."""
+    """The engine gave no sign of life for the first-byte (or inter-token) deadline while the
+    attempt waited for its first (or next) byte."""
 
 
 _T = TypeVar("_T")
@@ -97,13 +101,16 @@ class _Fate:
     """What one request's failed attempts allow (see ``liveness``): a stall it may have caused
     ends it; so does a second engine dropping it."""
 
-    __slots__ = ("drops", "model", "rid", "trace")
+    __slots__ = ("drops", "model", "parole", "parole_role", "paroled", "rid", "trace")
 
     def __init__(self, model: str, rid: str, trace: DispatchTrace) -> None:
         self.model = model
         self.rid = rid
         self.drops = 0
         self.trace = trace  # spans and phase metrics of this request (dispatch_trace)
+        self.parole: int | None = None  # its quarantine ticket while it is on parole
+        self.parole_role = ""  # the role of the engine it hung (only an answer of that role clears it)
+        self.paroled = False  # it was on parole once (a request is paroled at most once)
 
     def poison(self, what: str, detail: str) -> FailedPrecondition:
         """The refusal: *what* happened, for the client; *detail* (engine addresses) only in the log."""
@@ -139,12 +146,15 @@ class Dispatcher:
         self._seq = itertools.count()
         # Probe an engine now (the app wires Monitor.probe_now); None: only the periodic probes.
         self.probe_now: Callable[[Endpoint], None] | None = None
+        self.quarantine = Quarantine()
+        self._turns: dict[int, asyncio.Future[None]] = {}  # quarantine tickets waiting for their turn
 
     async def dispatch(self, req: ParsedRequest, request_id: str, *, trace: Parent = ()) -> AsyncIterator[Frame]:
         """*trace*: the caller's span or the trace headers it received (``motor_common.tracing``)."""
         fate = _Fate(req.model, request_id, DispatchTrace(req.model, request_id, trace, stream=req.stream))
         stream: AsyncGenerator[Frame, None]
-        if self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body)):
+        migrating = self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body))
+        if migrating:
             stream = self._migrating(req, request_id, fate)
         else:
             stream = self._once(req, request_id, fate)
@@ -153,11 +163,25 @@ class Dispatcher:
             async with contextlib.aclosing(stream):
                 async for frame in stream:
                     yield frame
+        except Unavailable as exc:
+            error = exc
+            if migrating or exc.reason != "ENGINE_STREAM_BROKEN" or not req.stream:
+                raise
+            why = ("mid-stream migration is off (dispatch.migration_budget 0)" if self.cfg.migration_budget == 0
+                   else "a continuation of this request would not equal an uninterrupted answer (it uses n > 1, "
+                   "best_of, logprobs, echo, suffix, stop strings, stop_token_ids, tools or a token prompt)")
+            # a message written for the client (the gateway relays STREAM_NOT_CONTINUED's as it is)
+            error = Unavailable(f"{exc.message}. The stream was not continued on another engine: {why}; "
+                                "send the request again", reason="STREAM_NOT_CONTINUED")
+            raise error from exc
         except BaseException as exc:
             error = exc
             raise
         finally:
             fate.trace.end(error)
+            if fate.parole is not None:  # it ended without a verdict: the next suspect's turn
+                self._wake(self.quarantine.cleared(fate.parole))
+                fate.parole = None
 
     async def _once(self, req: ParsedRequest, request_id: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
         ids = self.token_ids(req) if self.token_ids is not None else None
@@ -299,21 +323,93 @@ class Dispatcher:
             self.scheduler.trip(cand.endpoint)
             what = (f"{role} engine {cand.endpoint.host_port} gave no sign of life for "
                     f"{self.cfg.first_byte_timeout_sec:g}s while serving it")
-            if not innocent:
-                raise fate.poison(f"its {role} engine gave no sign of life for "
-                                  f"{self.cfg.first_byte_timeout_sec:g}s while serving it", what) from None
-            log.warning("%s; request %s arrived after it went silent: retrying on another engine",
-                        what, fate.rid)
+            if innocent:
+                log.warning("%s; request %s arrived after it went silent (or a convicted request hung it): "
+                            "retrying on another engine", what, fate.rid)
+            else:
+                await self._suspect(fate, a.key, role, what)
             raise EngineUnreachable(cand.endpoint, "stalled (no sign of life)", reached=False) from None
         except EngineUnreachable as exc:
             if exc.reached and not live.innocent(a):
+                if fate.parole is not None:
+                    self._convict(fate, a.key, f"{role} engine {cand.endpoint.host_port} dropped it on parole")
+                    raise fate.poison("it hung one engine and a second one dropped the connection while serving it",
+                                      f"on parole, {role} engine {cand.endpoint.host_port} dropped it") from exc
                 fate.drops += 1
                 if fate.drops >= 2:
                     raise fate.poison(f"{fate.drops} engines dropped the connection while serving it",
                                       f"{fate.drops} engines dropped it, the last {cand.endpoint.host_port}") from exc
             raise
         live.alive(a.key)
+        if fate.parole is not None and role == fate.parole_role:  # answered elsewhere: a victim, not the poison
+            metrics.POISON_SUSPECTS.labels(fate.model, "cleared").inc()
+            self._wake(self.quarantine.cleared(fate.parole))
+            fate.parole = None
         return result
+
+    # -- quarantine (quarantine.py) ------------------------------------------------------------
+
+    async def _suspect(self, fate: _Fate, key: Key, role: str, what: str) -> None:
+        """A suspect's attempt stalled on engine *key*. Return when it may go to another engine
+        (its group's turn, or freed as a victim); raise the poison refusal otherwise."""
+        timeout = self.cfg.first_byte_timeout_sec
+        if fate.parole is not None:  # its second hung engine
+            self._convict(fate, key, what)
+            raise fate.poison(f"it was on two engines that stopped answering, the last its {role} engine, "
+                              f"for {timeout:g}s", f"on parole, {what}")
+        if not self.cfg.parole_suspects or fate.paroled:
+            metrics.POISON_SUSPECTS.labels(fate.model, "refused").inc()
+            raise fate.poison(f"its {role} engine gave no sign of life for {timeout:g}s while serving it", what)
+        ticket = self.quarantine.join((key, self.scheduler.liveness.episode(key)))
+        try:
+            if self.quarantine.turn(ticket) is Turn.WAIT:
+                fut = self._turns[ticket] = asyncio.get_running_loop().create_future()
+                try:
+                    # its turn comes when the member on parole is answered (a first byte) or
+                    # convicted (a stall): within about one first-byte deadline
+                    await asyncio.wait_for(fut, timeout)
+                except TimeoutError:
+                    metrics.POISON_SUSPECTS.labels(fate.model, "refused").inc()
+                    raise fate.poison(f"its {role} engine gave no sign of life for {timeout:g}s while serving it, "
+                                      "and the check of the other requests it was serving took too long",
+                                      f"{what}; no parole within {timeout:g}s") from None
+                finally:
+                    self._turns.pop(ticket, None)
+        except BaseException:
+            self._wake(self.quarantine.leave(ticket))
+            raise
+        if self.quarantine.turn(ticket) is Turn.FREE:
+            metrics.POISON_SUSPECTS.labels(fate.model, "exonerated").inc()
+            self._wake(self.quarantine.leave(ticket))
+            log.warning("%s; request %s was its victim (another request on it was convicted): retrying it "
+                        "on another engine", what, fate.rid)
+            return
+        fate.parole, fate.parole_role, fate.paroled = ticket, role, True
+        metrics.POISON_SUSPECTS.labels(fate.model, "paroled").inc()
+        log.warning("%s; request %s may be what hung it: sending it to another engine on parole (it is "
+                    "refused if that one stops answering too)", what, fate.rid)
+
+    def _convict(self, fate: _Fate, key: Key, what: str) -> None:
+        """*fate*'s request, on parole, hung engine *key* too: it is the poison. The hangs of both
+        engines are explained: the other requests on them were its victims."""
+        assert fate.parole is not None
+        live = self.scheduler.liveness
+        metrics.POISON_SUSPECTS.labels(fate.model, "convicted").inc()
+        origin = self.quarantine.group_of(fate.parole)
+        if origin is not None and live.episode(origin[0]) == origin[1]:
+            live.explain(origin[0])  # still silent since it hung under this request
+        woken = self.quarantine.convicted(fate.parole)
+        woken += self.quarantine.explain((key, live.episode(key)))
+        live.explain(key)
+        fate.parole = None
+        self._wake(woken)
+        log.error("request %s convicted as poison: %s", fate.rid, what)
+
+    def _wake(self, tickets: list[int]) -> None:
+        for t in tickets:
+            fut = self._turns.get(t)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
 
     async def _relay(
         self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
@@ -335,9 +431,7 @@ class Dispatcher:
                     call.first_byte()
                 yield chunk
             if head.content_type.startswith(SSE):
-                alive, key = self.scheduler.liveness.alive, endpoint_key(cand.endpoint)
-                async for chunk in resp.content.iter_any():
-                    alive(key)
+                async for chunk in self._chunks(resp, endpoint_key(cand.endpoint)):
                     if call is not None:
                         call.first_byte()
                     yield chunk
@@ -358,6 +452,52 @@ class Dispatcher:
                 f"the engine broke the response stream; the coordinator log has the details under request id {rid}",
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
+        except _Stalled:
+            if call is not None:
+                call.fail("stream_stalled")
+            self.scheduler.trip(cand.endpoint)  # hung mid-answer: no new work until a probe passes
+            metrics.STREAM_STALLS.inc()
+            rid = request_id_var.get()
+            limit = self.cfg.inter_token_timeout_sec
+            log.warning("engine %s stopped streaming: no chunk and no sign of life for %gs (request id %s)",
+                        cand.endpoint.host_port, limit, rid)
+            raise Unavailable(
+                f"the engine stopped sending the answer (no sign of life for {limit:g}s); the coordinator "
+                f"log has the details under request id {rid}",
+                reason="ENGINE_STREAM_BROKEN",
+            ) from None
+
+    async def _chunks(self, resp: aiohttp.ClientResponse, key: Key) -> AsyncIterator[bytes]:
+        """The SSE body's chunks as they come; raise :class:`_Stalled` once the engine has given no
+        sign of life (no chunk of this stream, no answer to anything else, no probe or scrape) for
+        ``inter_token_timeout_sec`` since the last chunk. An engine that answers its probes is
+        alive and waited for; with probes off nothing tells slow from hung, so nothing stalls."""
+        live = self.scheduler.liveness
+        watch = self.cfg.health_probe_interval_sec > 0
+        limit = self.cfg.inter_token_timeout_sec
+        content = resp.content
+        while True:
+            if not watch:
+                chunk = await content.readany()
+            else:
+                since = live.sent(key)  # waiting for the next chunk from now on
+                while True:
+                    left = limit - live.silent_for(since)
+                    if left <= 0:
+                        raise _Stalled()
+                    # readany() loses nothing when cancelled (bytes stay in the reader's buffer)
+                    cm = asyncio.timeout(left)
+                    try:
+                        async with cm:
+                            chunk = await content.readany()
+                        break
+                    except TimeoutError:
+                        if not cm.expired():
+                            raise
+            if not chunk:
+                return
+            live.alive(key)
+            yield chunk
 
     async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter) -> tuple[bool, list[bytes]]:
         """Read a decode's answer until its adapter can tell whether the KV hand-off failed (a JSON
@@ -515,13 +655,16 @@ class Dispatcher:
                         resp.release()
             if handoff_failed:  # run the hand-off again: fresh KV, another decode if there is one
                 kv_retries += 1
-                failed_d = d
+                failed_d, failed_p = d, p
                 dcand = self._next(Role.DECODE, info, route, [*tried_d, endpoint_key(d.endpoint)]) or d
+                # either side of the hand-off may be at fault (a frozen prefill cannot serve its KV):
+                # another prefill too, when one is schedulable
+                p = self._next(Role.PREFILL, info, route, [endpoint_key(p.endpoint)]) or p
                 fate.trace.retry("decode", "kv_handoff_failed", failed_d, dcand)
                 log.warning(
-                    "decode %s could not load the KV of prefill %s (request %s); hand-off retry %d/%d on decode %s",
-                    failed_d.endpoint.host_port, p.endpoint.host_port, rid, kv_retries, self.cfg.kv_load_retries,
-                    dcand.endpoint.host_port,
+                    "decode %s could not load the KV of prefill %s (request %s); hand-off retry %d/%d on prefill "
+                    "%s, decode %s", failed_d.endpoint.host_port, failed_p.endpoint.host_port, rid, kv_retries,
+                    self.cfg.kv_load_retries, p.endpoint.host_port, dcand.endpoint.host_port,
                 )
                 p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate)
                 if isinstance(reply, _Answer):

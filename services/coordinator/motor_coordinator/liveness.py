@@ -13,15 +13,16 @@ already hung at a given moment (a healthy engine answers one within milliseconds
 
 * **innocent** — a health probe sent *before* this attempt, after the engine's last sign of life,
   got no answer: the attempt arrived at an engine that was already hung. Retry it elsewhere.
+* **innocent** too — the engine's silence was *explained*: a request convicted as poison (it hung
+  a second engine, see ``quarantine``) was on it, so the others on it were its victims.
 * **suspect** — anything else: it was on the engine, or reached it before any probe showed it
-  hung, so it may be what stopped it. A stalled suspect is never sent to a second engine
-  (poison-request containment); a suspect of a dropped connection gets one more engine, not two
-  (an engine killed from outside drops everything it serves at once).
+  hung, so it may be what stopped it. What happens to suspects is ``quarantine``'s business:
+  the suspects of one silence of one engine (one *episode*, named by :meth:`Liveness.episode`)
+  are sent to another engine one at a time; a suspect of a dropped connection gets one more
+  engine, not two (an engine killed from outside drops everything it serves at once).
 
-The price of containment: the requests an engine was serving when it froze, and those that reached
-it before the next health probe found it silent, are answered with an error rather than retried
-(docs/fault-tolerance.md). Attempts are not used as evidence of each other: a slow innocent
-request sent just before an instant poison would otherwise vouch for the poison.
+Attempts are not used as evidence of each other: a slow innocent request sent just before an
+instant poison would otherwise vouch for the poison.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class _Engine:
     last_alive: float
     # Send time of the earliest health probe that got no answer since last_alive.
     witness: float | None = None
+    # A convicted poison request was on the engine in this silence: every attempt is its victim.
+    explained: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class Liveness:
         e = self._engine(key)
         e.last_alive = self._clock()
         e.witness = None
+        e.explained = False
 
     def probe_failed(self, key: Key, sent_at: float) -> None:
         """A health probe sent at *sent_at* got no passing answer."""
@@ -79,7 +83,17 @@ class Liveness:
         if sent_at > e.last_alive:
             e.witness = sent_at if e.witness is None else min(e.witness, sent_at)
 
+    def explain(self, key: Key) -> None:
+        """A request convicted as poison hung the engine: its current silence is explained, every
+        attempt on it until it is alive again is innocent."""
+        self._engine(key).explained = True
+
     # -- questions -------------------------------------------------------------------------
+
+    def episode(self, key: Key) -> float:
+        """Names the engine's current silence (its last sign of life): the attempts stalled in one
+        episode form one suspect group."""
+        return self._engine(key).last_alive
 
     def silent_for(self, a: Attempt) -> float:
         """Seconds the engine has given no sign of life while *a* waited for its first byte."""
@@ -92,6 +106,7 @@ class Liveness:
         return e is not None and e.last_alive > t
 
     def innocent(self, a: Attempt) -> bool:
-        """*a* reached an engine a probe had already found silent (see the module docstring)."""
-        w = self._engine(a.key).witness
-        return w is not None and w < a.sent_at
+        """*a* reached an engine a probe had already found silent, or the engine's silence was
+        explained by a convicted poison request (see the module docstring)."""
+        e = self._engine(a.key)
+        return e.explained or (e.witness is not None and e.witness < a.sent_at)

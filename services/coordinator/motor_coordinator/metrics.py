@@ -10,11 +10,25 @@ POISON_REQUESTS = Counter(
     "(poison-request containment)",
     ["model"],
 )
+POISON_SUSPECTS = Counter(
+    "motor_coordinator_poison_suspects",
+    "Requests on an engine when it stopped answering (poison suspects), by what became of them: "
+    "paroled (sent to another engine, one per hung engine at a time), cleared (answered there: a "
+    "victim), convicted (that engine stopped answering too: refused as poison), exonerated (a "
+    "request convicted for the same hang was on the engine: retried as a victim), refused (not "
+    "paroled: dispatch.parole_suspects off, paroled once already, or no turn in time)",
+    ["model", "outcome"],
+)
 ENGINE_STALLS = Counter(
     "motor_coordinator_engine_stalls",
     "Attempts that got no first byte while their engine gave no sign of life for "
     "dispatch.first_byte_timeout_sec",
     ["role"],
+)
+STREAM_STALLS = Counter(
+    "motor_coordinator_stream_stalls",
+    "Answers whose engine stopped sending mid-answer and gave no sign of life for "
+    "dispatch.inter_token_timeout_sec (continued elsewhere when the request can be migrated)",
 )
 PROBE_FAILURES = Counter(
     "motor_coordinator_health_probe_failures",
