@@ -16,8 +16,8 @@ every router so every run starts cold.
 
 Routers, in one run: Motor ``round_robin`` (through motor-gateway and through the coordinator's
 co-located front), ``prefix_aware`` (the ring) and ``kv_events`` (the engines' KV events,
-simulator tokenizer); vllm-router ``round_robin`` and ``cache_aware``; on SGLang engines Motor
-``kv_events`` and sglang-router ``cache_aware``. Hit rate = prefix-cache hit tokens / queried
+simulator tokenizer; gateway and co-located); vllm-router ``round_robin`` and ``cache_aware``; on
+SGLang engines Motor ``kv_events`` (co-located) and sglang-router ``cache_aware``. Hit rate = prefix-cache hit tokens / queried
 tokens summed over the prefill engines (from their /metrics). Figures are benchmark figures, never
 pass/fail.
 """
@@ -140,9 +140,12 @@ def setups(only: str | None) -> list[tuple[str, str, Callable[..., Any]]]:
         ("vllm", "motor/round_robin co-located", lambda e, d: start_motor(e, d, policy="round_robin", co_located=True)),
         ("vllm", "motor/prefix_aware", lambda e, d: start_motor(e, d, policy="prefix_aware")),
         ("vllm", "motor/kv_events", lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS})),
+        ("vllm", "motor/kv_events co-located",
+         lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS}, co_located=True)),
         ("vllm", "vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin")),
         ("vllm", "vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
-        ("sglang", "motor/kv_events", lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS})),
+        ("sglang", "motor/kv_events co-located",
+         lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS}, co_located=True)),
         ("sglang", "sglang-router/cache_aware", lambda e, d: start_sglang_router(e, d, "cache_aware")),
     ]
     return [s for s in out if only is None or re.search(only, f"{s[0]} {s[1]}")]

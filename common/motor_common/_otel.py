@@ -3,6 +3,7 @@ needs the ``otel`` extra)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from motor_common.tracing import (
     Carrier,
     Kind,
     Parent,
+    PassthroughSpan,
     Span,
     Tracer,
     TracingConfig,
@@ -31,6 +33,7 @@ from motor_common.version import motor_version
 _KINDS = {"server": trace.SpanKind.SERVER, "client": trace.SpanKind.CLIENT,
           "internal": trace.SpanKind.INTERNAL}
 _PROPAGATOR = TraceContextTextMapPropagator()
+_SHUTDOWN_SEC = 3.0
 
 
 class _OtelSpan:
@@ -83,6 +86,8 @@ class OtelTracer(Tracer):
     def start(self, name: str, parent: Parent, *, kind: Kind = "internal",
               attrs: Mapping[str, AttrValue] | None = None) -> Span:
         if isinstance(parent, _OtelSpan):
+            if not parent.recording:  # an unsampled trace: its children are not recorded either
+                return PassthroughSpan(parent.carrier)
             ctx: Any = trace.set_span_in_context(parent.span)
         elif isinstance(parent, tuple):
             ctx = _PROPAGATOR.extract(dict(parent)) if parent else Context()
@@ -92,4 +97,8 @@ class OtelTracer(Tracer):
         return _OtelSpan(span)
 
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        """Export what is left, waiting at most ``_SHUTDOWN_SEC``: an unreachable collector must not
+        hold a stopping program for the exporter's retries (the SDK would wait up to 30 s)."""
+        t = threading.Thread(target=self.provider.shutdown, name="otel-shutdown", daemon=True)
+        t.start()
+        t.join(_SHUTDOWN_SEC)

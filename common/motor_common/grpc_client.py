@@ -8,7 +8,7 @@ from dataclasses import replace
 import grpc
 
 from motor_common import errors
-from motor_common.grpc_server import MANAGEMENT_KEY_HEADER, REQUEST_ID_HEADER, error_reason
+from motor_common.grpc_server import MANAGEMENT_KEY_HEADER, REQUEST_ID_HEADER, error_info
 from motor_common.logs import request_id_var
 from motor_common.reloading_channel import ReloadingChannel
 from motor_common.tls import TlsConfig
@@ -64,4 +64,6 @@ def translate(exc: grpc.aio.AioRpcError, peer: str = "") -> errors.MotorError:
     """Turn a failed call into the matching :class:`MotorError` (use ``raise ... from exc``)."""
     cls = _BY_CODE.get(exc.code(), errors.Unavailable if exc.code() == grpc.StatusCode.CANCELLED else errors.Internal)
     prefix = f"{peer}: " if peer else ""
-    return cls(f"{prefix}{exc.details() or exc.code().name}", reason=error_reason(exc) or exc.code().name)
+    info = error_info(exc)
+    return cls(f"{prefix}{exc.details() or exc.code().name}", reason=(info.reason if info else None) or exc.code().name,
+               metadata=dict(info.metadata) if info and info.metadata else None)

@@ -152,16 +152,22 @@ def status_details(code: grpc.StatusCode, message: str, reason: str, metadata: d
     return status.SerializeToString()
 
 
-def error_reason(exc: grpc.aio.AioRpcError) -> str | None:
-    """The ``ErrorInfo.reason`` of a failed call, if the server sent one."""
+def error_info(exc: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ``google.rpc.ErrorInfo`` of a failed call, if the server sent one."""
     for key, value in exc.trailing_metadata() or ():
         if key == "grpc-status-details-bin" and isinstance(value, bytes):
             status = status_pb2.Status.FromString(value)
             for detail in status.details:
                 info = error_details_pb2.ErrorInfo()
                 if detail.Unpack(info):
-                    return info.reason
+                    return info
     return None
+
+
+def error_reason(exc: grpc.aio.AioRpcError) -> str | None:
+    """The ``ErrorInfo.reason`` of a failed call, if the server sent one."""
+    info = error_info(exc)
+    return info.reason if info is not None else None
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: MotorError) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -309,10 +309,33 @@ def block_hashes(
 ) -> list[BlockHash]:
     """The block hashes as the engine's events report them (vLLM: 64-bit ints by default, the
     32-byte digests with ``int_hashes=False``; SGLang: signed int64)."""
+    return list(iter_block_hashes(flavour, token_ids, block_size, seed, int_hashes=int_hashes))
+
+
+def iter_block_hashes(
+    flavour: Flavour,
+    token_ids: Sequence[int],
+    block_size: int,
+    seed: str | None = None,
+    *,
+    int_hashes: bool = True,
+) -> Iterator[BlockHash]:
+    """:func:`block_hashes`, one block at a time: a caller that stops early (no engine holds the
+    next block) pays only for the blocks it looked at."""
     if flavour is Flavour.VLLM:
-        digests = vllm_block_hashes(token_ids, block_size, seed or DEFAULT_VLLM_SEED)
-        return [vllm_int_hash(h) for h in digests] if int_hashes else list(digests)
-    return list(sglang_block_hashes(token_ids, block_size))
+        parent = vllm_none_hash(seed or DEFAULT_VLLM_SEED)
+        for start in range(0, len(token_ids) - block_size + 1, block_size):
+            block = tuple(int(t) for t in token_ids[start : start + block_size])
+            parent = hashlib.sha256(pickle.dumps((parent, block, None), protocol=pickle.HIGHEST_PROTOCOL)).digest()
+            yield vllm_int_hash(parent) if int_hashes else parent
+        return
+    prior = b""
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        h = hashlib.sha256(prior)
+        for t in token_ids[start : start + block_size]:
+            h.update(_U32.pack(t))
+        prior = h.digest()
+        yield int.from_bytes(prior[:8], "big", signed=True)
 
 
 def vllm_event_hashes(token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_VLLM_SEED) -> list[int]:

@@ -73,7 +73,7 @@ class ReloadingChannel(grpc.aio.Channel):  # type: ignore[misc]
         self.address = address
         self._tls = tls
         self._options = list(options)
-        self._drain_sec = drain_sec
+        self.drain_sec = drain_sec  # how long a replaced channel keeps its calls (settable)
         self._paths = [p for p in (tls.cert_file, tls.key_file, tls.ca_file) if p]
         self._stamp = file_stamp(self._paths)
         self._channel = self._open()
@@ -129,7 +129,7 @@ class ReloadingChannel(grpc.aio.Channel):  # type: ignore[misc]
         waiters = [asyncio.ensure_future(_ended(c)) for c in live]
         try:
             if waiters:
-                await asyncio.wait(waiters, timeout=self._drain_sec)
+                await asyncio.wait(waiters, timeout=self.drain_sec)
         finally:
             for w in waiters:
                 w.cancel()

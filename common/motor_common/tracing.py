@@ -141,7 +141,7 @@ class Span(Protocol):
     def end(self) -> None: ...
 
 
-class _Passthrough:
+class PassthroughSpan:
     """Tracing off: no span; the incoming carrier is what goes downstream."""
 
     __slots__ = ("carrier",)
@@ -167,13 +167,13 @@ Parent = Span | Carrier
 
 
 class Tracer:
-    """Tracing off: every span is a :class:`_Passthrough` of its parent's carrier."""
+    """Tracing off: every span is a :class:`PassthroughSpan` of its parent's carrier."""
 
     enabled = False
 
     def start(self, name: str, parent: Parent, *, kind: Kind = "internal",
               attrs: Mapping[str, AttrValue] | None = None) -> Span:
-        return _Passthrough(parent if isinstance(parent, tuple) else parent.carrier)
+        return PassthroughSpan(parent if isinstance(parent, tuple) else parent.carrier)
 
     @contextmanager
     def span(self, name: str, parent: Parent, *, kind: Kind = "internal",

@@ -31,7 +31,10 @@ __all__ = ["GrpcDispatchClient", "rpc_error"]
 
 log = logging.getLogger(__name__)
 
-_API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS}
+_API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS,
+        "embeddings": cpb.OPEN_AI_API_EMBEDDINGS, "responses": cpb.OPEN_AI_API_RESPONSES,
+        "tokenize": cpb.OPEN_AI_API_TOKENIZE, "detokenize": cpb.OPEN_AI_API_DETOKENIZE,
+        "version": cpb.OPEN_AI_API_VERSION}
 
 
 _NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")
@@ -57,7 +60,11 @@ def rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
         return HttpError(502, "the coordinator refused this gateway's credential; the operator must set "
                          "coordinator_key_file to one of the coordinators' inference keys",
                          "server_error", "coordinator_credential_refused")
-    return error_for_status(code, translated.message, translated.reason)
+    err = error_for_status(code, translated.message, translated.reason)
+    param = translated.metadata.get("param")
+    if param and err.status < 500:  # the request field the coordinator refused
+        err = HttpError(err.status, err.message, err.type, err.code, param)
+    return err
 
 
 class _GrpcStream:

@@ -104,6 +104,8 @@ def vllm_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=8192)
+    # vLLM's --runner: "pooling" serves /v1/embeddings (an embedding model) and no generation routes
+    p.add_argument("--runner", choices=["auto", "generate", "pooling", "draft"], default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
@@ -230,7 +232,7 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         initial_fault=ns.sim_fault, crash_after_s=ns.sim_crash_after_s, ignore_sigterm=ns.sim_ignore_sigterm,
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
         version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,
-        max_logprobs=ns.max_logprobs,
+        max_logprobs=ns.max_logprobs, pooling=ns.runner == "pooling",
     )
 
 

@@ -44,6 +44,8 @@ class SimConfig:
     # capacity
     max_num_seqs: int = 256
     max_model_len: int = 8192
+    # vLLM --runner pooling: an embedding model (/v1/embeddings, no generation routes)
+    pooling: bool = False
     default_max_tokens: int = 64
     num_kv_blocks: int = 8192
     block_size: int = 16

@@ -2,7 +2,8 @@
 
 Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow, wrong_answers,
 kv_load_fail (a vLLM decode's next ``count`` KV loads fail, as a NIXL handshake that timed out;
-0 = every load until the fault is cleared), poison (a request whose body contains ``match``
+0 = every load until the fault is cleared), engine_error (every generation request answers HTTP
+500 with the engine's internals in the body, as an engine-side exception does), poison (a request whose body contains ``match``
 blocks the event loop for ever: an engine bug that one request triggers), refuse_start (start-up
 only).
 """
@@ -23,6 +24,7 @@ class FaultMode(enum.Enum):
     SLOW = "slow"
     WRONG_ANSWERS = "wrong_answers"
     KV_LOAD_FAIL = "kv_load_fail"
+    ENGINE_ERROR = "engine_error"
     REFUSE_START = "refuse_start"
     POISON = "poison"
 

@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from motor_common.kv_events import Flavour as EventFlavour
-from motor_sim import bootstrap, framing, params, responses, side_channel
+from motor_sim import bootstrap, framing, params, responses, side_channel, vllm_extra
 from motor_sim.config import Flavour as FlavourName
 from motor_sim.config import Role, SimConfig
 from motor_sim.dp_group import DpGroup
@@ -35,6 +35,11 @@ from motor_sim.zmq_fault import FaultPublisher
 
 log = logging.getLogger("motor_sim")
 _JSON = "application/json"
+# The engine_error fault's answer: vLLM's error shape for an engine-side exception, whose type is
+# the exception's class and whose message names engine internals (and here the host and port).
+_ENGINE_ERROR = {"error": {"message": "EngineCore encountered an issue (worker 127.0.0.1:29500 died). "
+                                      "See stack trace (above) for the root cause.",
+                           "type": "EngineDeadError", "param": None, "code": 500}}
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -96,8 +101,16 @@ class SimServer:
         if self.cfg.flavour is FlavourName.VLLM and self.cfg.request_id_headers:
             app.on_response_prepare.append(self._request_id_header)
         r = app.router
-        r.add_post("/v1/completions", self.completions)
-        r.add_post("/v1/chat/completions", self.chat)
+        if self.cfg.pooling:  # an embedding model (vLLM --runner pooling): no generation routes
+            r.add_post("/v1/embeddings", self.embeddings)
+        else:
+            r.add_post("/v1/completions", self.completions)
+            r.add_post("/v1/chat/completions", self.chat)
+            if self.cfg.flavour is FlavourName.VLLM:
+                r.add_post("/v1/responses", self.responses)
+        if self.cfg.flavour is FlavourName.VLLM:
+            r.add_post("/tokenize", self.tokenize)
+            r.add_post("/detokenize", self.detokenize)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
@@ -158,6 +171,8 @@ class SimServer:
             if fault.mode is FaultMode.POISON and fault.match.encode() in raw:
                 log.error("fault injection: poison request received, event loop blocked")
                 _block_forever()
+            if fault.mode is FaultMode.ENGINE_ERROR:
+                return web.Response(body=orjson.dumps(_ENGINE_ERROR), status=500, content_type=_JSON)
             # A big body is decoded and tokenized off the event loop: one request never stalls
             # the others (or /health) for the seconds a multi-megabyte prompt takes.
             if len(raw) > _OFFLOOP_BYTES:
@@ -246,6 +261,62 @@ class SimServer:
         await resp.write(out + b"data: " + text + b"\n\n" + _DONE)
         await resp.write_eof()
         return resp
+
+    # ---- vLLM's other routes (vllm_extra.py) ----------------------------------------------------
+    async def _json_body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        self.flavour.check_model(self.svc, body.get("model"))
+        return body
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        try:
+            out = vllm_extra.tokenize(await self._json_body(request), self.cfg.max_model_len)
+        except ApiError as err:
+            return self._error(err)
+        return web.Response(body=orjson.dumps(out), content_type=_JSON)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            out = vllm_extra.detokenize(await self._json_body(request))
+        except ApiError as err:
+            return self._error(err)
+        return web.Response(body=orjson.dumps(out), content_type=_JSON)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        try:
+            body = await self._json_body(request)
+            out = vllm_extra.embeddings(body, body.get("model") or self.cfg.primary_name, self.cfg.max_model_len)
+        except ApiError as err:
+            return self._error(err)
+        return web.Response(body=orjson.dumps(out), content_type=_JSON)
+
+    async def responses(self, request: web.Request) -> web.Response:
+        """/v1/responses: the input as chat messages, generated like a chat request (not streamed)."""
+        fl, svc = self.flavour, self.svc
+        try:
+            body = await self._json_body(request)
+            chat = vllm_extra.responses_to_chat(body)
+            job = _parse_job(orjson.dumps(chat), "chat", svc.cfg.max_model_len)
+            rid = fl.request_id(request.headers.get("X-Request-Id"), job)
+            svc.check_logprobs(job)
+            plan = await fl.plan(svc, job, rid)
+            run = Run(rid, job, plan)
+            async with contextlib.aclosing(svc.generate(run)) as gen:
+                async for _ in gen:
+                    pass
+        except ApiError as err:
+            return self._error(err)
+        except TransferError as exc:
+            return self._error(fl.transfer_failed(rid, job, exc))
+        d = run.decoders[0]
+        out = vllm_extra.response_object(body, body.get("model") or svc.cfg.primary_name, d.text, d.finish_reason,
+                                         run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+        return web.Response(body=orjson.dumps(out), content_type=_JSON)
 
     async def models(self, request: web.Request) -> web.Response:
         data = [self.flavour.model_card(self.svc, n) for n in self.cfg.served_model_names]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from motor_common.config import load_config
 from motor_common.errors import ConfigError
@@ -15,6 +16,8 @@ from motor_common.tracing import (
     Tracer,
     TracingConfig,
     carrier_from,
+    reset_tracing,
+    setup_tracing,
     valid_traceparent,
 )
 
@@ -76,3 +79,26 @@ def test_bad_tracing_settings_are_refused_naming_the_key(cfg: dict[str, object],
     with pytest.raises(ConfigError) as err:
         load_config(TracingConfig, str(path))
     assert msg in err.value.message
+
+
+def test_an_unsampled_trace_records_nothing_and_passes_its_context_on() -> None:
+    exporter = InMemorySpanExporter()
+    t = setup_tracing(TracingConfig(enabled=True, sample_ratio=0.0), "test", exporter=exporter)
+    try:
+        unsampled = carrier_from({"traceparent": TP[:-2] + "00"})
+        root = t.start("root", unsampled, kind="server")
+        child = t.start("child", root)
+        assert not root.recording and not child.recording
+        tp = dict(child.carrier)[TRACEPARENT]
+        assert tp.split("-")[1] == TP.split("-")[1] and tp.endswith("-00")  # same trace, not sampled
+        assert child.carrier == root.carrier
+        child.end()
+        root.end()
+        # a trace that starts here is not sampled at ratio 0 either; a sampled parent is followed
+        assert not t.start("fresh", ()).recording
+        followed = t.start("followed", carrier_from({"traceparent": TP}))
+        assert followed.recording
+        followed.end()
+        assert [s.name for s in exporter.get_finished_spans()] == ["followed"]
+    finally:
+        reset_tracing()

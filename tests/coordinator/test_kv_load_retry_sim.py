@@ -15,10 +15,12 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import grpc
 import orjson
 import pytest
 
 from motor_common.domain import EngineType, Role
+from motor_common.grpc_server import error_reason
 from tests.coordinator.test_decode_retry_sim import coordinator, nothing_in_flight
 from tests.coordinator.test_dispatch_sim import (
     CHAT,
@@ -104,7 +106,10 @@ async def test_the_retry_goes_to_another_decode_when_there_is_one(tmp_path: Path
         await nothing_in_flight(app, ip, ibad, igood)
 
 
-async def test_retries_exhausted_relay_the_decodes_own_error(tmp_path: Path) -> None:
+async def test_retries_exhausted_end_the_call_with_a_public_kv_transfer_error(tmp_path: Path) -> None:
+    """The decode's own error (vLLM: an ``InternalServerError`` object, or that object as an SSE
+    event in a 200 stream) is the engine's internals: the client gets UNAVAILABLE
+    ``KV_TRANSFER_FAILED`` naming the request id, the log has the engine's answer."""
     async with AsyncExitStack() as st:
         p, d = await sims(tmp_path, st, "prefill", "decode")
         app, s = await st.enter_async_context(coordinator(kv_load_retries=1))
@@ -112,18 +117,20 @@ async def test_retries_exhausted_relay_the_decodes_own_error(tmp_path: Path) -> 
         await s.set(ip, idd)
         set_fault(d, mode="kv_load_fail")
         api, _, body = SHAPES[0]
-        head, raw = await dispatch(s, api, body)
-        assert head.http_status == 500
-        assert orjson.loads(raw)["error"] == {"message": "Internal server error", "type": "InternalServerError",
-                                              "param": None, "code": 500}  # fmt: skip
-        head, raw = await dispatch(s, api, dict(body, stream=True))
-        assert head.http_status == 200 and raw.split(b"\n\n")[:2] == [ERROR_EVENT, b"data: [DONE]"]
+        for stream in (False, True):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await dispatch(s, api, dict(body, stream=stream))
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_reason(err.value) == "KV_TRANSFER_FAILED"
+            details = err.value.details() or ""
+            assert "could not load the prefill's KV cache (2 attempt(s))" in details and "request id" in details
+            assert "InternalServerError" not in details and str(d.port) not in details and str(p.port) not in details
         ds = await asyncio.to_thread(sim_state, d)
         assert ds["stats"]["kv_load_failures"] == 4  # 2 requests x (1 + kv_load_retries)
         await nothing_in_flight(app, ip, idd)
 
 
-async def test_kv_load_retries_0_relays_the_first_failure(tmp_path: Path) -> None:
+async def test_kv_load_retries_0_ends_the_call_at_the_first_failure(tmp_path: Path) -> None:
     async with AsyncExitStack() as st:
         p, d = await sims(tmp_path, st, "prefill", "decode")
         app, s = await st.enter_async_context(coordinator(kv_load_retries=0))
@@ -131,9 +138,9 @@ async def test_kv_load_retries_0_relays_the_first_failure(tmp_path: Path) -> Non
         await s.set(ip, idd)
         set_fault(d, mode="kv_load_fail", count=1)
         api, _, body = SHAPES[1]
-        head, raw = await dispatch(s, api, dict(body, stream=True))
-        events = raw.split(b"\n\n")
-        assert head.http_status == 200 and events[1:3] == [ERROR_EVENT, b"data: [DONE]"]  # after the role chunk
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await dispatch(s, api, dict(body, stream=True))
+        assert error_reason(err.value) == "KV_TRANSFER_FAILED" and "(1 attempt(s))" in (err.value.details() or "")
         head, raw = await dispatch(s, api, body)  # the fault is used up: served normally
         assert head.http_status == 200 and text_of(api, raw, False)[1] == "length"
         await nothing_in_flight(app, ip, idd)

@@ -42,3 +42,24 @@ def test_the_simulator_tokenizer_gives_the_ids_motor_sim_caches() -> None:
         assert ids == parse(body, "chat").prompt_ids  # what the simulator itself tokenizes
     bad = parsed_request(CHAT, {"model": "m", "messages": [{"content": "no role"}]})
     assert prompt_token_ids(bad, "simulator", 100) is None
+
+
+def test_the_message_cache_gives_the_same_ids_as_tokenizing_the_whole_prompt_and_stays_bounded() -> None:
+    from motor_coordinator.prompt_tokens import PromptTokens
+
+    tokens = PromptTokens("simulator", 10_000, cache_entries=3)
+    system = {"role": "system", "content": "Shared system prompt, the same every turn. " * 20}
+    history: list[dict[str, Any]] = [system]
+    for turn in range(4):
+        history.append({"role": "user", "content": [{"type": "text", "text": f"turn {turn}: why?"}]})
+        for extra in ({}, {"add_generation_prompt": False},
+                      {"continue_final_message": True, "add_generation_prompt": False}):  # fmt: skip
+            req = parsed_request(CHAT, {"model": "m", "messages": history, **extra})
+            assert tokens(req) == prompt_token_ids(req, "simulator", 10_000) == parse(req.body, "chat").prompt_ids
+        history.append({"role": "assistant", "content": f"because {turn}"})
+    assert len(tokens._cache) == 3
+    short = PromptTokens("simulator", 7)
+    req = parsed_request(CHAT, {"model": "m", "messages": history})
+    assert short(req) == prompt_token_ids(req, "simulator", 1000)[:7]
+    assert short(completions([1, 2, 3])) == (1, 2, 3)  # not chat: the plain function
+    assert short(parsed_request(CHAT, {"model": "m", "messages": [{"content": "x"}]})) is None

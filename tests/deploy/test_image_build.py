@@ -57,8 +57,9 @@ def test_every_program_runs_in_the_image_as_a_non_root_user(container: str) -> N
         assert out.stdout.startswith(f"usage: {prog}"), out.stdout[:200]
     ident = run_in(container, "id", "-u")
     assert ident.stdout.strip() == "10001"
-    extras = run_in(container, "python", "-c", "import aetcd, kubernetes, motor_controller.node_restarter")
-    assert extras.returncode == 0, extras.stderr  # the ha and k8s extras are in
+    extras = run_in(container, "python", "-c", "import aetcd, kubernetes, motor_controller.node_restarter, "
+                    "motor_common.tracing as t; assert t.otel_available()")
+    assert extras.returncode == 0, extras.stderr  # the ha, k8s and otel extras are in
 
 
 def test_the_image_config_has_its_user_and_healthcheck(container: str) -> None:

@@ -9,6 +9,7 @@ gRPC clients without a certificate, with one from another CA, or in plaintext ar
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import subprocess
@@ -19,6 +20,8 @@ import aiohttp
 import grpc
 import openai
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from motor_common import certs
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
@@ -113,3 +116,30 @@ async def test_motor_up_tls_runs_the_fleet_with_mutual_tls(fleet: UpFleet, tmp_p
                 assert r.status == 403, name
             with pytest.raises(aiohttp.ClientError):
                 await session.get(urls["health"].replace("https://", "http://"))
+
+    # Rotating the gateway's certificate (same CA, renamed over the files as cert-manager does):
+    # its HTTPS front serves the new one at the next handshake and its channel to the coordinator
+    # presents the new one from the next call on, without a restart.
+    d = fleet.state / "tls"
+    ca = certs.Ca(d / "ca.pem", d / "ca.key", x509.load_pem_x509_certificate((d / "ca.pem").read_bytes()),
+                  serialization.load_pem_private_key((d / "ca.key").read_bytes(), None))  # type: ignore[arg-type]
+    old_serial = x509.load_pem_x509_certificate((d / "gateway.pem").read_bytes()).serial_number
+    fresh = certs.issue(ca, tmp_path / "rotated", "gateway", ["127.0.0.1", "localhost"])
+    for src, dst in ((fresh.cert_file, d / "gateway.pem"), (fresh.key_file, d / "gateway.key")):
+        tmp = dst.with_suffix(".new")
+        tmp.write_bytes(src.read_bytes())
+        tmp.replace(dst)
+    new_serial = x509.load_pem_x509_certificate((d / "gateway.pem").read_bytes()).serial_number
+    assert new_serial != old_serial
+    async with openai.DefaultAsyncHttpxClient(verify=ssl.create_default_context(cafile=tls.ca_file)) as http:
+        client = openai.AsyncOpenAI(base_url=info["gateway_url"] + "/v1", api_key="unused",
+                                    max_retries=0, timeout=10, http_client=http)
+        resp = await client.completions.create(model="tiny", prompt="after the rotation", max_tokens=2)
+        assert resp.usage is not None and resp.usage.completion_tokens == 2
+    host, port = info["gateway_url"].removeprefix("https://").rsplit(":", 1)
+    _, writer = await asyncio.open_connection(host, int(port), ssl=ssl.create_default_context(cafile=tls.ca_file))
+    served = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    assert x509.load_der_x509_certificate(served).serial_number == new_serial
+    gateway_log = (fleet.state / "logs" / "gateway.log").read_text(errors="replace")
+    assert "client TLS certificate reloaded" in gateway_log

@@ -108,6 +108,8 @@ async def test_error_after_stream_started_is_a_final_sse_error_event(rig: Rig) -
          503, "service_unavailable_error"),
         (errors.Unavailable("engine 10.0.0.7:8001 unreachable: ClientConnectorError", reason="PREFILL_FAILED"),
          503, "service_unavailable_error"),
+        (errors.Unavailable("the decode engine could not load the prefill's KV cache (3 attempt(s))",
+                            reason="KV_TRANSFER_FAILED"), 503, "service_unavailable_error"),
         (errors.DeadlineExceeded("engine timed out"), 504, "timeout_error"),
         (errors.Internal("boom"), 500, "server_error"),
         (RuntimeError("unexpected"), 500, "server_error"),
@@ -249,6 +251,6 @@ async def test_missing_head_is_a_502(rig: Rig) -> None:
 
 
 async def test_unknown_route_is_an_openai_404(rig: Rig) -> None:
-    async with rig.http.post(f"{rig.url}/v1/embeddings", json=COMPLETION) as resp:
+    async with rig.http.post(f"{rig.url}/v1/audio/transcriptions", json=COMPLETION) as resp:
         assert resp.status == 404
         assert_openai_error(await resp.json(), "invalid_request_error")

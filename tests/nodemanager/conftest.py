@@ -64,10 +64,10 @@ def nm_config(controller_port: int, key_file: str, tmp_path: Path, **over: Any) 
 class Admin:
     """NodeManagerService client with the management key."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, key: str = KEY) -> None:
         self.channel = open_channel(address)
         self.stub = pbg.NodeManagerServiceStub(self.channel)
-        self.md = call_metadata(KEY)
+        self.md = call_metadata(key)
 
     async def call(self, method: str, request: Any, timeout: float = 20.0) -> Any:
         return await getattr(self.stub, method)(request, metadata=self.md, timeout=timeout)

@@ -63,11 +63,43 @@ async def test_prestop_pauses_the_node_it_runs_beside(
         assert nm.terminate() == 0
 
 
+async def test_prestop_with_separate_keys_uses_the_operator_key_it_is_given(
+    tmp_path: Path, controller: tuple[GrpcServer, FakeController], key_file: str
+) -> None:
+    """A fleet with separate keys has no management_key_file: the nodemanager presents a node key
+    to the controller and accepts operator keys only, so the hook needs --key-file."""
+    server, impl = controller
+    operators, prestop_key, node_key = tmp_path / "operators.keys", tmp_path / "prestop.key", tmp_path / "node.key"
+    operators.write_text("prestop: prestop-operator-key\n")
+    prestop_key.write_text("prestop-operator-key\n")
+    node_key.write_text(Path(key_file).read_text())  # what the (fake) controller accepts from nodes
+    cfg = nm_config(server.port, key_file, tmp_path, server={"port": free_port()})
+    cfg["server"].pop("management_key_file")
+    cfg["server"]["auth"] = {"operator_keys_file": str(operators), "key_file": str(node_key)}
+    nm = await start_nodemanager(tmp_path, cfg)
+    admin = Admin(nm.address, key="prestop-operator-key")
+    try:
+        spec = await registered(impl)  # registered with its node key
+        await admin.call("StartEngines", start_request(spec))
+        await wait_for(lambda: all_normal(admin), timeout=20, what="engines NORMAL")
+        out = prestop(nm.config_path, "--drain-sec", "0")
+        assert out.returncode == 2 and "pass --key-file with one of its operator keys" in out.stderr
+        out = prestop(nm.config_path, "--drain-sec", "0", "--key-file", str(node_key))  # a node key: refused
+        assert out.returncode == 1 and "UNAUTHENTICATED" in out.stderr
+        assert (await admin.call("GetStatus", pb.GetStatusRequest())).state != cpb.NODE_STATE_PAUSED
+        out = prestop(nm.config_path, "--drain-sec", "0", "--key-file", str(prestop_key))
+        assert out.returncode == 0, out.stderr
+        assert (await admin.call("GetStatus", pb.GetStatusRequest())).state == cpb.NODE_STATE_PAUSED
+    finally:
+        await admin.close()
+        assert nm.terminate() == 0
+
+
 def test_prestop_with_a_bad_config_or_arguments_exits_2(tmp_path: Path) -> None:
     cfg = tmp_path / "nm.yaml"
     cfg.write_text("role: decode\nserver: {management_key_file: /nonexistent/key}\n")
     out = prestop(cfg, "--drain-sec", "0")
-    assert out.returncode == 2 and "cannot read management key file /nonexistent/key" in out.stderr
+    assert out.returncode == 2 and "cannot read operator key file /nonexistent/key" in out.stderr
     out = prestop(cfg, "--drain-sec", "-1")
     assert out.returncode == 2 and "--drain-sec must be in [0, 3600]" in out.stderr
 

@@ -330,3 +330,26 @@ async def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], floa
 
 async def _zero(get: Any) -> bool:
     return bool(await get() == 0)
+
+
+async def test_a_failed_kv_handoff_moves_the_retry_counter_and_the_request_still_succeeds(fleet: UpFleet) -> None:
+    """Fault on the fleet's decode engine (its next KV load fails, as a timed-out NIXL handshake
+    does on vLLM): the coordinator runs the hand-off again, the client gets its answer, and
+    motor_coordinator_retries_total{reason="kv_handoff_failed"} shows it."""
+    status = _status_json(fleet)
+    decode = next(i for i in status["instances"] if i["role"] == "decode")
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"http://{decode['endpoints'][0]}/sim/fault",
+                             json={"mode": "kv_load_fail", "count": 1}) as resp:
+            assert resp.status == 200, await resp.text()
+        client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="unused",
+                                    max_retries=0, timeout=30)
+        resp_ = await client.completions.create(model="tiny", prompt="Hello, Motor", max_tokens=4)
+        assert resp_.choices[0].text
+        async with http.get(status["programs"]["coordinator"]["metrics"]) as resp:
+            s = _samples(await resp.text())
+    retried = dict(model="tiny", role="decode", reason="kv_handoff_failed")
+    assert _value(s, "motor_coordinator_retries_total", **retried) == 1
+    assert _value(s, "motor_coordinator_failovers_total", **retried) == 0  # the fleet's only decode
+    assert _value(s, "motor_coordinator_pd_phase_duration_seconds_count", model="tiny", phase="prefill") == 2
+    assert _value(s, "motor_coordinator_requests_total", model="tiny", outcome="success") == 1

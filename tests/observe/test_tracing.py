@@ -11,13 +11,16 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import openai
 import pytest
@@ -33,12 +36,12 @@ from motor_common.grpc_server import ServerConfig
 from motor_common.openai_front.app import Gateway, start_site
 from motor_common.tracing import TracingConfig, reset_tracing, setup_tracing
 from motor_coordinator.app import Coordinator
-from motor_coordinator.config import CoordinatorConfig, DispatchConfig
+from motor_coordinator.config import CoordinatorConfig, DispatchConfig, HttpConfig
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.pool import CoordinatorPool
 from tests.coordinator.grpc_util import KEY, Stubs
 from tests.coordinator.test_dispatch_sim import MODEL, instance
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.motor_up import motor_up
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator, tool
 
@@ -290,3 +293,61 @@ async def test_motor_up_fleet_exports_the_trace_of_one_request_in_order(tmp_path
     assert pre.parent_span_id == disp.span_id and dec.parent_span_id == disp.span_id
     assert gw.start_time_unix_nano <= disp.start_time_unix_nano <= pre.start_time_unix_nano
     assert pre.end_time_unix_nano <= dec.start_time_unix_nano <= dec.end_time_unix_nano <= gw.end_time_unix_nano
+
+
+async def test_colocated_front_with_tracing_makes_the_same_tree_in_one_process(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    setup_tracing(TracingConfig(enabled=True), "test", exporter=exporter)
+    try:
+        async with AsyncExitStack() as st:
+            p, d = await pd_sims(st, tmp_path)
+            app = Coordinator(CoordinatorConfig(server=ServerConfig(port=0), http=HttpConfig(port=0),
+                                                dispatch=DispatchConfig(health_probe_interval_sec=0,
+                                                                        metrics_scrape_interval_sec=0)),
+                              management_key=KEY)
+            port = await app.start()
+            st.push_async_callback(app.stop, 0)
+            stubs = Stubs(f"127.0.0.1:{port}")
+            st.push_async_callback(stubs.close)
+            await stubs.set(instance(1, Role.PREFILL, EngineType.VLLM, [p]),
+                            instance(2, Role.DECODE, EngineType.VLLM, [d]))
+            assert app.http is not None and app.http.port
+            traceparent, tid, client_span = client_traceparent()
+            await stream_chat(f"http://127.0.0.1:{app.http.port}/v1", traceparent)
+
+            def spans() -> dict[str, ReadableSpan] | None:
+                got = {s.name: s for s in exporter.get_finished_spans()}
+                return got if "POST /v1/chat/completions" in got else None
+
+            by_name = await wait_for(spans, timeout=10, what="the front's request span")
+            dt = await received(d, tid)
+    finally:
+        reset_tracing()
+    front, disp, pre, dec = (by_name[n] for n in ("POST /v1/chat/completions", "coordinator.dispatch", "prefill", "decode"))
+    assert front.parent is not None and front.parent.span_id == int(client_span, 16)
+    # in process: the dispatch span is an internal child of the front's span (no gRPC hop)
+    assert disp.parent is not None and disp.parent.span_id == front.context.span_id and not disp.parent.is_remote
+    assert disp.kind == SpanKind.INTERNAL
+    assert pre.parent is not None and pre.parent.span_id == disp.context.span_id
+    assert dec.parent is not None and dec.parent.span_id == disp.context.span_id
+    assert front.start_time <= disp.start_time <= pre.start_time < pre.end_time <= dec.start_time
+    assert dt["traceparent"] == f"00-{tid}-{hexid(dec.context.span_id, 16)}-01"
+
+
+async def test_an_unreachable_collector_does_not_hold_a_stopping_program(tmp_path: Path) -> None:
+    """Spans waiting for a collector that never answers are given up after a few seconds at
+    shutdown (the exporter itself would retry for export_timeout_sec, the SDK wait 30 s)."""
+    dead = free_port()
+    tracing = {"enabled": True, "otlp_endpoint": f"http://127.0.0.1:{dead}", "export_timeout_sec": 30}
+    async with start_gateway(tmp_path, [f"127.0.0.1:{free_port()}"],
+                             config={"tracing": tracing, "shutdown_grace_sec": 1}) as g:
+        async with aiohttp.ClientSession() as http, http.post(
+                g.url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1},
+                headers={"traceparent": client_traceparent()[0]}) as resp:
+            assert resp.status == 503  # no coordinator: refused, and a span to export
+        t0 = time.monotonic()
+        g.popen.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(g.popen.wait, 25)
+        elapsed = time.monotonic() - t0
+    assert code == 0
+    assert elapsed < 12, f"the gateway took {elapsed:.1f}s to stop"

@@ -41,6 +41,7 @@ from motor_common.openai_front.limits import (
     encodings,
 )
 from motor_common.openai_front.openai import (
+    PASSTHROUGH_ROUTES,
     RETRY_AFTER_SEC,
     HttpError,
     engine_error_body,
@@ -57,9 +58,12 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-Request-Id"
 _JSON = "application/json"
 _SSE = "text/event-stream"
-_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"}
+_ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
+           "/version", *PASSTHROUGH_ROUTES}
+# Routes outside /v1 answered by an engine: they need the API key like /v1/* (vLLM leaves them open).
+_ENGINE_ROUTES = {"/version", "/tokenize", "/detokenize"}
 # Routes that get a request span (tracing on) and pass an incoming traceparent on (tracing off).
-_TRACED = {"/v1/completions", "/v1/chat/completions"}
+_TRACED = {"/v1/completions", "/v1/chat/completions", "/version", *PASSTHROUGH_ROUTES}
 
 # Seconds aiohttp keeps reading (and discarding) the rest of a refused body so that the client
 # sees the answer before the connection closes.
@@ -145,6 +149,9 @@ class Gateway:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model_id:.+}", self._model)
+        for path, api in PASSTHROUGH_ROUTES.items():
+            app.router.add_post(path, self._passthrough(api))
+        app.router.add_get("/version", self._version)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
@@ -175,7 +182,8 @@ class Gateway:
             log.info("X-Request-Id replaced: empty, longer than %d characters, or not visible ASCII",
                      self.limits.max_request_id_chars, extra={"request_id": rid})
         try:
-            key = self._api_key_identity(request) if request.path.startswith("/v1/") else ANONYMOUS
+            key = self._api_key_identity(request) if request.path.startswith("/v1/") or request.path in \
+                _ENGINE_ROUTES else ANONYMOUS
             if key is None:
                 resp: web.StreamResponse = error_response(
                     HttpError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
@@ -232,6 +240,15 @@ class Gateway:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._dispatch(request, "chat")
+
+    def _passthrough(self, api: str) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._dispatch(request, api)
+        return handle
+
+    async def _version(self, request: web.Request) -> web.StreamResponse:
+        """GET /version: an engine's own answer (vLLM: ``{"version": ...}``), from any instance."""
+        return await self._forward(request, request[REQUEST_ID_KEY], "version", b"", {})
 
     async def _read_body(self, request: web.Request, rid: str, hold: Hold) -> bytes | web.Response:
         """The request body, decoded, or the refusal: 415 for a Content-Encoding other than one
@@ -297,10 +314,11 @@ class Gateway:
         except MotorError as exc:
             return error_response(error_from_motor(exc), rid)
         access = request[ACCESS_KEY]
-        access.model = body["model"]
+        model = body.get("model") or ""  # a pass-through request may leave it to the coordinator
+        access.model = model
         access.stream = body.get("stream") is True
         try:
-            ticket = await self.admission.acquire(body["model"], request[API_KEY_ID], len(raw))
+            ticket = await self.admission.acquire(model, request[API_KEY_ID], len(raw))
         except Shed as exc:
             return _shed(exc, rid, self.admission.cfg.retry_after_sec)
         try:

@@ -81,8 +81,15 @@ def invalid(message: str, param: str | None = None, code: str = "invalid_request
     return InvalidArgument(message, reason=code.upper(), metadata={"param": param} if param else None)
 
 
+# Routes relayed whole to one instance (the coordinator's passthrough.py): path → api.
+PASSTHROUGH_ROUTES = {"/v1/embeddings": "embeddings", "/v1/responses": "responses", "/tokenize": "tokenize",
+                      "/detokenize": "detokenize"}
+
+
 def validate_body(raw: bytes, api: str, limits: HttpLimits = _DEFAULT_LIMITS) -> dict[str, Any]:
-    """Validation of an OpenAI request body; *api* is ``completions`` or ``chat``.
+    """Validation of an OpenAI request body; *api* is ``completions``, ``chat`` or a pass-through
+    API (``PASSTHROUGH_ROUTES``; ``model`` optional there, as vLLM allows, and the route's own
+    fields checked by the coordinator).
 
     What the front must know or bound: a JSON object within ``limits.max_json_depth`` levels,
     ``model`` a non-empty string of at most ``limits.max_model_chars``, ``stream`` a boolean if
@@ -92,6 +99,15 @@ def validate_body(raw: bytes, api: str, limits: HttpLimits = _DEFAULT_LIMITS) ->
     """
     body = load_object(raw, limits.max_json_depth)
     model = body.get("model")
+    if api in PASSTHROUGH_ROUTES.values():
+        if model is not None and (not isinstance(model, str) or not model):
+            raise invalid("'model' must be a non-empty string", "model")
+        if model is not None:
+            check_model(model, limits.max_model_chars)
+        if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
+            raise invalid("'stream' must be a boolean", "stream")
+        check_pd_fields(body)
+        return body
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required and must be a non-empty string", "model")
     check_model(model, limits.max_model_chars)
@@ -133,6 +149,8 @@ _PUBLIC_BY_CODE = {
     "coordinator_unreachable": "the coordinator is unreachable; retry later",
     "no_master_coordinator": "no coordinator can take requests right now (failover in progress); retry later",
     "engine_error": "the engine failed to process the request; retry later",
+    "kv_transfer_failed": "the model's decode engine could not take over the request from its prefill engine; "
+                          "retry later",
 }
 _PUBLIC_BY_STATUS = {
     502: "the coordinator could not answer this request",
@@ -150,6 +168,13 @@ def public(err: HttpError, request_id: str) -> HttpError:
     return HttpError(err.status, f"{text} (request id {request_id})", err.type, err.code, err.param)
 
 
+def public_engine_error(status: int, request_id: str) -> bytes:
+    """What a client gets instead of an engine's 5xx answer: one OpenAI error object naming the
+    request id (the engine's own body goes to the log)."""
+    return HttpError(status, _PUBLIC_BY_CODE["engine_error"] + f" (request id {request_id})",
+                     "server_error", "engine_error").json()
+
+
 def engine_error_body(status: int, body: bytes, request_id: str) -> bytes | None:
     """The body to send instead of an engine's error answer (*status* >= 400), or None to relay it
     unchanged. A 4xx already in OpenAI's shape (vLLM) is relayed as it is; another 4xx shape
@@ -160,8 +185,7 @@ def engine_error_body(status: int, body: bytes, request_id: str) -> bytes | None
     except orjson.JSONDecodeError:
         parsed = None
     if status >= 500:
-        return HttpError(status, _PUBLIC_BY_CODE["engine_error"] + f" (request id {request_id})",
-                         "server_error", "engine_error").json()
+        return public_engine_error(status, request_id)
     err = parsed.get("error") if isinstance(parsed, dict) else None
     if isinstance(err, dict) and {"message", "type", "param", "code"} <= set(err) and isinstance(err["message"], str):
         return None

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
 
 from prometheus_client import REGISTRY
 
@@ -37,7 +36,7 @@ from motor_coordinator.policies import NEEDS_KV_EVENTS, PolicyContext, make_poli
 from motor_coordinator.precision_monitor import PrecisionMonitor
 from motor_coordinator.precision_routing import PrecisionAwareScheduler
 from motor_coordinator.promotion import ControllerAlarms, PromotionAnnouncer
-from motor_coordinator.prompt_tokens import prompt_token_ids
+from motor_coordinator.prompt_tokens import PromptTokens
 from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
@@ -70,7 +69,7 @@ class Coordinator:
         token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None
         if cfg.scheduler.policy in NEEDS_KV_EVENTS:
             self.kv_events = KvEventSubscriber(self.kv_index, replay_timeout_s=kv.replay_timeout_sec)
-            token_ids = partial(prompt_token_ids, tokenizer=kv.tokenizer, limit=kv.max_prompt_tokens)
+            token_ids = PromptTokens(kv.tokenizer, kv.max_prompt_tokens)
         self.policy = make_policy(cfg.scheduler, PolicyContext(self.kv_index))
         # Engine silence and breaker cool-downs are measured on a clock that stops while this
         # process is frozen or starved (stall_clock.py): waking up, it does not blame the engines.

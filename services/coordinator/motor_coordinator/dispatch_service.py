@@ -17,7 +17,16 @@ from motor_coordinator.dispatch_mux import serve_stream
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
-from motor_coordinator.request import CHAT, COMPLETIONS, parse_body
+from motor_coordinator.request import (
+    CHAT,
+    COMPLETIONS,
+    DETOKENIZE,
+    EMBEDDINGS,
+    RESPONSES,
+    TOKENIZE,
+    VERSION,
+    parse_body,
+)
 from motor_coordinator.request_metrics import observed
 
 if TYPE_CHECKING:
@@ -25,7 +34,10 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = "motor.coordinator.v1.DispatchService"
 
-_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT}
+_APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETIONS: CHAT,
+         cpb.OPEN_AI_API_EMBEDDINGS: EMBEDDINGS, cpb.OPEN_AI_API_RESPONSES: RESPONSES,
+         cpb.OPEN_AI_API_TOKENIZE: TOKENIZE, cpb.OPEN_AI_API_DETOKENIZE: DETOKENIZE,
+         cpb.OPEN_AI_API_VERSION: VERSION}
 _ROLES = {
     LeaderRole.STANDALONE: cpb.COORDINATOR_ROLE_STANDALONE,
     LeaderRole.MASTER: cpb.COORDINATOR_ROLE_MASTER,
@@ -55,11 +67,13 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         api = _APIS.get(request.api)
         if api is None:
             raise InvalidArgument(
-                "api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API"
+                "api must be set: one of " + ", ".join(cpb.OpenAiApi.Name(a) for a in _APIS), reason="INVALID_API"
             )
         admit(self.app, degraded_hint=degraded)
         parsed = parse_body(api, request.body)
         rid = request.request_id or request_id_var.get() or new_request_id()
+        # The id the client knows is the one every message and log line of this request names.
+        request_id_var.set(rid)
         timeout = self.app.cfg.dispatch.request_timeout_sec
         if remaining is not None:
             timeout = min(timeout, remaining)

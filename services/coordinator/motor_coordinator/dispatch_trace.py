@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import Counter, Histogram
 
@@ -61,6 +61,18 @@ FAILOVERS = Counter(
     "Retries that went to another engine than the one that failed, by role and reason",
     ["model", "role", "reason"],
 )
+
+
+# Labelled children, resolved once per label set (``labels()`` takes a lock and builds a key on
+# every call); bounded as the label values are (routed models x fixed phases).
+_PHASES: dict[tuple[str, str, str], Any] = {}
+
+
+def _observe_phase(model: str, role: str, phase: str, seconds: float) -> None:
+    child = _PHASES.get((model, role, phase))
+    if child is None:
+        child = _PHASES[(model, role, phase)] = PHASE.labels(model, role, phase)
+    child.observe(seconds)
 
 
 class EngineCall:
@@ -94,7 +106,7 @@ class EngineCall:
         if status == 200 and self.role == "prefill":
             now = time.perf_counter()
             self._trace.prefill_at = now
-            PHASE.labels(self._trace.model, "prefill", "prefill").observe(now - self.sent)
+            _observe_phase(self._trace.model, "prefill", "prefill", now - self.sent)
         if status >= 500:
             self.span.fail(f"HTTP {status}")
         self.end()
@@ -112,9 +124,9 @@ class EngineCall:
         now = self.first_at = time.perf_counter()
         if self.role == "decode":
             t = self._trace
-            PHASE.labels(t.model, "decode", "decode_first_byte").observe(now - self.sent)
+            _observe_phase(t.model, "decode", "decode_first_byte", now - self.sent)
             if t.prefill_at is not None and t.prefill_at <= now:
-                PHASE.labels(t.model, "decode", "kv_handoff").observe(now - t.prefill_at)
+                _observe_phase(t.model, "decode", "kv_handoff", now - t.prefill_at)
             if self._kv is not None:
                 self._kv.end()
                 self._kv = None

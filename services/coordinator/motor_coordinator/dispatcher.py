@@ -32,17 +32,18 @@ import contextlib
 import itertools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
 from motor_common.domain import Endpoint, Role
-from motor_common.errors import FailedPrecondition, Unavailable
+from motor_common.errors import FailedPrecondition, NotFound, Unavailable
 from motor_common.logs import request_id_var
+from motor_common.openai_front.openai import public_engine_error
 from motor_common.tracing import Parent
-from motor_coordinator import metrics
+from motor_coordinator import metrics, passthrough
 from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
 from motor_coordinator.dispatch_trace import DispatchTrace, EngineCall, RetryReason
@@ -51,12 +52,14 @@ from motor_coordinator.liveness import Attempt, Key
 from motor_coordinator.migration import StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
 from motor_coordinator.quarantine import Quarantine, Turn
-from motor_coordinator.request import ParsedRequest, prompt_prefix
+from motor_coordinator.request import PASSTHROUGH, VERSION, ParsedRequest, prompt_prefix
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
 SSE = "text/event-stream"
+# How much of an engine's error answer goes to the log (the client gets a public message instead).
+ENGINE_ERROR_LOG_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -153,8 +156,12 @@ class Dispatcher:
         """*trace*: the caller's span or the trace headers it received (``motor_common.tracing``)."""
         fate = _Fate(req.model, request_id, DispatchTrace(req.model, request_id, trace, stream=req.stream))
         stream: AsyncGenerator[Frame, None]
-        migrating = self.cfg.migration_budget > 0 and (not req.stream or migratable(req.api, req.body))
-        if migrating:
+        passthrough = req.api in PASSTHROUGH
+        migrating = not passthrough and self.cfg.migration_budget > 0 and (
+            not req.stream or migratable(req.api, req.body))
+        if passthrough:
+            stream = self._passthrough(req, request_id, fate)
+        elif migrating:
             stream = self._migrating(req, request_id, fate)
         else:
             stream = self._once(req, request_id, fate)
@@ -165,7 +172,7 @@ class Dispatcher:
                     yield frame
         except Unavailable as exc:
             error = exc
-            if migrating or exc.reason != "ENGINE_STREAM_BROKEN" or not req.stream:
+            if migrating or passthrough or exc.reason != "ENGINE_STREAM_BROKEN" or not req.stream:
                 raise
             why = ("mid-stream migration is off (dispatch.migration_budget 0)" if self.cfg.migration_budget == 0
                    else "a continuation of this request would not equal an uninterrupted answer (it uses n > 1, "
@@ -411,6 +418,22 @@ class Dispatcher:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+    def _handoff_exhausted(self, req: ParsedRequest, p: Candidate, d: Candidate, retries: int,
+                           answer: bytes) -> Unavailable:
+        """The decode could not load the prefill's KV, *retries* hand-off retries included: the
+        engine's error (vLLM: an ``InternalServerError`` object) goes to the log, the client gets
+        a retryable error that names no engine."""
+        rid = request_id_var.get()
+        log.warning("KV hand-off failed %d time(s) for model %r (request id %s), last prefill %s -> decode %s: %s",
+                    retries + 1, req.model, rid, p.endpoint.host_port, d.endpoint.host_port,
+                    answer[:ENGINE_ERROR_LOG_BYTES].decode("utf-8", "replace"))
+        return Unavailable(
+            f"the decode engine could not load the prefill's KV cache ({retries + 1} attempt(s)) for model "
+            f"{req.model!r}; retry later (the coordinator log has the details under request id {rid})",
+            reason="KV_TRANSFER_FAILED",
+            metadata={"model": req.model},
+        )
+
     async def _relay(
         self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
         read: Sequence[bytes] | None = None, call: EngineCall | None = None,
@@ -424,6 +447,14 @@ class Dispatcher:
             self.scheduler.record_success(cand.endpoint)
         if call is not None:
             call.head(resp.status)
+        if resp.status >= 500:
+            # An engine's 5xx body is its internals (vLLM's carries the exception class, a traceback
+            # may name hosts): the client gets a public error object, the log the engine's words.
+            yield Head(head.http_status, JSON, head.request_id, head.prefill_instance_id, head.decode_instance_id)
+            yield await self._public_5xx(resp, cand, head, read)
+            if call is not None:
+                call.end()
+            return
         yield head
         try:
             for chunk in read or ():
@@ -499,6 +530,25 @@ class Dispatcher:
             live.alive(key)
             yield chunk
 
+    async def _public_5xx(self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head,
+                          read: Sequence[bytes] | None) -> bytes:
+        """Log an engine's 5xx answer (its first ``ENGINE_ERROR_LOG_BYTES``) with the request id and
+        return the public body the client gets instead."""
+        got = b"".join(read or ())
+        complete = read is not None and not head.content_type.startswith(SSE)  # _peek read all of it
+        try:
+            while not complete and len(got) < ENGINE_ERROR_LOG_BYTES:
+                chunk = await resp.content.read(ENGINE_ERROR_LOG_BYTES - len(got))
+                if not chunk:
+                    break
+                got += chunk
+        except (aiohttp.ClientError, OSError) as exc:
+            got += f" [body cut off: {exc!r}]".encode()
+        log.warning("engine %s answered HTTP %d (request id %s); the client gets a public error instead: %s",
+                    cand.endpoint.host_port, head.http_status, head.request_id,
+                    got[:ENGINE_ERROR_LOG_BYTES].decode("utf-8", "replace"))
+        return public_engine_error(head.http_status, head.request_id)
+
     async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter) -> tuple[bool, list[bytes]]:
         """Read a decode's answer until its adapter can tell whether the KV hand-off failed (a JSON
         answer: all of it; a stream: its first decisive event). Returns (failed, bytes read)."""
@@ -518,8 +568,12 @@ class Dispatcher:
                 if verdict is not None or not chunk:
                     return verdict is True, read
         except (aiohttp.ClientError, OSError) as exc:
+            rid = request_id_var.get()
+            log.warning("engine %s broke its answer before the first byte (request id %s): %r",
+                        f"{resp.url.host}:{resp.url.port}", rid, exc)
             raise Unavailable(
-                f"engine broke its answer before the first byte: {type(exc).__name__}",
+                "the engine broke off its answer before the first byte; the coordinator log has the details "
+                f"under request id {rid}",
                 reason="ENGINE_STREAM_BROKEN",
             ) from exc
 
@@ -579,6 +633,64 @@ class Dispatcher:
             if len(tried) <= self.cfg.prefill_retries:
                 fate.trace.retry("union", "unreachable", failed, cand)
         raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
+
+    # -- pass-through APIs (passthrough.py) ---------------------------------------------------
+
+    def _passthrough_model(self, req: ParsedRequest) -> str:
+        models = self.scheduler.models()
+        if req.api == VERSION:  # any model: the first with a schedulable instance
+            for model in sorted(models):
+                info = RequestInfo(0, model, "")
+                if self.scheduler.pick_first(passthrough.roles(req.api), info, count=False) is not None:
+                    return model
+            raise Unavailable("no schedulable instance to answer /version", reason="NO_SCHEDULABLE_INSTANCE")
+        model = passthrough.resolve_model(req.model, models)
+        if model not in models:
+            raise NotFound(f"model {model!r} is not served by any registered instance", reason="MODEL_NOT_FOUND",
+                           metadata={"model": model, "param": "model"})
+        return model
+
+    async def _passthrough(self, req: ParsedRequest, rid: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
+        """The request relayed whole to one instance of the roles ``passthrough.roles`` allows,
+        another one after an unreachable engine (at most ``prefill_retries`` times)."""
+        model = self._passthrough_model(req)
+        info = RequestInfo(next(self._seq), model, prompt_prefix(req, self.prefix_chars))
+        order = passthrough.roles(req.api)
+        tried: list[EndpointKey] = []
+        last = ""
+        while len(tried) <= self.cfg.prefill_retries:
+            cand = self.scheduler.pick_first(order, info, tried)
+            if cand is None:
+                break
+            role = cand.instance.role.value
+            call = fate.trace.call(role, cand)
+            async with self.scheduler.load_guard(cand):
+                try:
+                    resp = await self._attempt(cand, role, fate, self.client.open(
+                        cand.endpoint, req.path, dict(req.body), rid, trace=call.carrier, method=req.method))
+                except EngineUnreachable as exc:
+                    call.fail("unreachable")
+                    self.scheduler.record_failure(cand.endpoint)
+                    last = str(exc)
+                else:
+                    head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, cand.instance.id,
+                                cand.instance.id)
+                    try:
+                        # a 5xx counts against the engine: nothing else took part in the answer
+                        async for frame in self._relay(resp, cand, head, call=call):
+                            yield frame
+                    except BaseException:
+                        resp.close()
+                        raise
+                    finally:
+                        resp.release()
+                    return
+            tried.append(endpoint_key(cand.endpoint))
+        if not tried:
+            names = " or ".join(r.value for r in order)
+            raise Unavailable(f"no schedulable {names} instance of model {model!r} for {req.path}",
+                              reason="NO_SCHEDULABLE_INSTANCE", metadata={"model": model, "role": names})
+        raise self._exhausted("engine", replace(req, model=model), len(tried), last or "no other instance")
 
     # -- prefill, then decode (vLLM) ---------------------------------------------------------
 
@@ -643,11 +755,13 @@ class Dispatcher:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
                     try:
                         handoff_failed, read = await self._peek(resp, adapter)
-                        if not handoff_failed or kv_retries >= self.cfg.kv_load_retries:
+                        if not handoff_failed:
                             async for frame in self._relay(resp, d, head, count_5xx=False, read=read, call=call):
                                 yield frame
                             return
                         call.fail("kv_handoff_failed")
+                        if kv_retries >= self.cfg.kv_load_retries:
+                            raise self._handoff_exhausted(req, p, d, kv_retries, b"".join(read))
                     except BaseException:
                         resp.close()
                         raise

@@ -61,12 +61,16 @@ class EngineClient:
         return self._session
 
     async def open(
-        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = ()
+        self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = (),
+        method: str = "POST",
     ) -> aiohttp.ClientResponse:
-        """POST *body* as JSON and return the response once its head arrived (caller closes it).
-        *trace*: W3C trace headers (``traceparent``, ``tracestate``) sent with it."""
-        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id, **dict(trace)}
+        """POST *body* as JSON (or GET, without a body) and return the response once its head
+        arrived (caller closes it). *trace*: W3C trace headers (``traceparent``, ``tracestate``)."""
+        headers = {REQUEST_ID_HEADER: request_id, **dict(trace)}
         try:
+            if method == "GET":
+                return await self.session.get(endpoint.base_url + path, headers=headers)
+            headers["Content-Type"] = "application/json"
             return await self.session.post(endpoint.base_url + path, data=orjson.dumps(body), headers=headers)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise _unreachable(endpoint, exc) from exc

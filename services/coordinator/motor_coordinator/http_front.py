@@ -32,7 +32,7 @@ from motor_common.openai_front.dispatch import (
     Readiness,
 )
 from motor_common.openai_front.limits import HttpLimits
-from motor_common.openai_front.openai import HttpError, error_for_status
+from motor_common.openai_front.openai import HttpError, error_from_motor
 from motor_common.tracing import incoming
 from motor_coordinator.dispatch_service import admit
 from motor_coordinator.dispatcher import Frame
@@ -86,7 +86,7 @@ def _error(exc: BaseException) -> HttpError:
         rid = request_id_var.get()
         log.error("unhandled error in the in-process dispatch (request id %s)", rid, exc_info=exc)
         exc = MotorError(f"internal error; the server log has the details under request id {rid}")
-    return error_for_status(exc.code, exc.message, exc.reason)
+    return error_from_motor(exc)
 
 
 class _LocalStream:

@@ -23,7 +23,7 @@ holds, never an invention). A stale engine counts as holding nothing.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from motor_common.kv_events import (
@@ -211,7 +211,7 @@ class KvIndex:
     # --- lookup -----------------------------------------------------------------------------
 
     def prefix_lengths(
-        self, model: str, hashes: Sequence[BlockHash], engines: Iterable[str]
+        self, model: str, hashes: Iterable[BlockHash], engines: Iterable[str]
     ) -> dict[str, int]:
         """For each of *engines*: how many leading blocks of *hashes* it holds (0 for an unknown
         or stale engine). Walks the chain once, stopping when no candidate holds the next block."""
@@ -225,6 +225,8 @@ class KvIndex:
             and e.last_seq is not None
         }
         out = dict.fromkeys(engines, 0)
+        if not live:
+            return out
         depth = 0
         for h in hashes:
             have = holders.get(h)

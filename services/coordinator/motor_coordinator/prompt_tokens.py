@@ -9,11 +9,17 @@ Where they come from (``scheduler.kv_events.tokenizer``, docs/kv-events.md):
 
 At most ``limit`` tokens are produced: only leading full blocks are hashed, and the work per
 request stays bounded whatever the prompt's size.
+
+:class:`PromptTokens` (what the coordinator uses) keeps the ids of recently seen chat messages
+(a bounded LRU): a multi-turn chat re-sends its system prompt and history every turn, and the
+template renders each message on its own line, so the ids of a conversation are the ids of its
+messages laid end to end — exact, and each message is tokenized once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from motor_common import toy_tokenizer
@@ -58,3 +64,57 @@ def _chat_ids(body: Any, limit: int) -> tuple[int, ...] | None:
     except (ValueError, AttributeError, TypeError):
         return None  # the engine answers the error; no routing opinion
     return tuple(toy_tokenizer.encode(text, limit))
+
+
+class PromptTokens:
+    """:func:`prompt_token_ids` with a bounded LRU of per-message token ids (chat prompts)."""
+
+    MAX_CACHED_CHARS = 64 * 1024  # longer messages are tokenized every time, never kept
+
+    def __init__(self, tokenizer: TokenizerName, limit: int, cache_entries: int = 4096) -> None:
+        self.tokenizer: TokenizerName = tokenizer
+        self.limit = limit
+        self.cache_entries = cache_entries
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def __call__(self, req: ParsedRequest) -> tuple[int, ...] | None:
+        if req.api != CHAT or self.tokenizer != "simulator":
+            return prompt_token_ids(req, self.tokenizer, self.limit)
+        body = req.body
+        cont = bool(body.get("continue_final_message", False))
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            return None
+        try:
+            pieces = _pieces(messages, bool(body.get("add_generation_prompt", True)), cont)
+        except (ValueError, AttributeError, TypeError):
+            return None
+        out: list[int] = []
+        for piece in pieces:
+            out += self._ids(piece)
+            if len(out) >= self.limit:
+                return tuple(out[: self.limit])
+        return tuple(out)
+
+    def _ids(self, piece: str) -> tuple[int, ...]:
+        hit = self._cache.get(piece)
+        if hit is not None:
+            self._cache.move_to_end(piece)
+            return hit
+        ids = tuple(toy_tokenizer.encode(piece, self.limit))
+        if len(piece) <= self.MAX_CACHED_CHARS:
+            self._cache[piece] = ids
+            if len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
+        return ids
+
+
+def _pieces(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool, cont: bool) -> list[str]:
+    """The chat template's text, one piece per message: no token spans two pieces (each ends with
+    a newline, the next starts with ``<``), so their ids laid end to end are the whole prompt's."""
+    pieces = [toy_tokenizer.render_chat([m], add_generation_prompt=False) for m in messages]
+    if cont and pieces:
+        pieces[-1] = pieces[-1][:-1]
+    elif add_generation_prompt:
+        pieces.append(toy_tokenizer.render_chat([], add_generation_prompt=True))
+    return pieces

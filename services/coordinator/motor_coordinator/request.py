@@ -1,4 +1,11 @@
-"""Parsing of a dispatched OpenAI body (pure): model, stream flag and the prompt prefix."""
+"""Parsing of a dispatched OpenAI body (pure): model, stream flag and the prompt prefix.
+
+Completions and chat are split prefill→decode. The pass-through APIs (:data:`PASSTHROUGH`:
+embeddings, responses, vLLM's tokenize/detokenize/version) are relayed whole to one instance
+(``passthrough.py``); their bodies are held to what the route needs (vLLM's own request shapes)
+and everything else is the engine's business. For them ``model`` may be left out, as vLLM allows:
+the coordinator then uses the one model it serves (``passthrough.resolve_model``).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +18,17 @@ from motor_common.openai_bounds import check_model, check_pd_fields, load_object
 
 COMPLETIONS = "completions"
 CHAT = "chat"
-PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
+EMBEDDINGS = "embeddings"
+RESPONSES = "responses"
+TOKENIZE = "tokenize"
+DETOKENIZE = "detokenize"
+VERSION = "version"
+PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions", EMBEDDINGS: "/v1/embeddings",
+         RESPONSES: "/v1/responses", TOKENIZE: "/tokenize", DETOKENIZE: "/detokenize", VERSION: "/version"}
+PASSTHROUGH = frozenset({EMBEDDINGS, RESPONSES, TOKENIZE, DETOKENIZE, VERSION})
+APIS = frozenset(PATHS)
+# detokenize: token ids vLLM accepts (DetokenizeRequest: 0 .. 2^63-1)
+MAX_TOKEN_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -25,11 +42,15 @@ class ParsedRequest:
     def path(self) -> str:
         return PATHS[self.api]
 
+    @property
+    def method(self) -> str:
+        return "GET" if self.api == VERSION else "POST"
+
 
 def parse_body(api: str, raw: bytes) -> ParsedRequest:
     """A Dispatch body (gRPC callers): parsed and held to the bounds the HTTP front applies
     (``motor_common.openai_bounds``: JSON depth, ``model`` length, no PD hand-off fields)."""
-    req = parsed_request(api, load_object(raw))
+    req = parsed_request(api, {} if api == VERSION and not raw else load_object(raw))
     check_model(req.model)
     check_pd_fields(req.body)
     return req
@@ -40,10 +61,14 @@ def parsed_request(api: str, body: Any) -> ParsedRequest:
     parses once)."""
     if not isinstance(body, dict):
         raise InvalidArgument("request body must be a JSON object", reason="INVALID_BODY")
+    if api not in APIS:
+        raise InvalidArgument(f"api must be one of {', '.join(sorted(APIS))}", reason="INVALID_API")
     model = body.get("model")
-    if model is None:
+    if api in PASSTHROUGH and model is None:
+        model = ""  # resolved by the dispatcher: the fleet's one model
+    elif model is None:
         raise InvalidArgument("'model' is required", reason="MISSING_MODEL", metadata={"param": "model"})
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or (not model and "model" in body):
         raise InvalidArgument("'model' must be a non-empty string", reason="INVALID_BODY", metadata={"param": "model"})
     stream = body.get("stream", False)
     if stream is None:
@@ -63,12 +88,46 @@ def parsed_request(api: str, body: Any) -> ParsedRequest:
                 "'prompt' must be a string or a list", reason="INVALID_BODY", metadata={"param": "prompt"}
             )
     else:
-        raise InvalidArgument("api must be OPEN_AI_API_COMPLETIONS or OPEN_AI_API_CHAT_COMPLETIONS", reason="INVALID_API")
+        _check_passthrough(api, body)
     return ParsedRequest(api, body, model, stream)
+
+
+def _bad(message: str, param: str) -> InvalidArgument:
+    return InvalidArgument(message, reason="INVALID_BODY", metadata={"param": param})
+
+
+def _check_passthrough(api: str, body: Mapping[str, Any]) -> None:
+    """What each pass-through route needs, as vLLM 0.32 defines its request (the rest is the engine's)."""
+    if api == VERSION:
+        if body:
+            raise _bad("GET /version takes no body", "body")
+    elif api == TOKENIZE:  # TokenizeCompletionRequest (prompt) | TokenizeChatRequest (messages)
+        if isinstance(body.get("prompt"), str):
+            return
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise _bad("/tokenize needs 'prompt' (a string) or 'messages' (a list of objects)", "prompt")
+    elif api == DETOKENIZE:
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in tokens):
+            raise _bad(f"/detokenize needs 'tokens': a list of token ids in [0, {MAX_TOKEN_ID}]", "tokens")
+    elif api == EMBEDDINGS:  # input (text, texts, token ids, chat messages) or messages
+        inp = body.get("input")
+        if not (isinstance(inp, str | list) and inp != []) and not isinstance(body.get("messages"), list):
+            raise _bad("/v1/embeddings needs 'input': a string, or a non-empty list of strings, token ids "
+                       "or token-id lists", "input")
+    elif api == RESPONSES:
+        inp = body.get("input")
+        if not isinstance(inp, str | list):
+            raise _bad("/v1/responses needs 'input': a string or a list of input items", "input")
 
 
 def prompt_prefix(req: ParsedRequest, chars: int) -> str:
     """The first *chars* characters of the prompt as the engine would see it (roughly rendered)."""
+    if req.api in PASSTHROUGH:
+        inp = req.body.get("input", req.body.get("prompt"))
+        return inp[:chars] if isinstance(inp, str) else ""
     if req.api == CHAT:
         parts: list[str] = []
         size = 0

@@ -325,6 +325,22 @@ class Scheduler:
         self._decided(role, "retry_pick")
         return self.policy.select(role, cands, req)
 
+    def pick_first(
+        self, roles: Sequence[Role], req: RequestInfo, exclude: Iterable[EndpointKey] = (), *, count: bool = True,
+    ) -> Candidate | None:
+        """An endpoint of the first of *roles* (in order) that has a schedulable one (pass-through
+        requests, ``passthrough.py``); counted as ``routed`` for that role, ``no_candidate`` for the
+        last role when none has one (with *count*)."""
+        for role in roles:
+            cands = self._candidates(req.model, role, None, exclude)
+            if cands:
+                if count:
+                    self._decided(role, "routed")
+                return self.policy.select(role, cands, req)
+        if count and roles:
+            self._decided(roles[-1], "no_candidate")
+        return None
+
     def _live_set(self, model: str, role: Role) -> _Live:
         live = self._live.get((model, role))
         if live is None:

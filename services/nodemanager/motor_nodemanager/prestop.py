@@ -1,7 +1,7 @@
 """``python -m motor_nodemanager.prestop [--config FILE] [--drain-sec S]``: a pod's PreStop hook.
 
 Calls this node's own ``PauseNode`` (at its advertised ``ip`` — the pod IP — on ``server.port``,
-with the management key and, when the nodemanager serves TLS, its own ``server.tls`` identity: its CA
+with an operator key — ``--key-file``, else the config's ``server.management_key_file`` — and, when the nodemanager serves TLS, its own ``server.tls`` identity: its CA
 verifies the server, its certificate is the client certificate for mutual TLS; all read from the
 nodemanager's config the way the nodemanager reads it), so its endpoints are reported paused
 and the coordinator stops sending them requests, then waits ``--drain-sec`` for in-flight requests
@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-sec", type=float, default=30.0,
                    help="seconds to wait after the pause for in-flight requests (default 30)")
     p.add_argument("--timeout", type=float, default=5.0, help="timeout of the PauseNode call (default 5)")
+    p.add_argument("--key-file", help="an operator key the nodemanager accepts (one of its "
+                   "server.auth.operator_keys_file, e.g. a 'prestop' entry); default: its server.management_key_file")
     p.add_argument("--tls-ca-file", help="CA bundle verifying the nodemanager's certificate when its "
                    "config has no server.tls.ca_file")
     args = p.parse_args(argv)
@@ -56,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = nmconfig.load(nmconfig.config_path(args.config, os.environ))
-        key = read_secret(cfg.server.management_key_file)
+        key = read_secret(args.key_file or cfg.server.management_key_file, "operator key")
     except ConfigError as exc:
         print(f"prestop: {exc}", file=sys.stderr)
+        return 2
+    if key is None and cfg.server.auth.operator_keys_file:
+        print("prestop: the nodemanager's PauseNode needs an operator key (server.auth.operator_keys_file) and "
+              "the config has no server.management_key_file: pass --key-file with one of its operator keys",
+              file=sys.stderr)
         return 2
     # the advertised address: the server listens there (a loopback bind forces a loopback ip) and
     # the node's certificate names it, as the controller dials it too

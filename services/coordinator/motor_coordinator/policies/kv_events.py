@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from motor_common.domain import EngineType, Role
-from motor_common.kv_events import DEFAULT_VLLM_SEED, Flavour, block_hashes
+from motor_common.kv_events import DEFAULT_VLLM_SEED, Flavour, iter_block_hashes
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.policies.base import Candidate, RequestInfo, load_score
@@ -74,13 +74,14 @@ class KvEvents:
         if flavour is None:
             sglang = candidates[0].instance.engine_type is EngineType.SGLANG
             flavour = Flavour.SGLANG if sglang else Flavour.VLLM
-        hashes = block_hashes(flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
+        # hashed lazily: the index walk stops at the first block no live candidate holds
+        hashes = iter_block_hashes(flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
         held = self.index.prefix_lengths(req.model, hashes, keys)
         if not any(held.values()):
             self.cold += 1
             return self.ring.select(role, candidates, req)
         self.routed += 1
-        total = len(hashes)
+        total = len(token_ids) // h.block_size
         best = candidates[0]
         best_cost = float("inf")
         for c in candidates:

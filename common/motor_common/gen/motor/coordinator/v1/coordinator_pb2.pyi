@@ -13,6 +13,11 @@ class OpenAiApi(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPEN_AI_API_UNSPECIFIED: _ClassVar[OpenAiApi]
     OPEN_AI_API_COMPLETIONS: _ClassVar[OpenAiApi]
     OPEN_AI_API_CHAT_COMPLETIONS: _ClassVar[OpenAiApi]
+    OPEN_AI_API_EMBEDDINGS: _ClassVar[OpenAiApi]
+    OPEN_AI_API_RESPONSES: _ClassVar[OpenAiApi]
+    OPEN_AI_API_TOKENIZE: _ClassVar[OpenAiApi]
+    OPEN_AI_API_DETOKENIZE: _ClassVar[OpenAiApi]
+    OPEN_AI_API_VERSION: _ClassVar[OpenAiApi]
 
 class CoordinatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -23,6 +28,11 @@ class CoordinatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 OPEN_AI_API_UNSPECIFIED: OpenAiApi
 OPEN_AI_API_COMPLETIONS: OpenAiApi
 OPEN_AI_API_CHAT_COMPLETIONS: OpenAiApi
+OPEN_AI_API_EMBEDDINGS: OpenAiApi
+OPEN_AI_API_RESPONSES: OpenAiApi
+OPEN_AI_API_TOKENIZE: OpenAiApi
+OPEN_AI_API_DETOKENIZE: OpenAiApi
+OPEN_AI_API_VERSION: OpenAiApi
 COORDINATOR_ROLE_UNSPECIFIED: CoordinatorRole
 COORDINATOR_ROLE_STANDALONE: CoordinatorRole
 COORDINATOR_ROLE_MASTER: CoordinatorRole

@@ -486,6 +486,8 @@ class DispatchServiceServicer:
     def Dispatch(self, request, context):
         """Runs one OpenAI request through a prefill→decode handoff (or a union instance) and streams the
         engine's HTTP response back: first a head, then body chunks exactly as the engine sent them.
+        Completions and chat completions are split prefill→decode; the other APIs (OpenAiApi) are
+        relayed whole to one instance.
         Errors before the head are gRPC statuses: INVALID_ARGUMENT (bad body), NOT_FOUND (unknown
         model), UNAVAILABLE (no schedulable instance / not master), DEADLINE_EXCEEDED.
         """
