@@ -238,3 +238,36 @@ async def test_without_parole_a_poison_request_hangs_one_prefill_and_is_never_se
         assert after2 >= before[1] + 3
         out, took = await timed(c, "still fine")
         assert out.startswith("ok: "), out
+
+
+async def test_a_request_hung_along_with_a_poison_is_served_and_only_the_poison_is_refused(tmp_path: Path) -> None:
+    """p1 serves an innocent request (a slow prefill) when the poison request reaches it and hangs
+    it: both are suspects of one group, paroled one at a time. The innocent is answered by another
+    prefill; the poison hangs exactly one more and is convicted; the last prefill serves on."""
+    async with fleet("vllm", tmp_path, ("--sim-prefill-base-ms", "800"), prefills=3) as f:
+        await _poison_all(f)
+        c = f.client()
+
+        async def running(p: Proc) -> bool:
+            return bool((await asyncio.to_thread(sim_state, p))["running"] > 0)
+
+        innocent = asyncio.ensure_future(timed(c, "innocent zero"))  # seq 0 -> p1
+        await wait_for(lambda: running(f.p1), timeout=10, what="the innocent request running on p1")
+        fillers = [asyncio.ensure_future(timed(c, f"filler {i}")) for i in (1, 2)]  # seq 1, 2 -> p2, p3
+        await wait_for(lambda: running(f.prefills[1]), timeout=10, what="filler 1 running on p2")
+        await wait_for(lambda: running(f.prefills[2]), timeout=10, what="filler 2 running on p3")
+        poison = await timed(c, "POISON-PILL please")  # seq 3 -> p1, which it hangs
+        ok, *rest = await asyncio.gather(innocent, *fillers)
+        hung = [p.name for p in f.prefills if not await _healthy(p)]
+        print(f"\nthe innocent request frozen with the poison answered after {ok[1]:.2f} s, the poison "
+              f"refused after {poison[1]:.2f} s; hung: {hung}")
+        assert ok[0].startswith("ok: ") and len(ok[0]) > 4, ok
+        assert all(o.startswith("ok: ") for o, _ in rest), rest
+        assert poison[0] == "400 poison_request_suspected", poison
+        assert len(hung) == 2 and f.p1.name in hung, hung
+        suspects = {o: await f.metric("motor_coordinator_poison_suspects_total", model=MODEL, outcome=o)
+                    for o in ("paroled", "cleared", "convicted", "refused")}
+        assert suspects == {"paroled": 2, "cleared": 1, "convicted": 1, "refused": 0}, suspects
+        assert await f.metric("motor_coordinator_poison_requests_total", model=MODEL) == 1
+        out, _ = await timed(c, "still served")
+        assert out.startswith("ok: "), out
