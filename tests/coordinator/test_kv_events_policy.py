@@ -72,14 +72,17 @@ def test_evicted_blocks_stop_attracting() -> None:
     assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[1]
 
 
-def test_a_cold_prefix_goes_by_the_ring() -> None:
-    index, p, c = setup()
-    hold(index, c[0].key, list(range(5000, 5032)))
-    ring = PrefixAware(SchedulerConfig())
-    for text in ("a", "b", "c", "d"):
-        got = p.select(Role.PREFILL, c, RequestInfo(0, "m", text, tuple(PROMPT)))
-        assert got is ring.select(Role.PREFILL, c, RequestInfo(0, "m", text))
-    assert p.cold == 4 and p.fallbacks == 0
+def test_a_cold_prefix_goes_to_the_least_loaded_engine_ties_in_turn() -> None:
+    index, _, _ = setup()
+    c = cands(3, running=[2, 0, 0])
+    for x in c:
+        index.add_engine(x.key, "m")
+        index.apply(x.key, 0, EventBatch(0.0, ()))
+    hold(index, c[0].key, list(range(5000, 5032)))  # something else entirely
+    p = KvEvents(SchedulerConfig(), index)
+    got = [p.select(Role.PREFILL, c, RequestInfo(seq, "m", "same text", tuple(PROMPT))) for seq in range(4)]
+    assert got == [c[1], c[2], c[1], c[2]]  # never the busy one, the idle two in turn
+    assert p.cold == 4 and p.fallbacks == 0 and p.routed == 0
 
 
 def test_sglang_candidates_are_hashed_the_sglang_way() -> None:

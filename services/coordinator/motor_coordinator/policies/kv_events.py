@@ -10,9 +10,11 @@ the candidate order (stable).
 
 Falls back to ``prefix_aware`` (the ring) when the request has no token ids, when it is shorter
 than one block, when no candidate has a live, gap-free event stream (stale or unknown engines
-count as holding nothing, so a partly stale set still uses what is known), or when no candidate
-holds even the first block (a cold prefix: the ring spreads cold prefixes, the events then follow
-wherever they were cached). Decode uses least load.
+count as holding nothing, so a partly stale set still uses what is known). A prefix no candidate
+holds (not even its first block) is cold: it goes to the least loaded candidate (ties in turn) —
+unlike the ring, the events follow it wherever it is cached, so cold placement is free to balance
+load (with a handful of hot system prompts a ring often hashes two onto one engine). Decode uses
+least load.
 
 Hashing follows the candidates' engine type (vLLM or SGLang) unless :class:`BlockHashing` names
 a flavour; block size, seed and int form come from ``scheduler.kv_events``.
@@ -79,7 +81,7 @@ class KvEvents:
         held = self.index.prefix_lengths(req.model, hashes, keys)
         if not any(held.values()):
             self.cold += 1
-            return self.ring.select(role, candidates, req)
+            return self.least.select(role, candidates, req)
         self.routed += 1
         total = len(token_ids) // h.block_size
         best = candidates[0]
