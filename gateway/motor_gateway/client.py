@@ -5,6 +5,7 @@ coordinators' ``Dispatch`` RPC through the coordinator pool, with failover befor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -83,6 +84,16 @@ class _GrpcStream:
                     yield frame.chunk
         except grpc.aio.AioRpcError as exc:
             raise DispatchFailed(rpc_error(exc)) from None
+        except asyncio.CancelledError:
+            # grpc.aio ends a call whose channel was closed under it with CancelledError although
+            # this task was not cancelled: a stream still open when a rotated client certificate's
+            # drained channel reached its drain time. A broken stream, not the client going away.
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            log.warning("the stream from the coordinator was cut: its channel was closed (drained after a "
+                        "client-certificate rotation)")
+            raise DispatchFailed(error_for_status("UNAVAILABLE", UNREACHABLE, "COORDINATOR_UNREACHABLE")) from None
 
     async def aclose(self) -> None:
         if not self._call.done():

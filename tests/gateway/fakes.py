@@ -14,6 +14,7 @@ import orjson
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer, ServerConfig
+from motor_common.tls import TlsConfig
 from motor_gateway.config import GatewayConfig
 from motor_gateway.main import serve
 from tests.helpers import wait_for
@@ -88,9 +89,9 @@ class FakeDispatch(cgrpc.DispatchServiceServicer):
 
 
 @contextlib.asynccontextmanager
-async def fake_coordinator() -> AsyncIterator[tuple[str, FakeDispatch]]:
+async def fake_coordinator(tls: TlsConfig | None = None) -> AsyncIterator[tuple[str, FakeDispatch]]:
     impl = FakeDispatch()
-    server = GrpcServer("fake-coordinator", ServerConfig())
+    server = GrpcServer("fake-coordinator", ServerConfig(tls=tls) if tls else ServerConfig())
     server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(impl, s))
     port = await server.start()
     try:
