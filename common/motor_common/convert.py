@@ -16,6 +16,8 @@ from motor_common.domain import (
 from motor_common.errors import InvalidArgument
 from motor_common.gen.motor.common.v1 import types_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as copb
+from motor_common.model_card import ModelCard, Permission
 
 ROLE_TO_PB = {Role.PREFILL: pb.ROLE_PREFILL, Role.DECODE: pb.ROLE_DECODE, Role.UNION: pb.ROLE_UNION}
 ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
@@ -179,3 +181,33 @@ def node_spec_to_pb(spec: NodeSpec) -> cpb.NodeSpec:
         ),
         local_world_size=spec.local_world_size,
     )
+
+
+# -- model cards (coordinator ListModels) --------------------------------------------------------
+
+_PERMISSION_FLAGS = ("allow_create_engine", "allow_sampling", "allow_logprobs", "allow_search_indices",
+                     "allow_view", "allow_fine_tuning", "is_blocking")
+
+
+def model_card_to_pb(card: ModelCard, out: copb.Model) -> None:
+    """Fill *out*'s engine-card fields (6-9) from *card*."""
+    out.max_model_len = card.max_model_len
+    out.root = card.root
+    if card.parent is not None:
+        out.parent = card.parent
+    for p in card.permission:
+        perm = out.permission.add(id=p.id, created=p.created, organization=p.organization,
+                                  **{f: getattr(p, f) for f in _PERMISSION_FLAGS})
+        if p.group is not None:
+            perm.group = p.group
+
+
+def model_card_from_pb(msg: copb.Model) -> ModelCard | None:
+    """The engine card a ListModels entry carries, or None when the coordinator has none yet."""
+    if not msg.root and not msg.max_model_len:
+        return None
+    perms = tuple(Permission(id=p.id, created=p.created, organization=p.organization,
+                             group=p.group if p.HasField("group") else None,
+                             **{f: getattr(p, f) for f in _PERMISSION_FLAGS}) for p in msg.permission)
+    return ModelCard(root=msg.root, max_model_len=msg.max_model_len,
+                     parent=msg.parent if msg.HasField("parent") else None, permission=perms)

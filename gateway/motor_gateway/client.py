@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from motor_common.convert import model_card_from_pb
 from motor_common.errors import MotorError
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.grpc_client import call_metadata, translate
@@ -143,7 +144,7 @@ class GrpcDispatchClient:
             )
         except grpc.aio.AioRpcError as exc:
             raise DispatchFailed(rpc_error(exc)) from None
-        return [ModelInfo(m.id, m.created) for m in resp.models]
+        return [ModelInfo(m.id, m.created, model_card_from_pb(m)) for m in resp.models]
 
     async def readiness(self) -> Readiness:
         return await self.pool.readiness()

@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
 from tests.coordinator.grpc_util import KEY, Stubs
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
@@ -145,3 +145,35 @@ async def test_bad_input_is_refused_with_the_field_named(fleet: Fleet, path: str
     assert got == status, answer
     assert answer["error"]["param"] == param, answer
     assert answer["error"]["message"]
+
+
+async def test_models_carry_the_engines_own_card_fields(fleet: Fleet) -> None:
+    """/v1/models shows vLLM's root, parent, max_model_len and permission as the engines return them
+    (learned by the coordinator's scrape loop from one engine of each model)."""
+    engine_cards = {}
+    for sim, model in ((fleet.prefill, CHAT_MODEL), (fleet.emb, EMB_MODEL)):
+        _, own = await call("GET", sim.url + "/v1/models")
+        engine_cards[model] = next(c for c in own["data"] if c["id"] == model)
+
+    async def listed() -> dict[str, Any] | None:
+        status, body = await call("GET", fleet.url + "/v1/models")
+        assert status == 200
+        cards = {c["id"]: c for c in body["data"]}
+        return cards if all("max_model_len" in c for c in cards.values()) else None
+
+    cards = await wait_for(listed, timeout=30, what="engine cards learned by the coordinator")
+    assert set(cards) == {CHAT_MODEL, EMB_MODEL}
+    for model, own in engine_cards.items():
+        mine = cards[model]
+        for key in ("root", "parent", "max_model_len"):
+            assert mine[key] == own[key], (model, key)
+        # permission objects as the engine wrote them, except `created` (vLLM stamps each answer)
+        assert [{k: v for k, v in p.items() if k != "created"} for p in mine["permission"]] == \
+            [{k: v for k, v in p.items() if k != "created"} for p in own["permission"]]
+        assert mine["owned_by"] == "motor" and mine["object"] == "model"
+    async with client(fleet) as c:
+        listed_sdk = await c.models.list()
+        one = await c.models.retrieve(CHAT_MODEL)
+    sdk = {m.id: m for m in listed_sdk.data}
+    assert sdk[CHAT_MODEL].model_extra["max_model_len"] == 8192  # type: ignore[index]
+    assert one.model_extra["root"] == engine_cards[CHAT_MODEL]["root"]  # type: ignore[index]

@@ -28,10 +28,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from motor_common.credentials import KeyFile
 from motor_common.errors import ConfigError, MotorError
 from motor_common.logs import new_request_id, request_id_var
+from motor_common.model_card import card_json
 from motor_common.openai_front import metrics
 from motor_common.openai_front.access_log import Access, log_access
 from motor_common.openai_front.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
-from motor_common.openai_front.dispatch import DispatchClient, DispatchFailed
+from motor_common.openai_front.dispatch import DispatchClient, DispatchFailed, ModelInfo
 from motor_common.openai_front.limits import (
     ENCODINGS,
     BodyTooLarge,
@@ -469,5 +470,9 @@ async def _server_header(_request: web.Request, response: web.StreamResponse) ->
     response.headers["Server"] = SERVER_HEADER
 
 
-def _model_card(m: Any) -> dict[str, Any]:
-    return {"id": m.id, "object": "model", "created": m.created, "owned_by": "motor"}
+def _model_card(m: ModelInfo) -> dict[str, Any]:
+    """An OpenAI model object; with the engines' card, vLLM's root, parent, max_model_len, permission."""
+    card: dict[str, Any] = {"id": m.id, "object": "model", "created": m.created, "owned_by": "motor"}
+    if m.card is not None:
+        card.update(card_json(m.card))
+    return card

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from motor_common.model_card import ModelCard
 from motor_common.openai_front.openai import HttpError
 
 __all__ = ["DispatchClient", "DispatchFailed", "DispatchStream", "Head", "ModelInfo", "Readiness"]
@@ -36,6 +37,8 @@ class Head:
 class ModelInfo:
     id: str
     created: int
+    # The engines' own card of the model (root, max_model_len, parent, permission), once known.
+    card: ModelCard | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from motor_common.convert import model_card_to_pb
 from motor_common.domain import InstanceStatus, Role
 from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
@@ -98,13 +99,17 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
     async def ListModels(self, request: cpb.ListModelsRequest, context: Any) -> cpb.ListModelsResponse:
         models = []
         for name, insts in sorted(self.app.scheduler.models().items()):
-            models.append(cpb.Model(
+            model = cpb.Model(
                 id=name,
                 created=self.app.model_created(name),
                 prefill_instances=sum(i.role is Role.PREFILL for i in insts),
                 decode_instances=sum(i.role is Role.DECODE for i in insts),
                 union_instances=sum(i.role is Role.UNION for i in insts),
-            ))
+            )
+            card = self.app.monitor.cards.get(name)
+            if card is not None:
+                model_card_to_pb(card, model)
+            models.append(model)
         return cpb.ListModelsResponse(models=models)
 
     async def GetReadiness(self, request: cpb.GetReadinessRequest, context: Any) -> cpb.GetReadinessResponse:

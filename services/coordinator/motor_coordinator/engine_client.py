@@ -117,3 +117,15 @@ class EngineClient:
                 return await resp.text()
         except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
             return None
+
+    async def get_bounded(self, endpoint: Endpoint, path: str, limit: int) -> bytes | None:
+        """GET *path*: the body of a 200 answer, None for any other answer, an error, or a body
+        longer than *limit* bytes (not read past it)."""
+        try:
+            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.content.read(limit + 1)
+                return data if len(data) <= limit else None
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None

@@ -73,7 +73,9 @@ class CoordinatorBackend:
         return observed(self.app.dispatcher.dispatch(parsed, request_id, trace=incoming.get()), parsed.model)
 
     def models(self) -> list[ModelInfo]:
-        return [ModelInfo(name, self.app.model_created(name)) for name in sorted(self.app.scheduler.models())]
+        cards = self.app.monitor.cards
+        return [ModelInfo(name, self.app.model_created(name), cards.get(name))
+                for name in sorted(self.app.scheduler.models())]
 
     def readiness(self) -> Readiness:
         r = self.app.readiness()

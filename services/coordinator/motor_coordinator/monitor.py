@@ -1,4 +1,5 @@
-"""Background health probes and metrics scrapes of every registered engine endpoint."""
+"""Background health probes and metrics scrapes of every registered engine endpoint, and the
+engines' own model cards (``motor_common.model_card``), read by the scrape loop."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from motor_common.domain import Endpoint, EngineType
+from motor_common.model_card import MAX_BODY_BYTES, ModelCard, parse_card
 from motor_coordinator import metrics
 from motor_coordinator.engine_client import EngineClient
 from motor_coordinator.policies import EngineLoad
@@ -68,6 +70,9 @@ class Monitor:
         self.probe_interval = probe_interval
         self.scrape_interval = scrape_interval
         self._probing: set[EndpointKey] = set()  # on-demand probes under way
+        # The engines' own card of each registered model (GET /v1/models of one of its engines),
+        # learned by the scrape loop; dropped when the model is no longer registered.
+        self.cards: dict[str, ModelCard] = {}
 
     def probe_now(self, endpoint: Endpoint, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
         """Probe *endpoint* at once (an attempt on it is waiting while it is silent), unless a
@@ -120,9 +125,29 @@ class Monitor:
                 await asyncio.gather(*(self._probe(t) for t in targets))
             await asyncio.sleep(self.probe_interval)
 
+    async def learn_cards(self) -> None:
+        """Read the card of every registered model that has none yet from one of its engines
+        (each instance's first endpoint in turn until one answers); forget unregistered models."""
+        models = self.scheduler.models()
+        for gone in [m for m in self.cards if m not in models]:
+            del self.cards[gone]
+
+        async def learn(model: str, endpoints: list[Endpoint]) -> None:
+            for ep in endpoints:
+                body = await self.client.get_bounded(ep, "/v1/models", MAX_BODY_BYTES)
+                card = parse_card(body, model) if body is not None else None
+                if card is not None:
+                    self.cards[model] = card
+                    return
+
+        missing = [(m, [i.endpoints[0] for i in insts if i.endpoints])
+                   for m, insts in models.items() if m not in self.cards]
+        if missing:
+            await asyncio.gather(*(learn(m, eps) for m, eps in missing))
+
     async def scrape_loop(self) -> None:
         while True:
             targets = self.scheduler.probe_targets()
             if targets:
-                await asyncio.gather(*(self._scrape(t) for t in targets))
+                await asyncio.gather(*(self._scrape(t) for t in targets), self.learn_cards())
             await asyncio.sleep(self.scrape_interval)

@@ -297,18 +297,52 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "created", "prefill_instances", "decode_instances", "union_instances")
+    __slots__ = ("id", "created", "prefill_instances", "decode_instances", "union_instances", "max_model_len", "root", "parent", "permission")
     ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     DECODE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     UNION_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     created: int
     prefill_instances: int
     decode_instances: int
     union_instances: int
-    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., prefill_instances: _Optional[int] = ..., decode_instances: _Optional[int] = ..., union_instances: _Optional[int] = ...) -> None: ...
+    max_model_len: int
+    root: str
+    parent: str
+    permission: _containers.RepeatedCompositeFieldContainer[ModelPermission]
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., prefill_instances: _Optional[int] = ..., decode_instances: _Optional[int] = ..., union_instances: _Optional[int] = ..., max_model_len: _Optional[int] = ..., root: _Optional[str] = ..., parent: _Optional[str] = ..., permission: _Optional[_Iterable[_Union[ModelPermission, _Mapping]]] = ...) -> None: ...
+
+class ModelPermission(_message.Message):
+    __slots__ = ("id", "created", "allow_create_engine", "allow_sampling", "allow_logprobs", "allow_search_indices", "allow_view", "allow_fine_tuning", "organization", "group", "is_blocking")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_CREATE_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SEARCH_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_VIEW_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FINE_TUNING_FIELD_NUMBER: _ClassVar[int]
+    ORGANIZATION_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    IS_BLOCKING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    created: int
+    allow_create_engine: bool
+    allow_sampling: bool
+    allow_logprobs: bool
+    allow_search_indices: bool
+    allow_view: bool
+    allow_fine_tuning: bool
+    organization: str
+    group: str
+    is_blocking: bool
+    def __init__(self, id: _Optional[str] = ..., created: _Optional[int] = ..., allow_create_engine: _Optional[bool] = ..., allow_sampling: _Optional[bool] = ..., allow_logprobs: _Optional[bool] = ..., allow_search_indices: _Optional[bool] = ..., allow_view: _Optional[bool] = ..., allow_fine_tuning: _Optional[bool] = ..., organization: _Optional[str] = ..., group: _Optional[str] = ..., is_blocking: _Optional[bool] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)
