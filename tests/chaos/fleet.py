@@ -339,7 +339,9 @@ async def chaos_fleet(
         fleet = ChaosFleet(up, node_names(prefill, decode), ledger)
         for i in range(1, gateways):
             gw = await es.enter_async_context(
-                start_gateway(tmp_path / "extra", fleet.coordinators, name=f"gateway-extra-{i}"))
+                start_gateway(tmp_path / "extra", fleet.coordinators, name=f"gateway-extra-{i}",
+                              # the coordinators take Dispatch only with an inference key
+                              config={"coordinator_key_file": up.info["inference_key_file"]}))
             fleet.extra_gateways.append(gw)
             ledger.roots.append(gw.pid)
         sampler = asyncio.get_running_loop().create_task(ledger.run())
