@@ -87,9 +87,11 @@ async def test_failed_kv_handoff_counts_a_retry_by_its_reason_and_a_failover_onl
         before = counts()
         assert (await outcome(s, 0))[0] == "http 200"
         # the hand-off ran again on the same (only) decode: a retry, not a failover; the retry
-        # found no other decode to pick; the prefill ran twice, the decode answered once
+        # found no other decode and no other prefill to pick; the prefill ran twice, the decode
+        # answered once
         assert moved(before) == {
             "retries decode kv_handoff_failed": 1,
             "decisions prefill routed": 1, "decisions decode routed": 1, "decisions decode no_candidate": 1,
+            "decisions prefill no_candidate": 1,
             "phase prefill prefill": 2, "phase decode decode_first_byte": 1, "phase decode kv_handoff": 1,
         }
