@@ -4,7 +4,7 @@ Two modes, one interface (:class:`Tracer`):
 
 * **off** (the default, and whenever the ``otel`` extra is not wanted): no span is made, but an
   incoming ``traceparent`` / ``tracestate`` is carried through unchanged — HTTP header at the
-  gateway, gRPC metadata on Dispatch, HTTP header on every engine request — so a tracing client
+  gateway, ``DispatchStart.trace_context`` (DispatchMany) or gRPC metadata (Dispatch), HTTP header on every engine request — so a tracing client
   and tracing engines (vLLM ``--otlp-traces-endpoint``) still see one trace.
 * **on** (``tracing.enabled: true``, needs ``pip install 'motor-pd[otel]'``): every program makes
   its spans with the OpenTelemetry SDK and exports them over OTLP/gRPC to

@@ -4,7 +4,7 @@ and one :class:`EngineCall` per request it sends to an engine; it decides, this 
 
 Spans of one PD request (tracing on), each a child of the one before it::
 
-    coordinator.dispatch                  (child of the gateway's request span, via Dispatch metadata)
+    coordinator.dispatch                  (child of the gateway's request span, over gRPC)
       prefill          client; its traceparent is sent to the prefill engine
       decode           client; its traceparent is sent to the decode engine
         kv_handoff     decode sent → its first body byte (the decode loads the KV, makes a token)
