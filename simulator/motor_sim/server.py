@@ -295,7 +295,7 @@ class SimServer:
             return self._error(err)
         return web.Response(body=orjson.dumps(out), content_type=_JSON)
 
-    async def responses(self, request: web.Request) -> web.Response:
+    async def responses(self, request: web.Request) -> web.StreamResponse:
         """/v1/responses: the input as chat messages, generated like a chat request (not streamed)."""
         fl, svc = self.flavour, self.svc
         try:
@@ -306,6 +306,9 @@ class SimServer:
             svc.check_logprobs(job)
             plan = await fl.plan(svc, job, rid)
             run = Run(rid, job, plan)
+            model = body.get("model") or svc.cfg.primary_name
+            if body.get("stream"):
+                return await self._stream_response(request, run, vllm_extra.ResponseEvents(body, model))
             async with contextlib.aclosing(svc.generate(run)) as gen:
                 async for _ in gen:
                     pass
@@ -317,6 +320,27 @@ class SimServer:
         out = vllm_extra.response_object(body, body.get("model") or svc.cfg.primary_name, d.text, d.finish_reason,
                                          run.prompt_tokens, run.completion_tokens, run.cached_tokens)
         return web.Response(body=orjson.dumps(out), content_type=_JSON)
+
+    async def _stream_response(self, request: web.Request, run: Run,
+                               events: vllm_extra.ResponseEvents) -> web.StreamResponse:
+        """A streamed /v1/responses answer: vLLM's events around the generated tokens."""
+        async with contextlib.aclosing(self.svc.generate(run)) as gen:
+            first = await anext(gen)  # errors before the head are still a plain error answer
+            resp = web.StreamResponse()
+            resp.content_type = "text/event-stream"
+            resp.charset = "utf-8"
+            await resp.prepare(request)
+            await resp.write(events.opening())
+            steps: list[Any] | None = first
+            while steps is not None:
+                out = b"".join(events.delta(step.text) for idx, step in steps if idx == 0)
+                if out:
+                    await resp.write(out)
+                steps = await anext(gen, None)
+        d = run.decoders[0]
+        await resp.write(events.closing(d.finish_reason, run.prompt_tokens, run.completion_tokens, run.cached_tokens))
+        await resp.write_eof()
+        return resp
 
     async def models(self, request: web.Request) -> web.Response:
         data = [self.flavour.model_card(self.svc, n) for n in self.cfg.served_model_names]

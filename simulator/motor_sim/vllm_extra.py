@@ -5,8 +5,9 @@ model) and ``/v1/responses`` (built on the chat generation: the request becomes 
 Bodies follow vLLM's pydantic models (``vllm/entrypoints/serve/tokenize/protocol.py``,
 ``pooling/embed/protocol.py``, ``openai/responses``): ``model`` optional, validation failures as
 vLLM's 400 error object. Embeddings are a deterministic unit vector per input, from its token ids
-(``dimensions`` long, default 32), as floats or base64 float32 (``encoding_format``). Streamed
-responses (``stream: true``) are not simulated: answered 400, said in docs/simulator.md.
+(``dimensions`` long, default 32), as floats or base64 float32 (``encoding_format``). A streamed
+response (``stream: true``) is vLLM's event sequence (:class:`ResponseEvents`): ``event: <type>`` +
+``data: <json>`` per event, ``sequence_number`` from 0.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from motor_common import toy_tokenizer as tokenizer
 from motor_sim.generator import word_for
@@ -122,8 +125,8 @@ def _text_of(content: Any) -> str:
 
 def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
     """A /v1/responses body as the chat request the simulator generates with."""
-    if body.get("stream"):
-        raise ApiError(400, "motor-sim does not simulate streamed /v1/responses (stream: true)", param="stream")
+    if "stream" in body and not isinstance(body["stream"], bool) and body["stream"] is not None:
+        raise _field_error("stream: Input should be a valid boolean", "stream", body["stream"])
     inp = body.get("input")
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str):
@@ -147,15 +150,16 @@ def responses_to_chat(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def response_object(body: Mapping[str, Any], model: str, text: str, finish_reason: str | None,
-                    input_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
+                    input_tokens: int, output_tokens: int, cached: int, *, response_id: str | None = None,
+                    message_id: str | None = None, created_at: int | None = None) -> dict[str, Any]:
     """vLLM's ResponsesResponse for a finished generation."""
     incomplete = finish_reason == "length"
     return {
-        "id": f"resp_{uuid.uuid4().hex}", "created_at": int(time.time()),
+        "id": response_id or f"resp_{uuid.uuid4().hex}", "created_at": created_at or int(time.time()),
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": body.get("instructions"), "metadata": body.get("metadata"), "model": model,
         "object": "response",
-        "output": [{"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+        "output": [{"id": message_id or f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                     "status": "incomplete" if incomplete else "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]}],
         "parallel_tool_calls": True, "temperature": body.get("temperature"), "tool_choice": "auto",
@@ -169,3 +173,57 @@ def response_object(body: Mapping[str, Any], model: str, text: str, finish_reaso
                   "total_tokens": input_tokens + output_tokens},
         "user": None,
     }
+
+
+class ResponseEvents:
+    """The SSE events of one streamed /v1/responses answer, in vLLM 0.32's order: created,
+    in_progress, output_item.added, content_part.added, output_text.delta per token,
+    output_text.done, content_part.done, output_item.done, completed."""
+
+    def __init__(self, body: Mapping[str, Any], model: str) -> None:
+        self.body, self.model = body, model
+        self.response_id = f"resp_{uuid.uuid4().hex}"
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.created_at = int(time.time())
+        self.seq = 0
+        self.text = ""
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    def opening(self) -> bytes:
+        initial = response_object(self.body, self.model, "", None, 0, 0, 0, response_id=self.response_id,
+                                  created_at=self.created_at)
+        initial.update(status="in_progress", output=[], usage=None, incomplete_details=None)
+        item = {"id": self.message_id, "type": "message", "role": "assistant", "content": [], "status": "in_progress"}
+        return b"".join((
+            self._event("response.created", response=initial),
+            self._event("response.in_progress", response=initial),
+            self._event("response.output_item.added", output_index=0, item=item),
+            self._event("response.content_part.added", output_index=0, item_id=self.message_id, content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}),
+        ))
+
+    def delta(self, text: str) -> bytes:
+        if not text:
+            return b""
+        self.text += text
+        return self._event("response.output_text.delta", content_index=0, output_index=0, item_id=self.message_id,
+                           delta=text, logprobs=[])
+
+    def closing(self, finish_reason: str | None, input_tokens: int, output_tokens: int, cached: int) -> bytes:
+        part: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": None}
+        final = response_object(self.body, self.model, self.text, finish_reason, input_tokens, output_tokens, cached,
+                                response_id=self.response_id, message_id=self.message_id, created_at=self.created_at)
+        return b"".join((
+            self._event("response.output_text.done", output_index=0, content_index=0, text=self.text, logprobs=[],
+                        item_id=self.message_id),
+            self._event("response.content_part.done", item_id=self.message_id, output_index=0, content_index=0,
+                        part=part),
+            self._event("response.output_item.done", output_index=0,
+                        item={"id": self.message_id, "type": "message", "role": "assistant",
+                              "content": [part] if self.text else [], "status": "completed"}),
+            self._event("response.completed", response=final),
+        ))

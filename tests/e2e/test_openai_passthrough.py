@@ -113,6 +113,21 @@ async def test_responses_with_the_openai_sdk_run_whole_on_a_decode_instance(flee
     assert after == (before[0], before[1] + 1)  # the decode engine computed it alone, no prefill
 
 
+async def test_a_streamed_response_is_relayed_event_by_event(fleet: Fleet) -> None:
+    async with client(fleet) as c:
+        stream = await c.responses.create(model=CHAT_MODEL, input="hello there", max_output_tokens=4, stream=True)
+        events = [e async for e in stream]
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", *["response.output_text.delta"] * 4,
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.completed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    done = events[-1].response  # type: ignore[union-attr]
+    assert text.strip() and done.output_text == text and done.usage is not None and done.usage.output_tokens == 4
+
+
 async def test_tokenize_detokenize_and_version_are_the_engines_answers(fleet: Fleet) -> None:
     status, tok = await call("POST", fleet.url + "/tokenize", {"model": CHAT_MODEL, "prompt": "the sun is hot"})
     direct = await call("POST", fleet.prefill.url + "/tokenize", {"model": CHAT_MODEL, "prompt": "the sun is hot"})
