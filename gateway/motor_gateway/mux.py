@@ -12,6 +12,13 @@ stream's error (UNAVAILABLE: retryable before the head) and the next request ope
 coordinator without ``DispatchMany`` (UNIMPLEMENTED: an older version) gets unary Dispatch calls
 from then on (:attr:`DispatchMux.supported`).
 
+Client-certificate rotation (``motor_common.reloading_channel``): before each request the mux asks
+the channel for its current connection; when the certificate files changed, the request opens a new
+stream on the new connection (it presents the new certificate), and the old stream is *retired*:
+it takes no new request, its open requests finish on it, and it is half-closed when the last one
+ends (the coordinator then ends it, and the old connection closes). A retired stream still open at
+the channel's drain time is cut; its open requests fail UNAVAILABLE like any broken stream.
+
 Commands waiting when the stream can take a message go out together, as the coordinator sends the
 events of many requests in one message: under load one gRPC message serves many requests.
 A request's frames wait in its own queue until the HTTP side reads them; a slow HTTP client
@@ -29,6 +36,7 @@ import grpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import status_details
+from motor_common.reloading_channel import ReloadingChannel
 from motor_common.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
@@ -98,13 +106,24 @@ class MuxCall:
 class _Stream:
     """One DispatchMany call, its writer and reader tasks and the requests open on it."""
 
-    def __init__(self, mux: DispatchMux, call: Any) -> None:
+    def __init__(self, mux: DispatchMux, call: Any, channel: Any = None) -> None:
         self.mux = mux
         self.call = call
+        self.channel = channel  # the connection it runs on (a ReloadingChannel's current one)
         self.calls: dict[int, MuxCall] = {}
-        self.outbox: asyncio.Queue[cpb.DispatchCommand] = asyncio.Queue()
+        self.outbox: asyncio.Queue[cpb.DispatchCommand | None] = asyncio.Queue()  # None: half-close
         self.broken = False
+        self.retired = False
         self.writer: asyncio.Task[Any] | None = None
+
+    def retire(self) -> None:
+        """Take no new request; half-close once the open ones have ended."""
+        self.retired = True
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if self.retired and not self.calls and not self.broken:
+            self.outbox.put_nowait(None)
 
     def start(self, request: cpb.DispatchRequest, timeout: float, degraded: bool, trace: dict[str, str]) -> MuxCall:
         sid = self.mux.next_id()
@@ -119,6 +138,7 @@ class _Stream:
     def cancel(self, sid: int) -> None:
         if self.calls.pop(sid, None) is not None and not self.broken:
             self.outbox.put_nowait(cpb.DispatchCommand(stream_id=sid, cancel=True))
+            self._close_if_idle()
 
     async def write(self) -> None:
         write = self.call.write
@@ -126,10 +146,17 @@ class _Stream:
         try:
             while True:
                 # Every command waiting goes in one message (bounded like the coordinator's batches).
-                batch = [await outbox.get()]
-                size = len(batch[0].start.request.body)
+                first = await outbox.get()
+                if first is None:  # retired and idle: the coordinator ends the stream
+                    await self.call.done_writing()
+                    return
+                batch = [first]
+                size = len(first.start.request.body)
                 while not outbox.empty() and len(batch) < MAX_BATCH_COMMANDS and size < MAX_BATCH_BYTES:
                     cmd = outbox.get_nowait()
+                    if cmd is None:
+                        outbox.put_nowait(None)  # after this batch
+                        break
                     batch.append(cmd)
                     size += len(cmd.start.request.body)
                 await write(cpb.DispatchManyRequest(commands=batch))
@@ -156,13 +183,22 @@ class _Stream:
                         call = calls.pop(ev.stream_id, None)
                         if call is not None:
                             call.deliver(_EOF)
+                            self._close_if_idle()
                     elif kind == "error":
                         call = calls.pop(ev.stream_id, None)
                         if call is not None:
                             call.deliver(_request_error(ev.error))
+                            self._close_if_idle()
             exc = _error(grpc.StatusCode.UNAVAILABLE, "the coordinator ended the DispatchMany stream")
         except grpc.aio.AioRpcError as err:
             exc = err
+        except asyncio.CancelledError:
+            # grpc.aio ends a call whose channel was closed under it with CancelledError although
+            # this task was not cancelled: a retired stream cut at its channel's drain time.
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            exc = _error(grpc.StatusCode.UNAVAILABLE, "the DispatchMany stream's connection was closed")
         self.fail(exc)
 
     def fail(self, exc: grpc.aio.AioRpcError) -> None:
@@ -180,9 +216,10 @@ class _Stream:
 class DispatchMux:
     """The DispatchMany stream to one coordinator (opened on first use, reopened after a break)."""
 
-    def __init__(self, stub: cgrpc.DispatchServiceStub, address: str) -> None:
+    def __init__(self, stub: cgrpc.DispatchServiceStub, address: str, channel: Any = None) -> None:
         self._stub = stub
         self.address = address
+        self._channel = channel if isinstance(channel, ReloadingChannel) else None
         self._stream: _Stream | None = None
         self._next = 0
         self._tasks = TaskOwner(f"dispatch-mux {address}")
@@ -199,8 +236,14 @@ class DispatchMux:
         """Send *request* on the stream (opened with *metadata*, the credential, if there is none);
         *trace*: its W3C trace context headers."""
         stream = self._stream
+        # Checks the certificate files: a rotation gives a new connection, the new request a new stream.
+        connection = self._channel.current() if self._channel is not None else None
+        if stream is not None and stream.channel is not connection:
+            self._stream = None
+            stream.retire()
+            stream = None
         if stream is None:
-            stream = self._stream = _Stream(self, self._stub.DispatchMany(metadata=metadata))
+            stream = self._stream = _Stream(self, self._stub.DispatchMany(metadata=metadata), connection)
             self.opened += 1
             stream.writer = self._tasks.spawn(stream.write(), name=f"dispatch-mux-write {self.address}")
             self._tasks.spawn(stream.read(), name=f"dispatch-mux-read {self.address}")
@@ -216,7 +259,7 @@ class DispatchMux:
                 log.warning("coordinator has no DispatchMany (older version): one Dispatch call per request",
                             extra={"coordinator": self.address})
             self.supported = False
-        elif exc.code() != grpc.StatusCode.CANCELLED:
+        elif exc.code() != grpc.StatusCode.CANCELLED and not (stream.retired and not stream.calls):
             log.info("DispatchMany stream ended", extra={"coordinator": self.address, "code": exc.code().name,
                                                          "detail": exc.details(), "open": len(stream.calls)})
 

@@ -43,7 +43,7 @@ class _Member:
         self.address = address
         self.channel = open_channel(address, tls=tls, tls_ca_file=tls_ca_file)
         self.stub = cgrpc.DispatchServiceStub(self.channel)
-        self.mux = DispatchMux(self.stub, address)
+        self.mux = DispatchMux(self.stub, address, self.channel)
 
     async def view(self, timeout: float) -> CoordinatorView:
         try:
