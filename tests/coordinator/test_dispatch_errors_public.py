@@ -1,4 +1,4 @@
-"""What a gRPC ``Dispatch`` client sees when things fail names no engine and no exception.
+"""What a gRPC ``Dispatch`` (and ``DispatchMany``, the gateway's) client sees when things fail names no engine and no exception.
 
 Real ``motor-sim`` engines behind an in-process coordinator's gRPC API, one failure mode at a time:
 an engine down (prefill, decode, union), an engine answering 500 with its internals (the
@@ -70,7 +70,14 @@ class Seen:
         assert any(self.rid in t for t in self.texts), (self.rid, self.texts)
 
 
-async def call(s: Stubs, rid: str, body: dict[str, Any] = BODY, timeout: float = 30) -> Seen:
+VIA = pytest.mark.parametrize("via", ["Dispatch", "DispatchMany"])
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+async def call(s: Stubs, rid: str, body: dict[str, Any] = BODY, timeout: float = 30, *,
+               via: str = "Dispatch") -> Seen:
+    if via == "DispatchMany":
+        return await call_many(s, rid, body, timeout)
     seen = Seen(rid)
     stream = s.dispatch.Dispatch(cpb.DispatchRequest(request_id=rid, api=COMPLETIONS, body=orjson.dumps(body)),
                                  timeout=timeout)
@@ -89,6 +96,32 @@ async def call(s: Stubs, rid: str, body: dict[str, Any] = BODY, timeout: float =
     return seen
 
 
+async def call_many(s: Stubs, rid: str, body: dict[str, Any], timeout: float) -> Seen:
+    """The same request as the one command of a ``DispatchMany`` stream (what the gateway sends)."""
+    seen = Seen(rid)
+    start = cpb.DispatchCommand(stream_id=1, start=cpb.DispatchStart(
+        request=cpb.DispatchRequest(request_id=rid, api=COMPLETIONS, body=orjson.dumps(body)),
+        timeout_ms=int(timeout * 1000)))
+    stream = s.dispatch.DispatchMany(timeout=timeout + 10)
+    await stream.write(cpb.DispatchManyRequest(commands=[start]))
+    try:
+        while (msg := await stream.read()) is not grpc.aio.EOF:
+            for ev in msg.events:
+                kind = ev.WhichOneof("kind")
+                if kind == "frame" and ev.frame.HasField("head"):
+                    seen.status = ev.frame.head.http_status
+                elif kind == "frame":
+                    seen.texts.append(ev.frame.chunk.decode("utf-8", "replace"))
+                elif kind == "error":
+                    seen.code, seen.reason = _CODES[ev.error.code], ev.error.reason
+                    seen.texts += [ev.error.message, *ev.error.metadata.values()]
+                if kind in ("end", "error"):
+                    return seen
+    finally:
+        stream.cancel()
+    raise AssertionError("the DispatchMany stream ended without the request's end or error")
+
+
 @asynccontextmanager
 async def rig(tmp: Path, *roles: str, **dispatch_cfg: Any) -> AsyncIterator[tuple[Stubs, list[Proc]]]:
     async with AsyncExitStack() as st:
@@ -104,7 +137,8 @@ def logged(caplog: pytest.LogCaptureFixture, rid: str, *needles: str) -> None:
     assert any(all(n in line for n in needles) for line in lines), (rid, needles, lines)
 
 
-async def test_engines_down(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@VIA
+async def test_engines_down(tmp_path: Path, caplog: pytest.LogCaptureFixture, via: str) -> None:
     caplog.set_level(logging.INFO)
     dead = free_port()  # nobody listens there
     async with rig(tmp_path, "prefill", "decode", "union") as (s, (p, d, u)):
@@ -117,20 +151,21 @@ async def test_engines_down(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
         for role, instances in cases.items():
             await s.set(*instances)
             rid = f"down-{role}"
-            seen = await call(s, rid)
+            seen = await call(s, rid, via=via)
             assert seen.code == grpc.StatusCode.UNAVAILABLE and seen.reason == f"{role.upper()}_FAILED", seen.texts
             seen.assert_public([p, d, u, ghost])
             logged(caplog, rid, f"127.0.0.1:{dead}")
 
 
-async def test_engine_5xx_bodies_are_replaced(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@VIA
+async def test_engine_5xx_bodies_are_replaced(tmp_path: Path, caplog: pytest.LogCaptureFixture, via: str) -> None:
     caplog.set_level(logging.INFO)
     async with rig(tmp_path, "prefill", "decode", "union") as (s, (p, d, u)):
         await s.set(instance(3, Role.UNION, VLLM, [u]))
         set_fault(u, mode="engine_error")
         for stream in (False, True):
             rid = f"union-5xx-{stream}"
-            seen = await call(s, rid, dict(BODY, stream=stream))
+            seen = await call(s, rid, dict(BODY, stream=stream), via=via)
             assert seen.code is None and seen.status == 500
             err = orjson.loads("".join(seen.texts))["error"]
             assert err["type"] == "server_error" and err["code"] == "engine_error"
@@ -139,36 +174,38 @@ async def test_engine_5xx_bodies_are_replaced(tmp_path: Path, caplog: pytest.Log
 
         await s.set(instance(1, Role.PREFILL, VLLM, [p]), instance(2, Role.DECODE, VLLM, [d]))
         set_fault(d, mode="engine_error")  # the decode fails after a good prefill: its 500 is relayed
-        seen = await call(s, "decode-5xx")
+        seen = await call(s, "decode-5xx", via=via)
         assert seen.status == 500 and orjson.loads("".join(seen.texts))["error"]["code"] == "engine_error"
         seen.assert_public([p, d, u])
         logged(caplog, "decode-5xx", f"127.0.0.1:{d.port}", "EngineDeadError")
 
         set_fault(d, mode="none")
         set_fault(p, mode="engine_error")  # a prefill's 500 is retried, then the call fails
-        seen = await call(s, "prefill-5xx")
+        seen = await call(s, "prefill-5xx", via=via)
         assert seen.code == grpc.StatusCode.UNAVAILABLE and seen.reason == "PREFILL_FAILED"
         seen.assert_public([p, d, u])
         logged(caplog, "prefill-5xx", f"127.0.0.1:{p.port}")
 
 
-async def test_kv_handoff_failure(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@VIA
+async def test_kv_handoff_failure(tmp_path: Path, caplog: pytest.LogCaptureFixture, via: str) -> None:
     caplog.set_level(logging.INFO)
     async with rig(tmp_path, "prefill", "decode", kv_load_retries=1) as (s, (p, d)):
         await s.set(instance(1, Role.PREFILL, VLLM, [p]), instance(2, Role.DECODE, VLLM, [d]))
         set_fault(d, mode="kv_load_fail")
         for stream in (False, True):
             rid = f"kv-{stream}"
-            seen = await call(s, rid, dict(BODY, stream=stream))
+            seen = await call(s, rid, dict(BODY, stream=stream), via=via)
             assert seen.code == grpc.StatusCode.UNAVAILABLE and seen.reason == "KV_TRANSFER_FAILED", seen.texts
             seen.assert_public([p, d])
             logged(caplog, rid, f"127.0.0.1:{p.port}", f"127.0.0.1:{d.port}", "InternalServerError")
 
 
-async def test_timeout(tmp_path: Path) -> None:
+@VIA
+async def test_timeout(tmp_path: Path, via: str) -> None:
     async with rig(tmp_path, "union", request_timeout_sec=1.5) as (s, (u,)):
         await s.set(instance(3, Role.UNION, VLLM, [u]))
         set_fault(u, mode="hang")  # takes the request, never answers
-        seen = await call(s, "too-slow")
+        seen = await call(s, "too-slow", via=via)
         assert seen.code == grpc.StatusCode.DEADLINE_EXCEEDED and seen.reason == "REQUEST_TIMEOUT", seen.texts
         seen.assert_public([u])
