@@ -1,6 +1,7 @@
 """motor pause / motor resume: take an instance of a managed fleet out of scheduling, or put it back.
 
     motor pause 3524124913735523 --reason "bad GPU, draining"   # the fleet `motor up` runs in ./.motor/up
+    motor pause --node decode-0 --reason "bad GPU"                # the instance that node serves
     motor resume 3524124913735523 --controller 10.0.0.5:9200 --management-key-file key
 
 Calls the controller's ControllerAdminService/PauseInstance (ResumeInstance). The controller keeps
@@ -55,7 +56,9 @@ def _reason(text: str) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("instance_id", type=_instance_id, help="instance id (see motor status)")
+    parser.add_argument("instance_id", type=_instance_id, nargs="?", help="instance id (see motor status)")
+    parser.add_argument("--node", metavar="NODE_ID", default="",
+                        help="instead of an instance id: a node id; its whole instance is paused (resumed)")
     if parser.prog.endswith("pause"):
         parser.add_argument("--reason", type=_reason, default="",
                             help="why (shown by motor status while paused; at most 256 bytes)")
@@ -71,30 +74,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 async def change(address: str, key: str | None, instance_id: int, pause: bool, timeout: float,
-                 tls: TlsConfig | None = None, reason: str = "") -> tuple[pb.ManagedInstance, list[str]]:
+                 tls: TlsConfig | None = None, reason: str = "", node_id: str = "",
+                 ) -> tuple[pb.ManagedInstance, list[str]]:
     """Pauses (resumes) *instance_id* at the controller; returns the instance after the call and,
     for a resume, the nodes whose nodemanager still holds a pause of its own."""
     md = call_metadata(key)
     async with open_channel(address, tls=tls) as channel:
         stub = pbg.ControllerAdminServiceStub(channel)
         if pause:
-            paused = await stub.PauseInstance(pb.PauseInstanceRequest(instance_id=instance_id, reason=reason),
+            paused = await stub.PauseInstance(pb.PauseInstanceRequest(instance_id=instance_id, reason=reason,
+                                                                      node_id=node_id),
                                               metadata=md, timeout=timeout)
             return paused.instance, []
-        resumed = await stub.ResumeInstance(pb.ResumeInstanceRequest(instance_id=instance_id),
+        resumed = await stub.ResumeInstance(pb.ResumeInstanceRequest(instance_id=instance_id, node_id=node_id),
                                             metadata=md, timeout=timeout)
         return resumed.instance, list(resumed.paused_node_ids)
 
 
 def run(args: argparse.Namespace) -> int:
     pause = args.command == "pause"
+    if (args.instance_id is None) == (not args.node):
+        print("error: give an instance id or --node NODE_ID (one of them)", file=sys.stderr)
+        return 2
     try:
         address = target.controller_address(args.controller, args.state_dir)
         key_file = target.management_key_file(args.management_key_file, args.state_dir)
         key = read_secret(key_file) if key_file else None
         tls = tls_from_args(args, {"tls": target.tls_section(args.state_dir)})
-        inst, held = asyncio.run(change(address, key, args.instance_id, pause, args.timeout, tls,
-                                        getattr(args, "reason", "")))
+        inst, held = asyncio.run(change(address, key, args.instance_id or 0, pause, args.timeout, tls,
+                                        getattr(args, "reason", ""), args.node))
     except MotorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
@@ -102,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return EXIT_FAILED
     state = pb.InstanceState.Name(inst.state).removeprefix("INSTANCE_STATE_").lower()
+    args.instance_id = inst.instance.id
     if args.json:
         print(json.dumps({"instance_id": args.instance_id, "state": "paused" if pause else "resumed",
                           "paused": inst.paused, "reason": inst.pause_reason,

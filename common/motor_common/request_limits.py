@@ -52,7 +52,6 @@ REQUIRED_PORTS = {"motor.common.v1.Endpoint.business_port", "motor.controller.v1
 ID_REQUIRED = {
     "motor.coordinator.v1.GetInstanceRequest", "motor.controller.v1.GetInstanceRequest",
     "motor.controller.v1.TerminateInstanceRequest", "motor.controller.v1.GetFaultToleranceStatusRequest",
-    "motor.controller.v1.PauseInstanceRequest", "motor.controller.v1.ResumeInstanceRequest",
     "motor.nodemanager.v1.StartEnginesRequest", "motor.nodemanager.v1.GuardScaleDownRequest",
     "motor.nodemanager.v1.ApplyScaleDownRequest", "motor.nodemanager.v1.FinalizeScaleDownRequest",
 }

@@ -68,3 +68,19 @@ def test_the_pause_is_persisted_with_the_instance_and_old_records_read_as_not_pa
     for key in ("paused", "pause_reason", "paused_at"):
         del old[key]
     assert codec.decode_instance(orjson.dumps(old)) == MI
+
+
+def test_a_call_names_an_instance_or_one_of_its_nodes_never_both() -> None:
+    from motor_common.errors import NotFound
+    from motor_controller.operator_pause import target
+
+    gone = replace(MI, id=8, state=InstanceState.DELETED, node_ids=("old",))
+    assert target(7, "", [MI]) == 7
+    assert target(0, "n", [gone, MI]) == 7
+    for iid, node in ((0, ""), (7, "n")):
+        with pytest.raises(InvalidArgument) as bad:
+            target(iid, node, [MI])
+        assert bad.value.reason == "INVALID_TARGET"
+    with pytest.raises(NotFound) as missing:
+        target(0, "old", [gone, MI])  # its instance is deleted
+    assert missing.value.reason == "NODE_NOT_FOUND"

@@ -70,7 +70,9 @@ async def test_pause_and_resume_instance_through_grpcurl(tmp_path: Path) -> None
 
             # bad input: the right status, a message to act on, and the instance unchanged
             for body, code, words in (
-                ({"instance_id": "0"}, "InvalidArgument", "instance_id is required"),
+                ({"instance_id": "0"}, "InvalidArgument", "exactly one of instance_id and node_id"),
+                ({"instance_id": iid, "node_id": "n"}, "InvalidArgument", "exactly one of instance_id and node_id"),
+                ({"node_id": "no-such-node"}, "NotFound", "serves no live instance"),
                 ({"instance_id": str(2**53)}, "InvalidArgument", f"outside [1, {2**53 - 1}]"),
                 ({"instance_id": "12345"}, "NotFound", "instance 12345 is not known"),
                 ({"instance_id": iid, "reason": "x" * 257}, "InvalidArgument", "at most 256"),
@@ -107,5 +109,11 @@ async def test_pause_and_resume_instance_through_grpcurl(tmp_path: Path) -> None
             await wait_for(node_running, timeout=20, what="the node resumed")
             again = await call(ctl.address, f"{ADMIN}/ResumeInstance", {"instance_id": iid})
             assert "paused" not in again["instance"] and "pausedNodeIds" not in again
+
+            # by node: the instance the node serves
+            by_node = await call(ctl.address, f"{ADMIN}/PauseInstance", {"node_id": node_id, "reason": "rack"})
+            assert (by_node["instance"]["instance"]["id"], by_node["instance"]["pauseReason"]) == (iid, "rack")
+            back = await call(ctl.address, f"{ADMIN}/ResumeInstance", {"node_id": node_id})
+            assert back["instance"]["instance"]["id"] == iid and "paused" not in back["instance"]
         finally:
             nm.terminate()

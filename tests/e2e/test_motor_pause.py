@@ -177,6 +177,17 @@ async def test_pause_is_kept_by_the_controller_across_restarts_and_paused_instan
         await wait_for(available, timeout=20, what="instance resumed")
         assert not (await managed(fleet, paused_id)).paused
 
+        # by node: the instance the node serves
+        node = row["nodes"][0]
+        by_node = await motor(fleet, "pause", "--node", node, "--json")
+        assert by_node.returncode == 0 and json.loads(by_node.stdout)["instance_id"] == paused_id, by_node.stderr
+        await wait_for(is_paused, timeout=20, what="instance paused by node at the coordinator")
+        back = await motor(fleet, "resume", "--node", node)
+        assert back.returncode == 0, back.stderr
+        await wait_for(available, timeout=20, what="instance resumed by node")
+        neither = await motor(fleet, "pause")
+        assert neither.returncode == 2 and "--node" in neither.stderr
+
         unknown = await motor(fleet, "pause", "12345")
         assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
         too_big = await motor(fleet, "pause", str(2**53))

@@ -5,16 +5,18 @@ survives a controller restart or takeover; ``push_plan.desired_view`` shows a pa
 instance to coordinators as PAUSED. It is independent of a nodemanager's own pause (PauseNode,
 observed through heartbeats as endpoints PAUSED): either keeps the instance out of scheduling.
 
-The instance id is bounded (1 .. 2^53-1) by the chassis (``motor_common.request_limits``).
+A call names the instance by id (bounded 1 .. 2^53-1 by the chassis, ``motor_common.request_limits``)
+or by one of its nodes (:func:`target`).
 Errors: :class:`InvalidArgument` for a bad reason, :class:`FailedPrecondition` for a
 deleted instance. ``None`` means "already so": the call is idempotent and writes nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
-from motor_common.errors import FailedPrecondition, InvalidArgument
+from motor_common.errors import FailedPrecondition, InvalidArgument, NotFound
 from motor_controller.model import ManagedInstance
 
 MAX_REASON_BYTES = 256
@@ -27,6 +29,20 @@ def check_reason(reason: str) -> str:
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in reason):
         raise InvalidArgument("reason must be one line of printable text", reason="INVALID_REASON")
     return reason
+
+
+def target(instance_id: int, node_id: str, instances: Iterable[ManagedInstance]) -> int:
+    """The instance a Pause/ResumeInstance call names: *instance_id*, or the live instance *node_id*
+    serves (exactly one of the two must be given)."""
+    if bool(instance_id) == bool(node_id):
+        raise InvalidArgument("give exactly one of instance_id and node_id", reason="INVALID_TARGET")
+    if instance_id:
+        return instance_id
+    for mi in instances:
+        if mi.live and node_id in mi.node_ids:
+            return mi.id
+    raise NotFound(f"node {node_id!r} serves no live instance (see ListNodes / `motor status`)",
+                   reason="NODE_NOT_FOUND", metadata={"node_id": node_id})
 
 
 def _live(mi: ManagedInstance, verb: str) -> None:

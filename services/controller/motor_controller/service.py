@@ -19,7 +19,7 @@ from motor_controller.convert import (
 )
 from motor_controller.fault_policy import AWAIT_RECOVERY, DP_SCALE_DOWN, NODE_RESTART, FtState
 from motor_controller.model import FaultReport
-from motor_controller.operator_pause import check_reason
+from motor_controller.operator_pause import check_reason, target
 
 CONTROLLER_SERVICE = "motor.controller.v1.ControllerService"
 ADMIN_SERVICE = "motor.controller.v1.ControllerAdminService"
@@ -184,12 +184,13 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
 
     async def PauseInstance(self, request: pb.PauseInstanceRequest, context: Any) -> pb.PauseInstanceResponse:
         self.gate()
-        mi = await self.ctl.set_paused(request.instance_id, True, check_reason(request.reason))
+        iid = target(request.instance_id, request.node_id, self.ctl.instances.values())
+        mi = await self.ctl.set_paused(iid, True, check_reason(request.reason))
         return pb.PauseInstanceResponse(instance=managed_to_pb(mi))
 
     async def ResumeInstance(self, request: pb.ResumeInstanceRequest, context: Any) -> pb.ResumeInstanceResponse:
         self.gate()
-        mi = await self.ctl.set_paused(request.instance_id, False)
+        mi = await self.ctl.set_paused(target(request.instance_id, request.node_id, self.ctl.instances.values()), False)
         return pb.ResumeInstanceResponse(instance=managed_to_pb(mi),
                                          paused_node_ids=self.ctl.nodes_paused_by_nodemanager(mi.id))
 

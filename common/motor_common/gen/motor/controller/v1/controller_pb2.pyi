@@ -414,14 +414,16 @@ class ListAlarmsResponse(_message.Message):
     def __init__(self, alarms: _Optional[_Iterable[_Union[Alarm, _Mapping]]] = ...) -> None: ...
 
 class PauseInstanceRequest(_message.Message):
-    __slots__ = ("instance_id", "reason", "request_id")
+    __slots__ = ("instance_id", "reason", "request_id", "node_id")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     instance_id: int
     reason: str
     request_id: str
-    def __init__(self, instance_id: _Optional[int] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, instance_id: _Optional[int] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class PauseInstanceResponse(_message.Message):
     __slots__ = ("instance",)
@@ -430,12 +432,14 @@ class PauseInstanceResponse(_message.Message):
     def __init__(self, instance: _Optional[_Union[ManagedInstance, _Mapping]] = ...) -> None: ...
 
 class ResumeInstanceRequest(_message.Message):
-    __slots__ = ("instance_id", "request_id")
+    __slots__ = ("instance_id", "request_id", "node_id")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     instance_id: int
     request_id: str
-    def __init__(self, instance_id: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, instance_id: _Optional[int] = ..., request_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ResumeInstanceResponse(_message.Message):
     __slots__ = ("instance", "paused_node_ids")
