@@ -1,4 +1,5 @@
-"""KV-event routing end to end (issue 19): `motor up --kv-events`, real processes throughout.
+"""KV-event routing end to end (issue 19): `motor up --kv-events`, real processes throughout, with
+vLLM-protocol and SGLang-protocol simulated engines (each engine's own event format and hashing).
 
 Nodemanagers launch motor-sim engines with `--kv-events-config` and announce the ports; the
 controller carries them to the coordinator, which subscribes to every prefill engine and routes
@@ -50,9 +51,10 @@ from tests.motor_up import UpFleet, motor_up
 pytestmark = pytest.mark.slow
 
 SYSTEM = "You are the helpful assistant of the Motor project. Answer briefly and exactly. " * 6
+_IDS = toy_tokenizer.encode(toy_tokenizer.render_chat([{"role": "system", "content": SYSTEM},
+                                                       {"role": "user", "content": "x"}]))
 # The system prompt's first KV block, hashed the way the engines (and the coordinator) hash it.
-FIRST_BLOCK = block_hashes(Flavour.VLLM, toy_tokenizer.encode(toy_tokenizer.render_chat(
-    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "x"}])), 16)[0]
+FIRST_BLOCK = {fl: block_hashes(fl, _IDS, 16)[0] for fl in Flavour}
 
 
 async def _metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -66,8 +68,9 @@ async def _metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 
 class KvFleet:
-    def __init__(self, up: UpFleet) -> None:
+    def __init__(self, up: UpFleet, flavour: Flavour) -> None:
         self.up = up
+        self.flavour = flavour
         ports = json.loads((up.state / "coordinator.ports.json").read_text())
         self.coordinator_metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
         self.client = openai.AsyncOpenAI(base_url=up.info["gateway_url"] + "/v1", api_key="unused",
@@ -115,14 +118,18 @@ class KvFleet:
 
 
 async def _engine_counters(port: int) -> tuple[float, float]:
-    """(prefix-cache query tokens, hit tokens) from the engine's own /metrics."""
+    """(prompt tokens queried, prefix-cache hit tokens) from the engine's own /metrics (SGLang
+    reports a cumulative hit rate and the prompt tokens)."""
     m = await _metrics(f"http://127.0.0.1:{port}/metrics")
+    if "sglang:prompt_tokens_total" in m:
+        q = sum(v for _, v in m["sglang:prompt_tokens_total"])
+        return q, q * sum(v for _, v in m.get("sglang:cache_hit_rate", []))
     q = sum(v for _, v in m.get("vllm:prefix_cache_queries_total", []))
     h = sum(v for _, v in m.get("vllm:prefix_cache_hits_total", []))
     return q, h
 
 
-async def _engine_held(replay_port: int) -> set[object]:
+async def _engine_held(replay_port: int, flavour: Flavour) -> set[object]:
     """The blocks the engine holds per its own event stream (replayed from 0)."""
     ctx = zmq.asyncio.Context()
     sock = ctx.socket(zmq.DEALER)
@@ -135,7 +142,7 @@ async def _engine_held(replay_port: int) -> set[object]:
             frames = await wait_for_frames(sock)
             if frames[-2] == END_SEQ:
                 return held
-            for ev in decode_batch(Flavour.VLLM, frames[-1]).events:
+            for ev in decode_batch(flavour, frames[-1]).events:
                 if isinstance(ev, BlockStored):
                     held.update(ev.block_hashes)
                 elif isinstance(ev, BlockRemoved):
@@ -153,16 +160,17 @@ async def wait_for_frames(sock: zmq.asyncio.Socket) -> list[bytes]:
     return list(await asyncio.wait_for(sock.recv_multipart(), 10))  # a deadline, not a pause
 
 
+@pytest.mark.parametrize("flavour", [Flavour.VLLM, Flavour.SGLANG])
 async def test_kv_events_route_a_repeated_prefix_to_its_holder_and_follow_eviction_and_restart(
-    tmp_path: Path,
+    tmp_path: Path, flavour: Flavour
 ) -> None:
     cfg = tmp_path / "fleet.yaml"
     # fault tolerance on: a killed engine is relaunched in place (same ports), as in tests/chaos
     cfg.write_text("nodemanager:\n  engine:\n    extra_args: [--sim-zero-latency, --sim-num-kv-blocks, '64']\n"
                    "controller:\n  fault_tolerance_config: {enable_fault_tolerance: true}\n")
-    async with motor_up(tmp_path, "--kv-events", "--prefill", "2", "--decode", "1", "--config", str(cfg),
-                        timeout=150) as up:  # fmt: skip
-        f = KvFleet(up)
+    async with motor_up(tmp_path, "--kv-events", "--engine", flavour.value, "--prefill", "2", "--decode", "1",
+                        "--config", str(cfg), timeout=150) as up:  # fmt: skip
+        f = KvFleet(up, flavour)
         eps = await f.prefill_endpoints()
         assert len(eps) == 2
         # the nodemanagers planned and announced both ports; the controller carried them
@@ -174,7 +182,7 @@ async def test_kv_events_route_a_repeated_prefix_to_its_holder_and_follow_evicti
         holder = await wait_for(lambda: _holder(f, eps), timeout=20, what="one prefill engine holds the prefix")
         other = next(k for k in eps if k != holder)
         h_port, o_port = eps[holder].business_port, eps[other].business_port
-        truth = await _engine_held(eps[holder].kv_events_replay_port)
+        truth = await _engine_held(eps[holder].kv_events_replay_port, flavour)
         await wait_for(lambda: _blocks(f, holder, len(truth)), timeout=20, what="index holds the prefix blocks")
         _, h0 = await _engine_counters(h_port)
         oq0, _ = await _engine_counters(o_port)
@@ -196,7 +204,7 @@ async def test_kv_events_route_a_repeated_prefix_to_its_holder_and_follow_evicti
             n += 1
         assert await _holder(f, eps) is None  # the engines' own streams: nobody holds it any more
         for key, ep in eps.items():  # the index equals what each engine's own stream says it holds
-            count = len(await _engine_held(ep.kv_events_replay_port))
+            count = len(await _engine_held(ep.kv_events_replay_port, flavour))
             await wait_for(lambda k=key, n=count: _blocks(f, k, n), timeout=20, what=f"index follows {key}")
         d2 = await f.decisions()
         await f.chat("question after eviction")
@@ -224,7 +232,8 @@ async def _has_keys(f: KvFleet, keys: set[str]) -> bool:
 
 async def _holder(f: KvFleet, eps: dict[str, Any]) -> str | None:
     """The one prefill engine whose own event stream says it holds the system prompt's first block."""
-    holders = [k for k, ep in eps.items() if FIRST_BLOCK in await _engine_held(ep.kv_events_replay_port)]
+    holders = [k for k, ep in eps.items()
+               if FIRST_BLOCK[f.flavour] in await _engine_held(ep.kv_events_replay_port, f.flavour)]
     assert len(holders) <= 1, holders
     return holders[0] if holders else None
 
