@@ -190,3 +190,14 @@ async def test_engine_with_empty_model_list_is_not_registered(tmp_path: Path) ->
     assert proc.returncode == 1
     assert b"empty model list" in err
     assert b"--no-health-check" in err
+
+
+def test_kv_events_ports_given_to_add_reach_the_coordinator_and_come_back_in_list(
+    coordinator: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    (a,) = ports(1)
+    ep = f"127.0.0.1:{a},kv=7100,kv_events=7200,kv_events_replay=7300"
+    expected = build_instance(Role.PREFILL, "tiny", EngineType.VLLM, [parse_endpoint(ep)])
+    assert add(coordinator, "prefill", ep) == 0
+    got = listed(coordinator, capsys)[expected.id]["endpoints"][0]
+    assert (got["kv_events_port"], got["kv_events_replay_port"]) == (7200, 7300)
