@@ -30,6 +30,10 @@ async function main(): Promise<void> {
   report("models.list", { ids: models.data.map((m) => m.id) });
   const card = await client.models.retrieve(model);
   report("models.retrieve", { id: card.id, object: card.object });
+  // vLLM's fields of the engines' own card (present once the coordinator has read it)
+  const extra = card as unknown as { max_model_len?: number; root?: string; permission?: unknown[] };
+  report("models.card", { max_model_len: extra.max_model_len ?? null, root: extra.root ?? null,
+                          permission: Array.isArray(extra.permission) ? extra.permission.length : null });
 
   const done = await client.completions.create({ model, prompt: "Hello, Motor", max_tokens: 8 });
   report("completions", { text: done.choices[0].text.length > 0, completion_tokens: done.usage?.completion_tokens });
@@ -44,6 +48,28 @@ async function main(): Promise<void> {
     text += c.choices[0]?.delta?.content ?? "";
   }
   report("chat.stream", { chunks, text: text.length > 0 });
+
+  const resp = await client.responses.create({ model, input: "Hello, Motor", max_output_tokens: 4 });
+  report("responses", { text: resp.output_text.length > 0, output_tokens: resp.usage?.output_tokens, status: resp.status });
+  const events: string[] = [];
+  let deltas = "";
+  for await (const e of await client.responses.create({ model, input: "Hi", max_output_tokens: 3, stream: true })) {
+    events.push(e.type);
+    if (e.type === "response.output_text.delta") deltas += e.delta;
+  }
+  report("responses.stream", { first: events[0], last: events[events.length - 1],
+                               deltas: events.filter((t) => t === "response.output_text.delta").length,
+                               text: deltas.length > 0 });
+  // a generation model's engines serve no embeddings: their 404 in OpenAI's error shape
+  report("error.embeddings", await apiError(() => client.embeddings.create({ model, input: "x" })));
+  // vLLM's /tokenize and /detokenize (outside /v1: plain fetch, the same API key)
+  const root = baseURL.replace(/\/v1\/?$/, "");
+  const auth = { "Content-Type": "application/json", Authorization: `Bearer ${process.env.OPENAI_API_KEY ?? "unused"}` };
+  const tok = await (await fetch(`${root}/tokenize`, { method: "POST", headers: auth,
+                                                      body: JSON.stringify({ model, prompt: "the sun is hot" }) })).json();
+  const detok = await (await fetch(`${root}/detokenize`, { method: "POST", headers: auth,
+                                                          body: JSON.stringify({ model, tokens: tok.tokens }) })).json();
+  report("tokenize", { count: tok.count, prompt: detok.prompt });
 
   report("error.unknown_model", await apiError(() => client.completions.create({ model: "no-such-model", prompt: "x" })));
   report("error.engine", await apiError(() => client.completions.create({ model, prompt: "x", max_tokens: -3 })));

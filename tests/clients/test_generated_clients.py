@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.helpers import wait_for
 from tests.motor_up import UpFleet, motor_up
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -70,6 +72,12 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
         pytest.fail("clients/ts is not built: run scripts/setup --tools (npm ci && npx tsc in clients/ts)")
     node = shutil.which("node")
     assert node, "node is not installed"
+
+    async def card_known() -> bool:  # the coordinator reads the engines' card within a scrape interval
+        async with aiohttp.ClientSession() as s, s.get(fleet.info["gateway_url"] + "/v1/models") as r:
+            return all("max_model_len" in m for m in (await r.json())["data"])
+
+    await wait_for(card_known, timeout=30, what="the engines' model card learned by the coordinator")
     checks = await run_client([node, "dist/openai_check.js", fleet.info["gateway_url"] + "/v1", "tiny"], ts)
     by = {c["check"]: c for c in checks}
     assert by["models.list"]["ids"] == ["tiny"]
@@ -77,6 +85,15 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
     assert by["completions"] == {"check": "completions", "text": True, "completion_tokens": 8}
     assert by["chat.stream"]["text"] is True and by["chat.stream"]["chunks"] >= 2
     # Both errors parse as OpenAI errors in the SDK: {"error": {"message", "type", "param", "code"}}.
+    # pass-through routes (coordinator passthrough.py) and the engines' own model card
+    assert by["responses"] == {"check": "responses", "text": True, "output_tokens": 4, "status": "incomplete"}
+    stream = by["responses.stream"]
+    assert (stream["first"], stream["last"], stream["deltas"], stream["text"]) == (
+        "response.created", "response.completed", 3, True)
+    assert by["error.embeddings"]["status"] == 404  # the engine's own 404, in OpenAI's error shape
+    assert by["tokenize"] == {"check": "tokenize", "count": 4, "prompt": "the sun is hot"}
+    card = by["models.card"]
+    assert card["max_model_len"] and card["root"] and card["permission"] == 1, card
     unknown = by["error.unknown_model"]
     assert (unknown["status"], unknown["type"], unknown["code"]) == (404, "not_found_error", "model_not_found")
     engine = by["error.engine"]
