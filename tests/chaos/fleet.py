@@ -323,13 +323,15 @@ def node_names(prefill: int, decode: int) -> list[str]:
 
 @asynccontextmanager
 async def chaos_fleet(
-    tmp_path: Path, *args: str, prefill: int = 2, decode: int = 2, gateways: int = 1, timeout: float = 60
+    tmp_path: Path, *args: str, prefill: int = 2, decode: int = 2, gateways: int = 1, timeout: float = 60,
+    coordinator: dict[str, Any] | None = None,
 ) -> AsyncIterator[ChaosFleet]:
     """``motor up --prefill P --decode D *args*`` (plus ``gateways - 1`` extra ``motor-gateway``
-    processes on the same coordinators), fully ready, its processes recorded from the start."""
+    processes on the same coordinators; *coordinator*: the coordinators' config section), fully
+    ready, its processes recorded from the start."""
     ledger = ProcessLedger()
     config = tmp_path / "fleet-config.yaml"
-    config.write_text(yaml.safe_dump(FLEET_CONFIG))
+    config.write_text(yaml.safe_dump({**FLEET_CONFIG, **({"coordinator": coordinator} if coordinator else {})}))
     async with AsyncExitStack() as es:
         up = await es.enter_async_context(motor_up(
             tmp_path, "--prefill", str(prefill), "--decode", str(decode), "--config", str(config), *args,

@@ -96,6 +96,7 @@ async def run_scenario(
     max_failed: int = 0,
     check: Check | None = None,
     max_tokens: int = 24,
+    coordinator: dict[str, Any] | None = None,
 ) -> Figures:
     """Fleet up (``motor up --prefill P --decode D *args*``), 16 clients (half streaming) until
     they flow, ``inject(fleet, load)`` (returns when the fault is over: at once for a kill, after
@@ -105,12 +106,15 @@ async def run_scenario(
     shape = f"motor up --prefill {prefill} --decode {decode}{' ' if args else ''}{' '.join(args)}, fault tolerance on"
     if gateways > 1:
         shape += f" + {gateways - 1} more gateway(s)"
+    if coordinator:
+        shape += ", coordinator " + ", ".join(f"{k}: {v}" for k, v in coordinator.items())
     figs = Figures(scenario, fault, shape, exception=exception, max_failed=max_failed,
                    recovery_bound=recovery_bound)
     more: list[str] = []
     fleet_ref: list[ChaosFleet] = []
     try:
-        async with chaos_fleet(tmp_path, *args, prefill=prefill, decode=decode, gateways=gateways) as fleet:
+        async with chaos_fleet(tmp_path, *args, prefill=prefill, decode=decode, gateways=gateways,
+                               coordinator=coordinator) as fleet:
             fleet_ref.append(fleet)
             watcher = InstanceWatcher(fleet.coordinators, fleet.key)
             watch = asyncio.get_running_loop().create_task(watcher.run())

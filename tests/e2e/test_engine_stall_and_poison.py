@@ -4,13 +4,14 @@ like vLLM / SGLang, a real ``motor-coordinator`` and ``motor-gateway``, the ``op
 * Hung engine: a prefill engine is SIGSTOPped. Requests that reach it once a health probe found
   it silent are failed over to the other prefill within ``dispatch.first_byte_timeout_sec``, long
   before a nodemanager would kill the engine (≈ 15-18 s). The request it was serving when it froze
-  is a poison suspect: it is paroled to the other prefill, answered there, and counted cleared.
-* Poison request, parole on (the default): prefills carry a bug that one request body triggers
+  is a poison suspect: with ``parole_suspects: true`` it is paroled to the other prefill, answered
+  there, and counted cleared.
+* Poison request, ``parole_suspects: true``: prefills carry a bug that one request body triggers
   (the simulator's ``poison`` fault: the event loop blocks for ever). The poison request hangs one
   prefill, is paroled to a second one, hangs it too and is convicted: refused with 400, never sent
   to a third, which keeps serving everyone else.
-* Poison request, ``parole_suspects: false``: the poison hangs one prefill, is refused after the
-  deadline and never reaches the other.
+* Poison request, ``parole_suspects: false`` (the default): the poison hangs one prefill, is
+  refused after the deadline and never reaches the other.
 
 Health probes do not take an engine out of rotation here (``circuit_breaker_failures`` 1000), so
 requests really reach the hung engine; the stall itself does (the breaker trips at once).
@@ -79,6 +80,9 @@ class Fleet:
                                  endpoint=f"127.0.0.1:{p.port}") >= 1
 
 
+PAROLE = {"parole_suspects": True}
+
+
 @asynccontextmanager
 async def fleet(engine: str, tmp: Path, prefill_args: tuple[str, ...] = (), *, prefills: int = 2,
                 dispatch: dict[str, Any] | None = None) -> AsyncIterator[Fleet]:
@@ -138,7 +142,7 @@ async def test_requests_reaching_a_sigstopped_prefill_fail_over_within_the_first
     engine: str, tmp_path: Path
 ) -> None:
     # a slow prefill (0.8 s), so request 0 is still on p1 when p1 freezes
-    async with fleet(engine, tmp_path, ("--sim-prefill-base-ms", "800")) as f:
+    async with fleet(engine, tmp_path, ("--sim-prefill-base-ms", "800"), dispatch=PAROLE) as f:
         c = f.client()
         first = asyncio.ensure_future(timed(c, "request zero"))  # seq 0 -> p1
         await wait_for(lambda: asyncio.to_thread(lambda: sim_state(f.p1)["running"] > 0), timeout=10,
@@ -188,7 +192,7 @@ async def _healthy(p: Proc) -> bool:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_a_poison_request_hangs_two_prefills_at_most_and_is_convicted(engine: str, tmp_path: Path) -> None:
-    async with fleet(engine, tmp_path, prefills=3) as f:
+    async with fleet(engine, tmp_path, prefills=3, dispatch=PAROLE) as f:
         await _poison_all(f)
         c = f.client()
         poison = asyncio.ensure_future(timed(c, "POISON-PILL please"))  # seq 0 -> p1
@@ -214,7 +218,7 @@ async def test_a_poison_request_hangs_two_prefills_at_most_and_is_convicted(engi
 async def test_without_parole_a_poison_request_hangs_one_prefill_and_is_never_sent_to_the_other(
     engine: str, tmp_path: Path
 ) -> None:
-    async with fleet(engine, tmp_path, dispatch={"parole_suspects": False}) as f:
+    async with fleet(engine, tmp_path) as f:  # the default: no parole
         await _poison_all(f)
         c = f.client()
         before = [(await asyncio.to_thread(sim_state, p))["stats"]["requests_finished"] for p in (f.p1, f.p2)]
@@ -244,7 +248,7 @@ async def test_a_request_hung_along_with_a_poison_is_served_and_only_the_poison_
     """p1 serves an innocent request (a slow prefill) when the poison request reaches it and hangs
     it: both are suspects of one group, paroled one at a time. The innocent is answered by another
     prefill; the poison hangs exactly one more and is convicted; the last prefill serves on."""
-    async with fleet("vllm", tmp_path, ("--sim-prefill-base-ms", "800"), prefills=3) as f:
+    async with fleet("vllm", tmp_path, ("--sim-prefill-base-ms", "800"), prefills=3, dispatch=PAROLE) as f:
         await _poison_all(f)
         c = f.client()
 

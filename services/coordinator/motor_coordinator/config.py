@@ -95,11 +95,13 @@ class DispatchConfig:
     # Keep it above health_probe_interval_sec + probe_timeout_sec; an engine that is merely slow
     # on a long prefill still answers its probes and is waited for.
     first_byte_timeout_sec: float = 5.0
-    # The requests an engine was serving when it stopped answering (poison suspects) are sent to
-    # another engine one at a time; one that stalls a second engine is refused as poison. false:
-    # every suspect is refused at once — a poison request never reaches a second engine, but the
-    # innocent requests of a frozen engine fail with it (docs/fault-tolerance.md).
-    parole_suspects: bool = True
+    # false (default): the requests an engine was serving when it stopped answering (poison
+    # suspects) are refused at once - a poison request never reaches a second engine, but the
+    # innocent requests of a frozen engine fail with it. true: they are sent to another engine one
+    # at a time, and one that stalls a second engine is refused as poison - the frozen engine's
+    # requests are served, but a poison takes down two engines (with two of a role: all of them)
+    # before it is refused. docs/fault-tolerance.md.
+    parole_suspects: bool = False
     # A stream whose engine has given no sign of life (no chunk, answer, probe or scrape) for this
     # long since its last chunk has stalled: it is continued on another engine like a broken one
     # (mid-stream migration), or ended with an error when it cannot be continued. Keep it above
