@@ -2,9 +2,12 @@
 
     .venv/bin/pip install py-spy      # a profiling tool, deliberately not a project dependency
     .venv/bin/python bench/profile_motor.py [--flavour vllm] [--stream] [--concurrency 16] [--seconds 6]
+                                            [--co-located]
 
 Starts zero-latency P and D simulators and Motor, drives load, records both processes with
-``py-spy record --format raw`` and prints the top functions by own samples and by inclusive samples.
+``py-spy record --format raw`` and prints the top functions by own samples and by inclusive samples,
+and the own samples by where the code lives (Motor's packages, aiohttp, asyncio/uvloop, ...).
+``--co-located``: the coordinator's co-located front alone (no gateway).
 """
 
 from __future__ import annotations
@@ -24,9 +27,21 @@ from bench.loadgen import run_load
 from bench.run import make_body_factory
 
 
+def _area(frame: str) -> str:
+    """Where the code of a py-spy frame ``func (path:line)`` lives."""
+    path = frame[frame.find("(") + 1:frame.rfind(")")] if "(" in frame else frame
+    for needle, name in (("motor_", "Motor's own packages"), ("aiohttp", "aiohttp"), ("grpc", "grpc"),
+                         ("prometheus_client", "prometheus_client"), ("/logging/", "logging"),
+                         ("asyncio", "asyncio / uvloop"), ("runners.py", "asyncio / uvloop")):
+        if needle in path:
+            return name
+    return "other: " + path.rsplit("/", 1)[-1].split(":")[0]
+
+
 def summarise(raw: Path, top: int) -> str:
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
+    by_area: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
@@ -37,10 +52,13 @@ def summarise(raw: Path, top: int) -> str:
         total += count
         if frames:
             own[frames[-1]] += count
+            by_area[_area(stack.split(";")[-1] if stack else "")] += count
         for f in set(frames):
             incl[f] += count
     lines = [f"  total samples {total}", "  -- own --"]
     lines += [f"  {c / total:6.1%}  {f}" for f, c in own.most_common(top)]
+    lines += ["  -- own, by where the code lives --"]
+    lines += [f"  {c / total:6.1%}  {f}" for f, c in by_area.most_common(top)]
     lines += ["  -- inclusive --"]
     lines += [f"  {c / total:6.1%}  {f}" for f, c in incl.most_common(top)]
     return "\n".join(lines)
@@ -50,19 +68,19 @@ async def amain(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="motor-prof-") as tmp:
         d = Path(tmp)
         async with start_engines(args.flavour, d, ZERO) as engines, \
-                start_motor(engines, d, gateway_args=args.gateway_args) as target:
-            coord_pid, gw_pid = target.pids
+                start_motor(engines, d, gateway_args=args.gateway_args, co_located=args.co_located) as target:
+            names = ("coordinator",) if args.co_located else ("coordinator", "gateway")
             procs = [subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
                                        "--duration", str(int(args.seconds)), "--rate", "500", "--format", "raw",
                                        "--nonblocking", "--output", str(d / f"{name}.txt")],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-                     for name, pid in (("coordinator", coord_pid), ("gateway", gw_pid))]
+                     for name, pid in zip(names, target.pids, strict=True)]
             res = await run_load("motor", target.url + "/v1/completions", make_body_factory(args.stream),
                                  concurrency=args.concurrency, requests=0, duration=args.seconds + 1)
             print(res.summary())
             for p in procs:
                 p.wait()
-            for name in ("gateway", "coordinator"):
+            for name in names:
                 print(f"== {name}")
                 print(summarise(d / f"{name}.txt", args.top))
 
@@ -75,6 +93,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--gateway-args", nargs="*", default=[])
+    ap.add_argument("--co-located", action="store_true", help="profile the co-located front (no gateway)")
     args = ap.parse_args()
     asyncio.run(amain(args))
 
