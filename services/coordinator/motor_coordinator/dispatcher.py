@@ -617,22 +617,28 @@ class Dispatcher:
                     self.scheduler.record_failure(cand.endpoint)
                     last = str(exc)
                 else:
-                    head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid,
-                                cand.instance.id, cand.instance.id)
-                    try:
-                        async for frame in self._relay(resp, cand, head, call=call):
-                            yield frame
-                    except BaseException:
-                        resp.close()
-                        raise
-                    finally:
-                        resp.release()
+                    async for frame in self._relay_whole(resp, cand, rid, call):
+                        yield frame
                     return
             tried.append(endpoint_key(cand.endpoint))
             failed, cand = cand, self.scheduler.pick(Role.UNION, info, engine=cand.instance.engine_type, exclude=tried)
             if len(tried) <= self.cfg.prefill_retries:
                 fate.trace.retry("union", "unreachable", failed, cand)
         raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
+
+    async def _relay_whole(self, resp: aiohttp.ClientResponse, cand: Candidate, rid: str,
+                           call: EngineCall) -> AsyncIterator[Frame]:
+        """One engine's answer relayed as it is (a union or pass-through attempt): its head, then
+        its body; the response closed on any failure and released at the end."""
+        head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, cand.instance.id, cand.instance.id)
+        try:
+            async for frame in self._relay(resp, cand, head, call=call):
+                yield frame
+        except BaseException:
+            resp.close()
+            raise
+        finally:
+            resp.release()
 
     # -- pass-through APIs (passthrough.py) ---------------------------------------------------
 
@@ -673,17 +679,9 @@ class Dispatcher:
                     self.scheduler.record_failure(cand.endpoint)
                     last = str(exc)
                 else:
-                    head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, cand.instance.id,
-                                cand.instance.id)
-                    try:
-                        # a 5xx counts against the engine: nothing else took part in the answer
-                        async for frame in self._relay(resp, cand, head, call=call):
-                            yield frame
-                    except BaseException:
-                        resp.close()
-                        raise
-                    finally:
-                        resp.release()
+                    # a 5xx counts against the engine: nothing else took part in the answer
+                    async for frame in self._relay_whole(resp, cand, rid, call):
+                        yield frame
                     return
             tried.append(endpoint_key(cand.endpoint))
         if not tried:
