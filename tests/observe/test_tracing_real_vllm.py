@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import openai
-import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
@@ -32,20 +31,14 @@ from tests.realengine.test_vllm_vs_simulator import (
     MODEL_DIR,
     NAME,
     REAL_VLLM,
-    VENV,
     Engine,
     _spawn,
     _status,
     _stop,
+    lane,
 )
 
-pytestmark = [
-    pytest.mark.realengine,
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                       reason="no .real-engine/venv: run scripts/real-engine-setup"),
-]
+pytestmark = lane(900)
 
 
 async def test_real_vllm_parents_its_request_span_on_the_traceparent_motor_sends() -> None:

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from openai import AsyncOpenAI
 
 from motor_common.domain import EngineType
@@ -41,10 +40,8 @@ from motor_common.grpc_client import call_metadata, open_channel
 from motor_coordinator.monitor import parse_load
 from tests.conftest import tool
 from tests.helpers import wait_for
+from tests.realengine.test_vllm_vs_simulator import MODEL_DIR, ROOT, lane
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".real-engine" / "venv"
-MODEL_DIR = ROOT / ".real-engine" / "tiny-llama"
 CONFIG = ROOT / "examples" / "fleet-real-vllm-cpu.yaml"
 MODEL = "tiny"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -53,13 +50,7 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cac
 STARTUP_TIMEOUT = 480.0
 RELAUNCH_TIMEOUT = 480.0
 
-pytestmark = [
-    pytest.mark.realengine,
-    pytest.mark.slow,
-    pytest.mark.timeout(1200),
-    pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                       reason="no .real-engine/venv: run scripts/real-engine-setup"),
-]  # fmt: skip
+pytestmark = lane(1200)
 
 
 @dataclass

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from motor_common.kv_events import Flavour, vllm_event_hashes
 from motor_coordinator.kv_index import KvIndex
@@ -25,19 +24,13 @@ from tests.realengine.test_vllm_vs_simulator import (
     MODEL_DIR,
     NAME,
     REAL_VLLM,
-    VENV,
     _spawn,
     _stop,
     _wait_healthy,
+    lane,
 )
 
-pytestmark = [
-    pytest.mark.realengine,
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                       reason="no .real-engine/venv: run scripts/real-engine-setup"),
-]
+pytestmark = lane(900)
 
 BS = 32  # vLLM's CPU attention backend needs a multiple of 32 (16 fails at start-up)
 FIRST = list(range(100, 180))  # 80 tokens: 2 full blocks

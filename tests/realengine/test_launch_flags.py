@@ -13,23 +13,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
-
-import pytest
 
 from motor_common.domain import Endpoint, EngineType, Role
 from motor_nodemanager.launch import LaunchSettings, plan_launch
 from motor_nodemanager.start_command import StartCommand
+from tests.realengine.test_vllm_vs_simulator import MODEL_DIR, ROOT, VENV, lane
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV_PY = ROOT / ".real-engine" / "venv" / "bin" / "python"
-MODEL_DIR = ROOT / ".real-engine" / "tiny-llama"
+VENV_PY = VENV / "bin" / "python"
 
-pytestmark = [
-    pytest.mark.realengine,
-    pytest.mark.timeout(180),
-    pytest.mark.skipif(not VENV_PY.exists(), reason="no .real-engine/venv: run scripts/real-engine-setup"),
-]
+pytestmark = lane(180, slow=False)
 
 # Runs in the real-engine venv: argv lists (JSON on stdin) → {"name": "OK ..." | "REJECTED: ..."}.
 CHECKER = r"""

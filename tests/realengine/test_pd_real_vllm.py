@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 from openai import AsyncOpenAI
 
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
@@ -45,10 +44,10 @@ from tests.realengine.test_fleet_real_vllm import (
     MODEL,
     MODEL_DIR,
     ROOT,
-    VENV,
     UpFleet,
     _first_success,
     _nm_status,
+    lane,
     motor_up,
 )
 
@@ -61,13 +60,7 @@ SIM_KTP_KEYS = ["do_remote_prefill", "do_remote_decode", "remote_block_ids", "re
                 "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode",
                 "remote_prefill_cached_tokens"]  # fmt: skip
 
-pytestmark = [
-    pytest.mark.realengine,
-    pytest.mark.slow,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                       reason="no .real-engine/venv: run scripts/real-engine-setup"),
-]  # fmt: skip
+pytestmark = lane(900)
 
 
 async def _engines(fleet: UpFleet) -> dict[str, str]:

@@ -38,12 +38,18 @@ NAME = "tiny"
 LIMITS = ["--max-model-len", "256", "--max-num-seqs", "4", "--dtype", "float32"]
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
-pytestmark = [
-    pytest.mark.realengine,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
-                       reason="no .real-engine/venv: run scripts/real-engine-setup"),
-]
+def lane(timeout: float, *, slow: bool = True) -> list[pytest.MarkDecorator]:
+    """The marks of a real-vLLM lane module: skipped without .real-engine/venv, its own timeout."""
+    return [
+        pytest.mark.realengine,
+        *([pytest.mark.slow] if slow else []),
+        pytest.mark.timeout(timeout),
+        pytest.mark.skipif(not (VENV / "bin" / "python").exists(),
+                           reason="no .real-engine/venv: run scripts/real-engine-setup"),
+    ]
+
+
+pytestmark = lane(900, slow=False)
 
 
 # --- processes -----------------------------------------------------------------------------------
