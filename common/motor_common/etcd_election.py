@@ -70,6 +70,11 @@ class EtcdElection:
         self._valid_until = 0.0
         self._endpoint_index = 0
 
+    @property
+    def holding_back(self) -> str:
+        """Why this candidate left a free lock alone at its last check ("" = it did not)."""
+        return self._holding_back
+
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="etcd-election")
 

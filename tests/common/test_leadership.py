@@ -81,7 +81,7 @@ async def test_a_candidate_that_holds_back_leaves_a_free_lock_to_one_that_may_ta
         b = EtcdElection([etcd.endpoint], "/motor/test/leader", "b", ttl=2, check_interval=0.1,
                          may_acquire=lambda: hold[0])
         await b.start()
-        await wait_for(lambda: b._holding_back == "not synced yet", timeout=10,
+        await wait_for(lambda: b.holding_back == "not synced yet", timeout=10,
                        what="b seeing the free lock and holding back")
         a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=2, check_interval=0.1)
         await a.start()

@@ -18,6 +18,7 @@ from motor_common.grpc_server import ServerConfig
 from motor_common.leadership import LeaderRole
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, DispatchConfig, HaConfig
+from motor_coordinator.election import EtcdLeadership
 from tests.coordinator.factories import inst
 from tests.coordinator.grpc_util import KEY, Stubs
 from tests.etcd_server import etcd_server
@@ -45,8 +46,8 @@ async def coordinator(etcd: str, delay: float) -> AsyncIterator[tuple[Coordinato
 
 
 def _held_back(app: Coordinator) -> bool:
-    election = app.leadership._election  # type: ignore[attr-defined]
-    return election is not None and bool(election._holding_back)
+    lead = app.leadership
+    return isinstance(lead, EtcdLeadership) and bool(lead.holding_back)
 
 
 async def test_an_unsynced_coordinator_leaves_the_lock_to_a_synced_one_and_campaigns_once_synced() -> None:

@@ -59,6 +59,11 @@ class EtcdLeadership:
     def store_available(self) -> bool:
         return self.view.store_available
 
+    @property
+    def holding_back(self) -> str:
+        """Why this coordinator left a free master lock alone at its last check ("" = it did not)."""
+        return self._election.holding_back if self._election is not None else ""
+
     def subscribe(self, on_change: Callable[[], None]) -> None:
         self._subscribers.append(on_change)
 
