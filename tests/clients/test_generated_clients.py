@@ -1,13 +1,19 @@
-"""The clients in clients/ (TypeScript, Go), generated from protos/, against a real `motor up` fleet:
-Health/Check, ListInstances on the controller and the coordinator with the management key,
-GetInstance on an id taken from the list (ids are exact in every language), a streamed Dispatch,
-and an error's google.rpc.ErrorInfo.reason decoded from grpc-status-details-bin."""
+"""The clients in clients/ (TypeScript, Go, Java, C++), generated from protos/, against a real
+`motor up` fleet: Health/Check, ListInstances on the controller and the coordinator with the
+management key, GetInstance on an id taken from the list (ids are exact in every language), a
+streamed Dispatch, and an error's google.rpc.ErrorInfo.reason decoded from grpc-status-details-bin.
+
+The Java and C++ clients are generated and compiled here, once per session and only when a source
+(protos/, third_party/, the client's own files) is newer than the built client, while the fleet
+starts. Without their Debian toolchain they skip on a developer machine, and fail under CI=true."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,8 +31,89 @@ ROOT = Path(__file__).resolve().parents[2]
 MAX_SAFE = 2**53 - 1
 
 
+# What each compiled client needs on PATH / on disk (Debian packages: scripts/setup --tools).
+TOOLCHAINS: dict[str, tuple[list[str], list[Path]]] = {
+    "java": (["protoc", "grpc_java_plugin", "javac", "java"],
+             [Path("/usr/share/java/grpc-core.jar"), Path("/usr/share/java/netty-codec-http2.jar"),
+              Path("/usr/share/java/geronimo-annotation-1.3-spec.jar")]),
+    "cpp": (["protoc", "grpc_cpp_plugin", "g++", "pkg-config"],
+            [Path("/usr/include/grpcpp/grpcpp.h")]),
+}
+BUILT = {"java": ROOT / "clients" / "java" / "motor-client", "cpp": ROOT / "clients" / "cpp" / "motor-client"}
+
+
+def _missing_tools(lang: str) -> list[str]:
+    programs, files = TOOLCHAINS[lang]
+    return [p for p in programs if shutil.which(p) is None] + [str(f) for f in files if not f.exists()]
+
+
+def _stale(lang: str) -> bool:
+    """The built client is missing or older than one of the files it is made from."""
+    built = BUILT[lang]
+    if not built.exists():
+        return True
+    made = built.stat().st_mtime
+    sources = [ROOT / "protos", ROOT / "third_party", ROOT / "clients" / lang]
+    skip = {"gen", "build"}
+    for top in sources:
+        for path in top.rglob("*"):
+            rel = path.relative_to(top).parts
+            if path.is_file() and path != built and not (top.name == lang and rel[0] in skip) \
+                    and path.stat().st_mtime > made:
+                return True
+    return False
+
+
+async def _build(lang: str) -> str:
+    """'' when the client is built, else why not (a missing toolchain, or the build's output)."""
+    missing = _missing_tools(lang)
+    if missing:
+        return f"no {lang} toolchain ({', '.join(missing)}): run scripts/setup --tools"
+    if not _stale(lang):
+        return ""
+    script = ROOT / "clients" / lang / "generate.sh"
+    proc = await asyncio.create_subprocess_exec(str(script), stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
+    except TimeoutError:
+        return f"{script} took more than 600 s"
+    finally:
+        if proc.returncode is None:  # timed out, or the module ended first: the compilers too
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+    return "" if proc.returncode == 0 else f"{script} failed ({proc.returncode}):\n{out.decode(errors='replace')}"
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UpFleet]:
+async def builds() -> AsyncIterator[dict[str, asyncio.Task[str]]]:
+    """The Java and C++ builds, started at once so that they overlap the fleet's start: Java,
+    then C++ (one compiler at a time on a two-core box). Each test awaits its own."""
+    java = asyncio.create_task(_build("java"))
+
+    async def cpp_after_java() -> str:
+        await asyncio.wait([java])
+        return await _build("cpp")
+
+    tasks = {"java": java, "cpp": asyncio.create_task(cpp_after_java())}
+    yield tasks
+    for task in tasks.values():
+        task.cancel()
+
+
+async def built_client(builds: dict[str, asyncio.Task[str]], lang: str) -> Path:
+    """The built client of *lang*; skips without its toolchain outside CI (CI=true fails)."""
+    problem = await asyncio.shield(builds[lang])
+    if problem:
+        if problem.startswith("no ") and os.environ.get("CI", "").lower() not in ("true", "1"):
+            pytest.skip(problem)
+        pytest.fail(problem)
+    return BUILT[lang]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def fleet(tmp_path_factory: pytest.TempPathFactory,
+                builds: dict[str, asyncio.Task[str]]) -> AsyncIterator[UpFleet]:
     async with motor_up(tmp_path_factory.mktemp("clients"), "--prefill", "1", "--decode", "1",
                         "--zero-latency") as up:
         yield up
@@ -64,6 +151,18 @@ async def test_go_client(fleet: UpFleet) -> None:
     if not binary.exists():
         pytest.fail("clients/go is not built: run scripts/setup --tools (clients/go/generate.sh)")
     assert_checks(await run_client([str(binary), str(fleet.state / "fleet.json")], binary.parent))
+
+
+@pytest.mark.timeout(900)  # waits for the build (once per session, only when a source changed)
+async def test_java_client(fleet: UpFleet, builds: dict[str, asyncio.Task[str]]) -> None:
+    client = await built_client(builds, "java")
+    assert_checks(await run_client([str(client), str(fleet.state / "fleet.json")], client.parent))
+
+
+@pytest.mark.timeout(900)
+async def test_cpp_client(fleet: UpFleet, builds: dict[str, asyncio.Task[str]]) -> None:
+    client = await built_client(builds, "cpp")
+    assert_checks(await run_client([str(client), str(fleet.state / "fleet.json")], client.parent))
 
 
 async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
