@@ -30,6 +30,8 @@ class FleetOptions:
     model: str = "tiny"
     host: str = "127.0.0.1"
     gateway_port: int = 8000
+    # Gateway worker processes on the one port (gateway config `workers`, docs/operations.md).
+    gateway_workers: int = 1
     coordinator_ports: tuple[int, ...] = (9100,)
     controller_port: int = 9200
     node_ports: tuple[int, ...] = ()
@@ -51,6 +53,8 @@ class FleetOptions:
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not 1 <= self.gateway_workers <= 256:
+            raise ConfigError(f"--gateway-workers must be in [1, 256], got {self.gateway_workers}")
         if min(self.prefill, self.decode, self.union) < 0:
             raise ConfigError("node counts must be >= 0")
         if self.union == 0 and (self.prefill == 0 or self.decode == 0):
@@ -286,6 +290,8 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
 
     gateway: dict[str, Any] = {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs,
                                "coordinator_key_file": str(keys.own["gateway"]), "log": {"format": "text"}}
+    if opts.gateway_workers > 1:
+        gateway["workers"] = opts.gateway_workers
     if opts.tls:
         gateway["tls"] = {k: v for k, v in tls("gateway").items() if k != "require_client_cert"}
         gateway["https"] = tls("gateway", mutual=False)

@@ -82,6 +82,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
     parser.add_argument("--host", default="127.0.0.1", help="address every program listens on")
     parser.add_argument("--port", type=int, default=None, help="gateway HTTP port (default 8000, or a free one if busy)")
+    parser.add_argument("--gateway-workers", type=int, default=1, metavar="N",
+                        help="gateway worker processes on the one port, supervised (default 1; docs/operations.md)")
     parser.add_argument("--state-dir", default=".motor/up", help="configs, logs, store and key (default .motor/up)")
     parser.add_argument("--config", help="fleet config file with per-program sections")
     parser.add_argument("--zero-latency", action="store_true", help="simulated engines answer instantly")
@@ -128,6 +130,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         model=args.model,
         host=host,
         gateway_port=gateway,
+        gateway_workers=args.gateway_workers,
         coordinator_ports=coordinators,
         controller_port=controller,
         node_ports=tuple(_pick(host, None, NODEMANAGER_GRPC, "nodemanager", taken) for _ in range(nodes)),

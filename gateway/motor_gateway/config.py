@@ -53,9 +53,14 @@ class GatewayConfig:
     multiplex: bool = True
     # Seconds in-flight requests get to finish on SIGTERM/SIGINT.
     shutdown_grace_sec: float = 10.0
-    # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced);
-    # each holds its own coordinator channel. 1 = serve in this process.
+    # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced),
+    # supervised by this process (restarted when they die; docs/operations.md "Gateway worker processes",
+    # motor_gateway/workers.py); each holds its own coordinator channel,
+    # and the coordinator keeps the scheduling state. 1 = serve in this process.
     workers: int = 1
+    # With workers > 1: a worker whose event loop sent no heartbeat for this long is killed and
+    # restarted (the kernel would keep handing a wedged worker connections).
+    worker_liveness_timeout_sec: float = 10.0
     # Bounds on what clients send (body, headers, connections, slow clients): docs/security.md.
     limits: HttpLimits = field(default_factory=HttpLimits)
     # Bounded concurrency and queues per model and per API key, 429 beyond (docs/security.md).
@@ -74,5 +79,8 @@ class GatewayConfig:
                 raise ValueError(f"coordinators: {addr!r} is not host:port")
         if not 1 <= self.workers <= 256:
             raise ValueError(f"workers must be in [1, 256], got {self.workers}")
+        if not 2.0 <= self.worker_liveness_timeout_sec <= 3600:
+            raise ValueError("worker_liveness_timeout_sec must be in [2, 3600] seconds (heartbeats "
+                             f"come every second), got {self.worker_liveness_timeout_sec}")
         if self.request_timeout_sec <= 0 or self.control_timeout_sec <= 0:
             raise ValueError("request_timeout_sec and control_timeout_sec must be positive")

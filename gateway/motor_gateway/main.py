@@ -11,16 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import logging
-import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Any
 
 from motor_common.config import load_config
@@ -28,7 +20,6 @@ from motor_common.errors import ConfigError
 from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
 from motor_common.openai_front.app import Gateway, read_api_key, start_site
-from motor_common.ports import bind_failure
 from motor_common.runner import (
     DOCS_HINT,
     check_config,
@@ -36,12 +27,14 @@ from motor_common.runner import (
     stop_event_on_signals,
     write_ports_file,
 )
+from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
 from motor_common.tracing import reset_tracing, setup_tracing
 from motor_common.version import add_version_flag
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool
+from motor_gateway.workers import HEARTBEAT_INTERVAL_SEC, beat, supervise, worker_registry
 
 log = logging.getLogger("motor_gateway")
 
@@ -64,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--check-config", action="store_true",
                    help="validate the configuration and exit (0 valid, 2 invalid); starts nothing")
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for workers
+    p.add_argument("--worker-dir", help=argparse.SUPPRESS)  # the supervisor's state directory
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -82,8 +77,17 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
     return load_config(GatewayConfig, args.config, env_prefix="MOTOR_GATEWAY", overrides=overrides)
 
 
+async def _heartbeat(worker_dir: str, index: int) -> None:
+    while True:
+        beat(worker_dir, index)
+        await asyncio.sleep(HEARTBEAT_INTERVAL_SEC)
+
+
 async def serve(cfg: GatewayConfig, ports_file: str | None = None,
-                stop: asyncio.Event | None = None, *, reuse_port: bool = False) -> int:
+                stop: asyncio.Event | None = None, *, reuse_port: bool = False,
+                worker_dir: str | None = None, worker_index: int = 0) -> int:
+    """Serve until *stop* (SIGTERM/SIGINT). As worker *worker_index* of a supervisor
+    (*worker_dir*, ``motor_gateway.workers``): heartbeats, and ``/metrics`` of every worker."""
     api_key = read_api_key(cfg.api_key_file)
     # The gateway's own credential for the coordinators' DispatchService.
     credential = read_secret(cfg.coordinator_key_file, "coordinator key")
@@ -94,96 +98,33 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     client = GrpcDispatchClient(pool, request_timeout=cfg.request_timeout_sec,
                                 control_timeout=cfg.control_timeout_sec, credential=credential)
     try:
-        app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=cfg.admission).make_app()
+        registry = worker_registry(worker_dir) if worker_dir else None
+        app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=cfg.admission,
+                      metrics_registry=registry).make_app()
         runner, port = await start_site(app, cfg.host, cfg.port, shutdown_timeout=cfg.shutdown_grace_sec,
                                         reuse_port=reuse_port, limits=cfg.limits,
                                         ssl_context=https_context(cfg.https) if cfg.https.serves_tls else None)
     except BaseException:
         await pool.close()
         raise
+    tasks = TaskOwner("gateway-worker")
     try:
         pool.start()
+        if worker_dir:
+            tasks.spawn(_heartbeat(worker_dir, worker_index), name="heartbeat")
         if ports_file:
             write_ports_file(ports_file, {"http": port})
         log.info("gateway listening", extra={"address": f"{cfg.host}:{port}",
-                                             "coordinators": list(cfg.coordinators)})
+                                             "coordinators": list(cfg.coordinators),
+                                             **({"worker": worker_index} if worker_dir else {})})
         stop = stop or stop_event_on_signals()
         await stop.wait()
         log.info("gateway stopping")
     finally:
-        await runner.cleanup()
+        await runner.cleanup()  # stops listening, drains in-flight requests (shutdown_grace_sec)
+        await tasks.close()
         await pool.close()
     return 0
-
-
-def _die_with_parent() -> None:
-    """Workers get SIGTERM when the supervising process dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
-
-
-def _reserve_port(host: str, port: int) -> socket.socket:
-    """Bind (not listen) a SO_REUSEPORT socket: fixes the port for the workers (port 0 = any)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(bind_failure(host, port, detail=exc.strerror or "")) from exc
-    return sock
-
-
-def supervise(cfg: GatewayConfig, argv: list[str], ports_file: str | None) -> int:
-    """Run ``cfg.workers`` copies of this program on one port (SO_REUSEPORT); forward
-    SIGTERM/SIGINT; exit when they have all exited (non-zero if any worker failed)."""
-    reserved = _reserve_port(cfg.host, cfg.port)
-    port = int(reserved.getsockname()[1])
-    tmp = tempfile.mkdtemp(prefix="motor-gateway-")
-    base = [a for a in argv]
-    workers: list[subprocess.Popen[bytes]] = []
-    files = [os.path.join(tmp, f"w{i}.json") for i in range(cfg.workers)]
-    for i in range(cfg.workers):
-        cmd = [sys.executable, "-m", "motor_gateway.main", *base, "--workers", "1", "--reuse-port",
-               "--port", str(port), "--ports-file", files[i]]
-        workers.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
-    stopping = False
-
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    written = False
-    try:
-        while True:
-            codes = [w.poll() for w in workers]
-            if all(c is not None for c in codes):
-                break
-            if any(c is not None for c in codes) and not stopping:
-                log.error("a gateway worker exited; stopping the others", extra={"codes": codes})
-                forward(signal.SIGTERM, None)
-            if not written and ports_file and all(os.path.exists(f) for f in files):
-                write_ports_file(ports_file, {"http": port})
-                written = True
-            time.sleep(0.05)
-    finally:
-        reserved.close()
-        for f in files:
-            with contextlib.suppress(OSError):
-                os.unlink(f)
-        with contextlib.suppress(OSError):
-            os.rmdir(tmp)
-    codes = [w.returncode for w in workers]
-    return next((c for c in codes if c), 0)
 
 
 def _strip(argv: list[str], flags: tuple[str, ...]) -> list[str]:
@@ -217,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.workers > 1:
             setup_logging("gateway", cfg.log.level, cfg.log.format)
             try:
-                return supervise(cfg, _strip(raw, ("--workers", "--port", "--ports-file")), args.ports_file)
+                return supervise(workers=cfg.workers, host=cfg.host, port=cfg.port,
+                                 argv=_strip(raw, ("--workers", "--port", "--ports-file")),
+                                 ports_file=args.ports_file, liveness_timeout=cfg.worker_liveness_timeout_sec,
+                                 shutdown_grace=cfg.shutdown_grace_sec)
             except ConfigError as exc:
                 print(f"error: {exc.message}", file=sys.stderr)
                 return 2
@@ -227,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging("gateway", cfg.log.level, cfg.log.format)
         setup_tracing(cfg.tracing, "gateway")
         try:
-            return await serve(cfg, args.ports_file, reuse_port=args.reuse_port)
+            return await serve(cfg, args.ports_file, reuse_port=args.reuse_port,
+                               worker_dir=args.worker_dir, worker_index=args.worker_index)
         finally:
             reset_tracing()  # exports the spans not sent yet
 

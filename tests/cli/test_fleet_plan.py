@@ -47,6 +47,13 @@ def test_a_role_sections_engine_keeps_the_fleets_engine_log_dir() -> None:
     assert p.config["engine"]["log_dir"] == "/s/logs"
 
 
+def test_gateway_workers_reach_the_gateway_config() -> None:
+    assert "workers" not in plan_fleet(opts(), Path("/b")).of_kind("gateway")[0].config
+    assert plan_fleet(opts(gateway_workers=3), Path("/b")).of_kind("gateway")[0].config["workers"] == 3
+    with pytest.raises(ConfigError, match=r"--gateway-workers must be in \[1, 256\], got 0"):
+        opts(gateway_workers=0)
+
+
 def test_bad_fleets_are_refused_with_a_clear_message() -> None:
     with pytest.raises(ConfigError, match="unknown fleet config section"):
         opts(overrides={"gatway": {}})

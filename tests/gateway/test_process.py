@@ -29,6 +29,9 @@ def test_unknown_config_key_exits_2_naming_it(tmp_path: Path) -> None:
     ("limits: {max_body_bytes: 10}\n", "max_body_bytes"),
     ("admission: {max_queued_per_model: -1}\n", "max_queued_per_model"),
     ("admission: {max_inflight_per_model: 3}\n", "max_inflight_per_model"),
+    ("workers: 0\n", "workers"),
+    ("workers: 257\n", "workers"),
+    ("worker_liveness_timeout_sec: 1\n", "worker_liveness_timeout_sec"),
 ])
 def test_bad_limits_or_admission_exit_2_naming_the_key(tmp_path: Path, yaml: str, needle: str) -> None:
     cfg = tmp_path / "gw.yaml"

@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.web_protocol import RequestPayloadError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 from motor_common.credentials import KeyFile
 from motor_common.errors import ConfigError, MotorError
@@ -133,10 +133,13 @@ class Gateway:
     pool with failover in ``motor-gateway``, in process in the co-located front)."""
 
     def __init__(self, client: DispatchClient, *, api_key: str | KeyFile | None = None,
-                 limits: HttpLimits | None = None, admission: AdmissionConfig | None = None) -> None:
+                 limits: HttpLimits | None = None, admission: AdmissionConfig | None = None,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
         """*api_key*: one key, or named keys (a :class:`KeyFile`, re-read when it changes);
-        when set, /v1/* needs ``Authorization: Bearer <key>``."""
+        when set, /v1/* needs ``Authorization: Bearer <key>``. *metrics_registry*: what
+        ``/metrics`` serves (default: this process's; a gateway worker serves all workers')."""
         metrics.register()
+        self.metrics_registry = metrics_registry or REGISTRY
         self.client = client
         self._api_key = api_key.encode() if isinstance(api_key, str) and api_key else None
         self._api_keys = api_key if isinstance(api_key, KeyFile) else None
@@ -421,7 +424,7 @@ class Gateway:
                             headers={"Content-Type": _JSON})
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(self.metrics_registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _read_at_most(request: web.Request, limit: int, hold: Hold | None) -> bytes:

@@ -1,6 +1,9 @@
 """Prometheus metrics of the OpenAI HTTP front (``motor-gateway`` and the co-located front; the
 ``motor_gateway_*`` names are the same for both).
 
+Gauges sum over the live processes in Prometheus multiprocess mode (``motor-gateway`` with
+``workers`` > 1: ``motor_gateway.workers``).
+
 Created unregistered and added to the process-wide default registry by :func:`register` when an
 HTTP front is built (``motor_common.openai_front.app.Gateway``): a coordinator without a co-located front
 imports this module but exposes no empty ``motor_gateway_*`` families.
@@ -30,6 +33,7 @@ IN_FLIGHT = Gauge(
     "HTTP requests being served, by route.",
     ["route"],
     registry=None,
+    multiprocess_mode="livesum",
 )
 CONNECTIONS_REFUSED = Counter(
     "motor_gateway_connections_refused_total",
@@ -56,11 +60,13 @@ QUEUED = Gauge(
     "motor_gateway_admission_queue_length",
     "Requests waiting in the admission queue now.",
     registry=None,
+    multiprocess_mode="livesum",
 )
 ADMITTED_IN_FLIGHT = Gauge(
     "motor_gateway_admission_in_flight",
     "Admitted requests being served now.",
     registry=None,
+    multiprocess_mode="livesum",
 )
 
 _ALL = (REQUESTS, LATENCY, IN_FLIGHT, CONNECTIONS_REFUSED, ADMITTED, QUEUED_TOTAL, SHED, QUEUED,
