@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scale_workers.py [--workers 1,2] [--conc 64] [--seconds 3] [--rounds 2]
                                             [--flavour vllm|sglang] [--no-pinned] [--no-co-located]
+    .venv/bin/python bench/scale_workers.py --metrics-cost   # Prometheus multiprocess mode's price
 
 Same zero-latency engines (1 prefill + 1 decode ``motor-sim``) throughout; per round every variant
 is started fresh and measured in turn (so drifting load biases none):
@@ -28,6 +29,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -158,6 +160,31 @@ async def main(a: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+_METRICS_COST = """
+import os, timeit
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+r = CollectorRegistry()
+c = Counter("x_total", "x", ["route", "status"], registry=r).labels("/v1/completions", "200")
+h = Histogram("x_seconds", "x", ["route"], registry=r).labels("/v1/completions")
+g = Gauge("x_in_flight", "x", ["route"], registry=r, multiprocess_mode="livesum").labels("/v1/completions")
+def one():  # what the front does per request: in-flight up and down, a count, a latency
+    g.inc(); c.inc(); h.observe(0.003); g.dec()
+n = 100000
+print(timeit.timeit(one, number=n) / n * 1e6)
+"""
+
+
+def metrics_cost() -> None:
+    """Per request, the front's Prometheus updates in one process and in multiprocess mode (what
+    each worker pays with workers > 1: every update is a write into a shared mmap file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+        for label, extra in (("one process", {}), ("multiprocess", {"PROMETHEUS_MULTIPROC_DIR": tmp})):
+            out = subprocess.run([sys.executable, "-c", _METRICS_COST], env={**env, **extra},
+                                 capture_output=True, text=True, check=True).stdout
+            print(f"metrics per request ({label}): {float(out):.1f} µs")
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
@@ -174,5 +201,11 @@ if __name__ == "__main__":
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--no-pinned", dest="pinned", action="store_false")
     ap.add_argument("--no-co-located", dest="co_located", action="store_false")
+    ap.add_argument("--metrics-cost", action="store_true",
+                    help="only time the front's metric updates per request, one process vs multiprocess mode")
+    args = ap.parse_args()
+    if args.metrics_cost:
+        metrics_cost()
+        sys.exit(0)
     install_uvloop()
-    sys.exit(asyncio.run(main(ap.parse_args())))
+    sys.exit(asyncio.run(main(args)))
