@@ -145,6 +145,7 @@ async def main(a: argparse.Namespace) -> int:
         m = Row(key[0], key[1], *(statistics.median(getattr(x, f) for x in xs) for f in (
             "rps", "p50_ms", "failures", "us_gateway", "us_coordinator", "us_engines", "us_client",
             "util_gateway", "util_coordinator", "load1")))
+        m.failures = int(m.failures)
         med[key] = m
         print("  " + fmt(m))
     print("\nmodel (a prediction from the per-request CPU above, not a measurement): one core for the "
