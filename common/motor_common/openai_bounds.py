@@ -15,6 +15,7 @@ whose ``param`` names the field.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,13 @@ PD_FIELDS = (
     "bootstrap_room",
     "bootstrap_pair_key",
 )
+
+# A stored response's id (GET /v1/responses/{id}, previous_response_id): vLLM's are "resp_" + 16
+# hex digits; a client may choose its own (``request_id`` in the body), held to a path-safe charset.
+MAX_RESPONSE_ID_CHARS = 256
+# GET /v1/responses/{id}?stream=true&starting_after=N: the event index a resumed stream starts after
+MAX_STARTING_AFTER = 2**31 - 1
+_RESPONSE_ID = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
 def _invalid(message: str, param: str | None, reason: str) -> InvalidArgument:
@@ -90,3 +98,14 @@ def check_pd_fields(body: Mapping[str, Any]) -> None:
         if name in body:
             raise _invalid(f"'{name}' is set by Motor for the prefill/decode hand-off and cannot be "
                            "sent by clients: remove it from the request", name, "RESERVED_FIELD")
+
+
+def check_response_id(value: Any, param: str = "response_id") -> str:
+    """*value* as a response id, or ``InvalidArgument`` naming *param*."""
+    if not isinstance(value, str) or not value:
+        raise _invalid(f"'{param}' must be a non-empty string", param, "INVALID_BODY")
+    if len(value) > MAX_RESPONSE_ID_CHARS or not _RESPONSE_ID.fullmatch(value):
+        shown = value[:64] + ("…" if len(value) > 64 else "")
+        raise _invalid(f"{param} {shown!r} is not a response id: at most {MAX_RESPONSE_ID_CHARS} letters, digits, "
+                       "'_', '-', '.' or ':' (vLLM's look like resp_0123456789abcdef)", param, "INVALID_RESPONSE_ID")
+    return value

@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 _API = {"completions": cpb.OPEN_AI_API_COMPLETIONS, "chat": cpb.OPEN_AI_API_CHAT_COMPLETIONS,
         "embeddings": cpb.OPEN_AI_API_EMBEDDINGS, "responses": cpb.OPEN_AI_API_RESPONSES,
         "tokenize": cpb.OPEN_AI_API_TOKENIZE, "detokenize": cpb.OPEN_AI_API_DETOKENIZE,
-        "version": cpb.OPEN_AI_API_VERSION}
+        "version": cpb.OPEN_AI_API_VERSION, "responses_retrieve": cpb.OPEN_AI_API_RESPONSES_RETRIEVE,
+        "responses_cancel": cpb.OPEN_AI_API_RESPONSES_CANCEL}
 
 
 _NO_HEAD = HttpError(502, "coordinator sent no response head", "server_error", "bad_gateway")

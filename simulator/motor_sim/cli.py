@@ -233,6 +233,7 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         zmq_pub_port=ns.sim_zmq_pub_port, zmq_interval_s=ns.sim_zmq_interval_s,
         version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,
         max_logprobs=ns.max_logprobs, pooling=ns.runner == "pooling",
+        responses_store=bool(int(os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") or "0")),
     )
 
 

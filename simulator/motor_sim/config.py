@@ -46,6 +46,9 @@ class SimConfig:
     max_model_len: int = 8192
     # vLLM --runner pooling: an embedding model (/v1/embeddings, no generation routes)
     pooling: bool = False
+    # vLLM's VLLM_ENABLE_RESPONSES_API_STORE=1: /v1/responses keeps store=true answers (retrieve,
+    # cancel, previous_response_id); without it store is ignored and background refused, as in vLLM
+    responses_store: bool = False
     default_max_tokens: int = 64
     num_kv_blocks: int = 8192
     block_size: int = 16

@@ -83,6 +83,8 @@ class SimServer:
         self._not_hanging = asyncio.Event()
         self._not_hanging.set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.response_store = vllm_extra.ResponseStore(cfg.responses_store)
+        self._background: dict[str, asyncio.Task[Any]] = {}  # response id → its generation
         self._frame_servers: list[framing.FrameServer] = []
         self._runner: web.AppRunner | None = None
         self._zmq: FaultPublisher | None = None
@@ -108,6 +110,8 @@ class SimServer:
             r.add_post("/v1/chat/completions", self.chat)
             if self.cfg.flavour is FlavourName.VLLM:
                 r.add_post("/v1/responses", self.responses)
+                r.add_get("/v1/responses/{response_id}", self.retrieve_response)
+                r.add_post("/v1/responses/{response_id}/cancel", self.cancel_response)
         if self.cfg.flavour is FlavourName.VLLM:
             r.add_post("/tokenize", self.tokenize)
             r.add_post("/detokenize", self.detokenize)
@@ -296,19 +300,35 @@ class SimServer:
         return web.Response(body=orjson.dumps(out), content_type=_JSON)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
-        """/v1/responses: the input as chat messages, generated like a chat request (not streamed)."""
-        fl, svc = self.flavour, self.svc
+        """/v1/responses: the input as chat messages, generated like a chat request. With the store
+        on (VLLM_ENABLE_RESPONSES_API_STORE=1) a ``store`` answer is kept for retrieve/cancel and
+        ``background`` answers ``queued`` at once and generates in a task, as vLLM does."""
+        fl, svc, store = self.flavour, self.svc, self.response_store
         try:
             body = await self._json_body(request)
             chat = vllm_extra.responses_to_chat(body)
+            vllm_extra.check_store_options(body, store)
             job = _parse_job(orjson.dumps(chat), "chat", svc.cfg.max_model_len)
             rid = fl.request_id(request.headers.get("X-Request-Id"), job)
             svc.check_logprobs(job)
             plan = await fl.plan(svc, job, rid)
             run = Run(rid, job, plan)
             model = body.get("model") or svc.cfg.primary_name
+            keep = store.enabled and body.get("store", True) is not False
+            response_id = vllm_extra.new_response_id(body)
+            if body.get("background"):
+                queued = vllm_extra.response_object(body, model, "", None, 0, 0, 0, response_id=response_id)
+                queued.update(status="queued", output=[], usage=None, incomplete_details=None)
+                store.put(queued)
+                task = self._background[response_id] = self._spawn(self._in_background(run, body, model, queued))
+                task.add_done_callback(lambda _: self._background.pop(response_id, None))
+                return web.Response(body=orjson.dumps(queued), content_type=_JSON)
             if body.get("stream"):
-                return await self._stream_response(request, run, vllm_extra.ResponseEvents(body, model))
+                events = vllm_extra.ResponseEvents(body, model, response_id)
+                resp = await self._stream_response(request, run, events)
+                if keep and events.final is not None:
+                    store.finish(events.final)
+                return resp
             async with contextlib.aclosing(svc.generate(run)) as gen:
                 async for _ in gen:
                     pass
@@ -316,10 +336,57 @@ class SimServer:
             return self._error(err)
         except TransferError as exc:
             return self._error(fl.transfer_failed(rid, job, exc))
-        d = run.decoders[0]
-        out = vllm_extra.response_object(body, body.get("model") or svc.cfg.primary_name, d.text, d.finish_reason,
-                                         run.prompt_tokens, run.completion_tokens, run.cached_tokens)
+        out = self._finished_response(run, body, model, response_id)
+        if keep:
+            store.finish(out)
         return web.Response(body=orjson.dumps(out), content_type=_JSON)
+
+    @staticmethod
+    def _finished_response(run: Run, body: dict[str, Any], model: str, response_id: str) -> dict[str, Any]:
+        d = run.decoders[0]
+        return vllm_extra.response_object(body, model, d.text, d.finish_reason, run.prompt_tokens,
+                                          run.completion_tokens, run.cached_tokens, response_id=response_id)
+
+    async def _in_background(self, run: Run, body: dict[str, Any], model: str, held: dict[str, Any]) -> None:
+        """A background response's generation; its stored object turns in_progress, then the
+        finished answer (unless cancelled), or failed."""
+        held["status"] = "in_progress"
+        try:
+            async with contextlib.aclosing(self.svc.generate(run)) as gen:
+                async for _ in gen:
+                    pass
+        except ApiError:
+            if held["status"] not in ("completed", "cancelled"):
+                held["status"] = "failed"
+            return
+        self.response_store.finish(self._finished_response(run, body, model, held["id"]))
+
+    async def retrieve_response(self, request: web.Request) -> web.Response:
+        """GET /v1/responses/{id}: the stored response, or vLLM's 404. ``stream=true`` replays the
+        events of a background stream in vLLM, which the simulator does not keep: vLLM's 400 for
+        an id without events."""
+        response_id = request.match_info["response_id"]
+        try:
+            found = self.response_store.get(response_id)
+            if request.query.get("stream", "").lower() in ("true", "1"):
+                raise ApiError(400, f"Unknown response_id: {response_id}", param="response_id", value=response_id)
+        except ApiError as err:
+            return self._error(err)
+        return web.Response(body=orjson.dumps(found), content_type=_JSON)
+
+    async def cancel_response(self, request: web.Request) -> web.Response:
+        """POST /v1/responses/{id}/cancel: a queued or in-progress background response is
+        cancelled (its generation stopped); vLLM's 404 / 400 otherwise."""
+        response_id = request.match_info["response_id"]
+        try:
+            found = self.response_store.cancel(response_id)
+        except ApiError as err:
+            return self._error(err)
+        task = self._background.get(response_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return web.Response(body=orjson.dumps(found), content_type=_JSON)
 
     async def _stream_response(self, request: web.Request, run: Run,
                                events: vllm_extra.ResponseEvents) -> web.StreamResponse:
@@ -429,7 +496,7 @@ class SimServer:
                    "prefix_hits": svc.blocks.prefix_hits, "leases": len(svc.leases),
                    "rooms": len(svc.rooms)},
             "stats": dict(vars(st)), "tcp_nodelay": nodelay,
-            "trace_headers": list(self.trace_headers),
+            "trace_headers": list(self.trace_headers), "responses": self.response_store.to_json(),
         }
 
     async def sim_state(self, request: web.Request) -> web.Response:

@@ -155,7 +155,7 @@ def response_object(body: Mapping[str, Any], model: str, text: str, finish_reaso
     """vLLM's ResponsesResponse for a finished generation."""
     incomplete = finish_reason == "length"
     return {
-        "id": response_id or f"resp_{uuid.uuid4().hex}", "created_at": created_at or int(time.time()),
+        "id": response_id or new_response_id(body), "created_at": created_at or int(time.time()),
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "instructions": body.get("instructions"), "metadata": body.get("metadata"), "model": model,
         "object": "response",
@@ -163,9 +163,9 @@ def response_object(body: Mapping[str, Any], model: str, text: str, finish_reaso
                     "status": "incomplete" if incomplete else "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]}],
         "parallel_tool_calls": True, "temperature": body.get("temperature"), "tool_choice": "auto",
-        "tools": [], "top_p": body.get("top_p"), "background": False,
+        "tools": [], "top_p": body.get("top_p"), "background": bool(body.get("background")),
         "max_output_tokens": body.get("max_output_tokens"), "max_tool_calls": None,
-        "previous_response_id": None, "prompt": None, "reasoning": None, "service_tier": "auto",
+        "previous_response_id": body.get("previous_response_id"), "prompt": None, "reasoning": None, "service_tier": "auto",
         "status": "incomplete" if incomplete else "completed", "text": None, "top_logprobs": None,
         "truncation": "disabled",
         "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached},
@@ -175,14 +175,89 @@ def response_object(body: Mapping[str, Any], model: str, text: str, finish_reaso
     }
 
 
+MAX_STORED = 10_000  # vLLM's store is unbounded; the simulator forgets the oldest beyond this
+
+
+def new_response_id(body: Mapping[str, Any]) -> str:
+    """vLLM's response id: the body's ``request_id``, else ``resp_`` + 16 hex digits."""
+    given = body.get("request_id")
+    return given if isinstance(given, str) and given else f"resp_{uuid.uuid4().hex[:16]}"
+
+
+def not_found(response_id: str) -> ApiError:
+    """vLLM's answer for an id its store does not hold (``_make_not_found_error``)."""
+    return ApiError(404, f"Response with id '{response_id}' not found.", "invalid_request_error", param="response_id")
+
+
+class ResponseStore:
+    """vLLM's response store (``OpenAIServingResponses.response_store``), bounded: retrieve,
+    cancel and ``previous_response_id`` read it; only with ``VLLM_ENABLE_RESPONSES_API_STORE``."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._store: dict[str, dict[str, Any]] = {}
+        self.found = self.not_found = 0  # lookups (retrieve, cancel, previous_response_id), for /sim/state
+
+    def to_json(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "stored": len(self._store), "found": self.found, "not_found": self.not_found}
+
+    def put(self, response: dict[str, Any]) -> None:
+        if response["id"] not in self._store:
+            while len(self._store) >= MAX_STORED:
+                del self._store[next(iter(self._store))]
+        self._store[response["id"]] = response
+
+    def get(self, response_id: str) -> dict[str, Any]:
+        found = self._store.get(response_id)
+        if found is None:
+            self.not_found += 1
+            raise not_found(response_id)
+        self.found += 1
+        return found
+
+    def finish(self, response: dict[str, Any]) -> None:
+        """A finished answer replaces its stored self, unless it was cancelled meanwhile."""
+        held = self._store.get(response["id"])
+        if held is None or held["status"] != "cancelled":
+            self.put(response)
+
+    def cancel(self, response_id: str) -> dict[str, Any]:
+        """vLLM's cancel: only a queued or in-progress (background) response."""
+        response = self.get(response_id)
+        if response["status"] not in ("queued", "in_progress"):
+            raise ApiError(400, "Cannot cancel a synchronous response.", "invalid_request_error",
+                           param="response_id")
+        response["status"] = "cancelled"
+        return response
+
+
+def check_store_options(body: Mapping[str, Any], store: ResponseStore) -> None:
+    """vLLM's checks of ``background`` / ``store`` / ``previous_response_id`` before generating."""
+    if body.get("background"):
+        if body.get("store", True) is False:
+            raise _field_error("background can only be used when `store` is true", "background", True)
+        if not store.enabled:
+            raise ApiError(400, "This vLLM engine does not support `store=True` and therefore does not support the "
+                           "background mode. To enable these features, set the environment variable "
+                           "`VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.",
+                           "invalid_request_error", param="background")
+        if body.get("stream"):
+            raise ApiError(400, "motor-sim does not simulate background streaming (background with stream)",
+                           "invalid_request_error", param="stream")
+    prev = body.get("previous_response_id")
+    if prev is not None:
+        store.get(str(prev))
+
+
 class ResponseEvents:
     """The SSE events of one streamed /v1/responses answer, in vLLM 0.32's order: created,
     in_progress, output_item.added, content_part.added, output_text.delta per token,
     output_text.done, content_part.done, output_item.done, completed."""
 
-    def __init__(self, body: Mapping[str, Any], model: str) -> None:
+    def __init__(self, body: Mapping[str, Any], model: str, response_id: str | None = None) -> None:
         self.body, self.model = body, model
-        self.response_id = f"resp_{uuid.uuid4().hex}"
+        self.response_id = response_id or new_response_id(body)
+        self.final: dict[str, Any] | None = None  # the completed response, once closed
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.seq = 0
@@ -215,8 +290,9 @@ class ResponseEvents:
 
     def closing(self, finish_reason: str | None, input_tokens: int, output_tokens: int, cached: int) -> bytes:
         part: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": None}
-        final = response_object(self.body, self.model, self.text, finish_reason, input_tokens, output_tokens, cached,
-                                response_id=self.response_id, message_id=self.message_id, created_at=self.created_at)
+        final = self.final = response_object(
+            self.body, self.model, self.text, finish_reason, input_tokens, output_tokens, cached,
+            response_id=self.response_id, message_id=self.message_id, created_at=self.created_at)
         return b"".join((
             self._event("response.output_text.done", output_index=0, content_index=0, text=self.text, logprobs=[],
                         item_id=self.message_id),

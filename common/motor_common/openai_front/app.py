@@ -48,6 +48,7 @@ from motor_common.openai_front.openai import (
     engine_error_body,
     error_from_motor,
     public,
+    stored_response_body,
     validate_body,
 )
 from motor_common.openai_front.site import PROTOCOL_LOG, SERVER_HEADER, GuardedSite
@@ -59,12 +60,15 @@ log = logging.getLogger(__name__)
 REQUEST_ID_HEADER = "X-Request-Id"
 _JSON = "application/json"
 _SSE = "text/event-stream"
+# GET /v1/responses/{id} (vLLM's retrieve) and POST /v1/responses/{id}/cancel, as metric labels
+_STORED = "/v1/responses/{response_id}"
+_STORED_CANCEL = "/v1/responses/{response_id}/cancel"
 _ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics",
-           "/version", *PASSTHROUGH_ROUTES}
+           "/version", *PASSTHROUGH_ROUTES, _STORED, _STORED_CANCEL}
 # Routes outside /v1 answered by an engine: they need the API key like /v1/* (vLLM leaves them open).
 _ENGINE_ROUTES = {"/version", "/tokenize", "/detokenize"}
 # Routes that get a request span (tracing on) and pass an incoming traceparent on (tracing off).
-_TRACED = {"/v1/completions", "/v1/chat/completions", "/version", *PASSTHROUGH_ROUTES}
+_TRACED = {"/v1/completions", "/v1/chat/completions", "/version", *PASSTHROUGH_ROUTES, _STORED, _STORED_CANCEL}
 
 # Seconds aiohttp keeps reading (and discarding) the rest of a refused body so that the client
 # sees the answer before the connection closes.
@@ -156,6 +160,9 @@ class Gateway:
         for path, api in PASSTHROUGH_ROUTES.items():
             app.router.add_post(path, self._passthrough(api))
         app.router.add_get("/version", self._version)
+        app.router.add_get(_STORED, self._stored_response("responses_retrieve"))
+        app.router.add_post(_STORED_CANCEL, self._stored_response("responses_cancel"))
+        app.router.add_delete(_STORED, self._delete_response)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)
@@ -166,7 +173,7 @@ class Gateway:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        route = request.path if request.path in _ROUTES else "other"
+        route = request.path if request.path in _ROUTES else _route_of(request)
         given = request.headers.get(REQUEST_ID_HEADER)
         rid = clean_request_id(given, self.limits.max_request_id_chars) or new_request_id()
         request[REQUEST_ID_KEY] = rid
@@ -253,6 +260,29 @@ class Gateway:
     async def _version(self, request: web.Request) -> web.StreamResponse:
         """GET /version: an engine's own answer (vLLM: ``{"version": ...}``), from any instance."""
         return await self._forward(request, request[REQUEST_ID_KEY], "version", b"", {})
+
+    def _stored_response(self, api: str) -> Handler:
+        """GET /v1/responses/{id} (``stream``, ``starting_after`` query) and POST .../cancel: sent
+        to the engine that stored the response (the coordinator's ``response_homes.py``)."""
+        async def handle(request: web.Request) -> web.StreamResponse:
+            rid = request[REQUEST_ID_KEY]
+            try:
+                body = stored_response_body(api, request.match_info["response_id"], request.query)
+            except MotorError as exc:
+                return error_response(error_from_motor(exc), rid)
+            request[ACCESS_KEY].stream = body.get("stream") is True
+            return await self._forward(request, rid, api, orjson.dumps(body), body)
+        return handle
+
+    async def _delete_response(self, request: web.Request) -> web.StreamResponse:
+        """DELETE /v1/responses/{id}: vLLM 0.32 serves no such route (its store keeps a response
+        until the engine restarts), so neither does Motor: 405, in OpenAI's error shape."""
+        resp = error_response(HttpError(
+            405, "DELETE /v1/responses/{response_id} is not served: the engines (vLLM) cannot delete a stored "
+            "response; GET retrieves it and POST /v1/responses/{response_id}/cancel stops a background one",
+            "invalid_request_error", "method_not_allowed"), request[REQUEST_ID_KEY])
+        resp.headers["Allow"] = "GET"
+        return resp
 
     async def _read_body(self, request: web.Request, rid: str, hold: Hold) -> bytes | web.Response:
         """The request body, decoded, or the refusal: 415 for a Content-Encoding other than one
@@ -425,6 +455,14 @@ class Gateway:
 
     async def _metrics(self, _: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics_registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _route_of(request: web.Request) -> str:
+    """The metric label of a route with a path parameter, else ``other``."""
+    path = request.path
+    if path.startswith("/v1/responses/"):
+        return _STORED_CANCEL if path.endswith("/cancel") else _STORED
+    return "other"
 
 
 async def _read_at_most(request: web.Request, limit: int, hold: Hold | None) -> bytes:

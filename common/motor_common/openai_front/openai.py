@@ -9,13 +9,20 @@ with the HTTP status chosen from the canonical (gRPC) status code of the failure
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from motor_common.errors import InvalidArgument, MotorError
-from motor_common.openai_bounds import check_model, check_pd_fields, load_object
+from motor_common.openai_bounds import (
+    MAX_STARTING_AFTER,
+    check_model,
+    check_pd_fields,
+    check_response_id,
+    load_object,
+)
 from motor_common.openai_front.limits import HttpLimits
 
 _DEFAULT_LIMITS = HttpLimits()
@@ -124,6 +131,31 @@ def validate_body(raw: bytes, api: str, limits: HttpLimits = _DEFAULT_LIMITS) ->
         if not isinstance(prompt, str | list):
             raise invalid("'prompt' must be a string or a list", "prompt")
     check_pd_fields(body)
+    return body
+
+
+_BOOLS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def stored_response_body(api: str, response_id: str, query: Mapping[str, str]) -> dict[str, Any]:
+    """The dispatch body of a stored-response route (``responses_retrieve``: GET
+    /v1/responses/{id}?stream=&starting_after=, ``responses_cancel``: POST .../cancel): the id
+    checked (``openai_bounds.check_response_id``), the retrieve's query as typed fields. Query
+    parameters vLLM does not read are ignored, as vLLM does. Raises :class:`InvalidArgument`."""
+    body: dict[str, Any] = {"response_id": check_response_id(response_id)}
+    if api != "responses_retrieve":
+        return body
+    stream = query.get("stream")
+    if stream is not None:
+        if stream.lower() not in _BOOLS:
+            raise invalid("query parameter 'stream' must be true or false", "stream")
+        body["stream"] = _BOOLS[stream.lower()]
+    after = query.get("starting_after")
+    if after is not None:
+        if not after.isdigit() or int(after) > MAX_STARTING_AFTER:
+            raise invalid(f"query parameter 'starting_after' must be an integer in [0, {MAX_STARTING_AFTER}]",
+                          "starting_after")
+        body["starting_after"] = int(after)
     return body
 
 

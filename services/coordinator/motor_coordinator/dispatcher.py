@@ -52,7 +52,14 @@ from motor_coordinator.liveness import Attempt, Key
 from motor_coordinator.migration import StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
 from motor_coordinator.quarantine import Quarantine, Turn
-from motor_coordinator.request import PASSTHROUGH, VERSION, ParsedRequest, prompt_prefix
+from motor_coordinator.request import PASSTHROUGH, RESPONSES, VERSION, ParsedRequest, prompt_prefix
+from motor_coordinator.response_homes import (
+    MAX_FIRST_EVENT_BYTES,
+    MAX_JSON_BYTES,
+    ResponseHomes,
+    probe_order,
+    response_id_of,
+)
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
 
 log = logging.getLogger(__name__)
@@ -150,6 +157,8 @@ class Dispatcher:
         # Probe an engine now (the app wires Monitor.probe_now); None: only the periodic probes.
         self.probe_now: Callable[[Endpoint], None] | None = None
         self.quarantine = Quarantine()
+        # where the stored /v1/responses answers live (response_homes.py)
+        self.response_homes: ResponseHomes[EndpointKey] = ResponseHomes()
         self._turns: dict[int, asyncio.Future[None]] = {}  # quarantine tickets waiting for their turn
 
     async def dispatch(self, req: ParsedRequest, request_id: str, *, trace: Parent = ()) -> AsyncIterator[Frame]:
@@ -658,7 +667,12 @@ class Dispatcher:
 
     async def _passthrough(self, req: ParsedRequest, rid: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
         """The request relayed whole to one instance of the roles ``passthrough.roles`` allows,
-        another one after an unreachable engine (at most ``prefill_retries`` times)."""
+        another one after an unreachable engine (at most ``prefill_retries`` times). A request for
+        a stored response goes where it is (:meth:`_stored`)."""
+        if req.response_id is not None:
+            async for frame in self._stored(req, req.response_id, rid, fate):
+                yield frame
+            return
         model = self._passthrough_model(req)
         info = RequestInfo(next(self._seq), model, prompt_prefix(req, self.prefix_chars))
         order = passthrough.roles(req.api)
@@ -673,14 +687,14 @@ class Dispatcher:
             async with self.scheduler.load_guard(cand):
                 try:
                     resp = await self._attempt(cand, role, fate, self.client.open(
-                        cand.endpoint, req.path, dict(req.body), rid, trace=call.carrier, method=req.method))
+                        cand.endpoint, req.path, req.engine_body, rid, trace=call.carrier, method=req.method))
                 except EngineUnreachable as exc:
                     call.fail("unreachable")
                     self.scheduler.record_failure(cand.endpoint)
                     last = str(exc)
                 else:
                     # a 5xx counts against the engine: nothing else took part in the answer
-                    async for frame in self._relay_whole(resp, cand, rid, call):
+                    async for frame in self._remembering(req, cand, self._relay_whole(resp, cand, rid, call)):
                         yield frame
                     return
             tried.append(endpoint_key(cand.endpoint))
@@ -689,6 +703,94 @@ class Dispatcher:
             raise Unavailable(f"no schedulable {names} instance of model {model!r} for {req.path}",
                               reason="NO_SCHEDULABLE_INSTANCE", metadata={"model": model, "role": names})
         raise self._exhausted("engine", replace(req, model=model), len(tried), last or "no other instance")
+
+    # -- stored responses (response_homes.py) ------------------------------------------------
+
+    async def _remembering(self, req: ParsedRequest, cand: Candidate,
+                           frames: AsyncIterator[Frame]) -> AsyncIterator[Frame]:
+        """*frames* relayed; the id of a /v1/responses answer that may be stored (``store`` not
+        false) remembered as living on *cand*'s endpoint."""
+        if req.api != RESPONSES or req.body.get("store") is False:
+            async for frame in frames:
+                yield frame
+            return
+        ctype, seen, found = "", bytearray(), False
+        limit = MAX_JSON_BYTES
+        async for frame in frames:
+            yield frame
+            if isinstance(frame, Head):
+                ctype = frame.content_type
+                found = frame.http_status != 200  # nothing to remember
+                limit = MAX_FIRST_EVENT_BYTES if ctype.startswith(SSE) else MAX_JSON_BYTES
+                continue
+            if found:
+                continue
+            seen += frame
+            if len(seen) > limit:
+                found = True
+            elif ctype.startswith(SSE) and b"\n\n" in seen:
+                found = True
+                self._remember(response_id_of(ctype, bytes(seen)), cand)
+        if not found and seen:
+            self._remember(response_id_of(ctype, bytes(seen)), cand)
+
+    def _remember(self, response_id: str | None, cand: Candidate) -> None:
+        if response_id is not None:
+            self.response_homes.remember(response_id, endpoint_key(cand.endpoint))
+
+    async def _stored(self, req: ParsedRequest, response_id: str, rid: str, fate: _Fate) -> AsyncIterator[Frame]:
+        """A request that must reach the engine holding *response_id* (retrieve, cancel, or a new
+        response continuing it): the remembered endpoint first, then the other union/decode
+        endpoints (of the request's model, if it names one) in turn, at most ``MAX_PROBES``; the
+        first answer that is not a 404 is relayed, else the last engine's own 404."""
+        model = self._passthrough_model(req) if req.api == RESPONSES else None
+        holders = self.scheduler.holders(passthrough.roles(req.api), model)
+        keys = [endpoint_key(c.endpoint) for c in holders]
+        order = probe_order(holders, keys, self.response_homes.home(response_id))
+        if not order:
+            where = f" of model {model!r}" if model else ""
+            raise Unavailable(f"no schedulable union or decode instance{where} to look for response {response_id!r} on",
+                              reason="NO_SCHEDULABLE_INSTANCE", metadata={"role": "union or decode"})
+        last: _Answer | None = None
+        unreachable = ""
+        for cand in order:
+            role = cand.instance.role.value
+            call = fate.trace.call(role, cand)
+            async with self.scheduler.load_guard(cand):
+                try:
+                    resp = await self._attempt(cand, role, fate, self.client.open(
+                        cand.endpoint, req.path, req.engine_body, rid, trace=call.carrier, method=req.method))
+                except EngineUnreachable as exc:
+                    call.fail("unreachable")
+                    self.scheduler.record_failure(cand.endpoint)
+                    unreachable = str(exc)
+                    continue
+                if resp.status == 404:  # not stored here (or no such route on this engine)
+                    try:
+                        data = await resp.read()
+                    except (aiohttp.ClientError, OSError):
+                        data = b""
+                    finally:
+                        resp.release()
+                    call.head(404)
+                    call.end()
+                    self.scheduler.record_success(cand.endpoint)
+                    last = _Answer(404, resp.headers.get("Content-Type", JSON), data)
+                    continue
+                if resp.status == 200:
+                    self.response_homes.remember(response_id, endpoint_key(cand.endpoint))
+                async for frame in self._remembering(req, cand, self._relay_whole(resp, cand, rid, call)):
+                    yield frame
+                return
+        if last is None:
+            raise self._exhausted("engine", replace(req, model=model or ""), len(order), unreachable)
+        if b'"error"' in last.body:  # the engine's own 404 (vLLM's shape)
+            yield Head(404, last.content_type, rid)
+            yield last.body
+            return
+        yield Head(404, JSON, rid)  # e.g. an engine without the route ({"detail": "Not Found"}): vLLM's words
+        yield orjson.dumps({"error": {"message": f"Response with id '{response_id}' not found.",
+                                      "type": "invalid_request_error", "param": "response_id", "code": 404}})
 
     # -- prefill, then decode (vLLM) ---------------------------------------------------------
 

@@ -12,6 +12,10 @@ embeddings    union, prefill, decode       an embedding model is served whole (u
                                            engine that serves no embeddings answers 404 itself
 responses     union, decode                a decode engine computes the prompt itself when no
                                            prefill hand-off is given (vLLM kv_both connectors)
+responses_    union, decode                the engine that stored the response (response_homes.py:
+retrieve,                                  remembered, else asked in turn); also a responses
+responses_                                 request naming a previous_response_id
+cancel
 version       union, prefill, decode       any model: the first served model with an instance
 ============  ===========================  ==================================================
 
@@ -25,7 +29,7 @@ from collections.abc import Collection
 
 from motor_common.domain import Role
 from motor_common.errors import InvalidArgument
-from motor_coordinator.request import RESPONSES
+from motor_coordinator.request import RESPONSES, STORED_RESPONSE
 
 _WHOLE = (Role.UNION, Role.PREFILL, Role.DECODE)
 _GENERATE = (Role.UNION, Role.DECODE)
@@ -33,7 +37,7 @@ _GENERATE = (Role.UNION, Role.DECODE)
 
 def roles(api: str) -> tuple[Role, ...]:
     """The roles that may serve *api*, preferred first."""
-    return _GENERATE if api == RESPONSES else _WHOLE
+    return _GENERATE if api == RESPONSES or api in STORED_RESPONSE else _WHOLE
 
 
 def resolve_model(named: str, served: Collection[str]) -> str:

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from motor_common.errors import InvalidArgument
-from motor_common.openai_bounds import check_model, check_pd_fields, load_object
+from motor_common.openai_bounds import (
+    MAX_STARTING_AFTER,
+    check_model,
+    check_pd_fields,
+    check_response_id,
+    load_object,
+)
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -23,9 +29,15 @@ RESPONSES = "responses"
 TOKENIZE = "tokenize"
 DETOKENIZE = "detokenize"
 VERSION = "version"
+# a stored response (vLLM): GET /v1/responses/{id}, POST /v1/responses/{id}/cancel
+RESPONSES_RETRIEVE = "responses_retrieve"
+RESPONSES_CANCEL = "responses_cancel"
 PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions", EMBEDDINGS: "/v1/embeddings",
-         RESPONSES: "/v1/responses", TOKENIZE: "/tokenize", DETOKENIZE: "/detokenize", VERSION: "/version"}
-PASSTHROUGH = frozenset({EMBEDDINGS, RESPONSES, TOKENIZE, DETOKENIZE, VERSION})
+         RESPONSES: "/v1/responses", TOKENIZE: "/tokenize", DETOKENIZE: "/detokenize", VERSION: "/version",
+         RESPONSES_RETRIEVE: "/v1/responses/{id}", RESPONSES_CANCEL: "/v1/responses/{id}/cancel"}
+# Routed by the response they name (response_homes.py); no model.
+STORED_RESPONSE = frozenset({RESPONSES_RETRIEVE, RESPONSES_CANCEL})
+PASSTHROUGH = frozenset({EMBEDDINGS, RESPONSES, TOKENIZE, DETOKENIZE, VERSION, *STORED_RESPONSE})
 APIS = frozenset(PATHS)
 # detokenize: token ids vLLM accepts (DetokenizeRequest: 0 .. 2^63-1)
 MAX_TOKEN_ID = 2**63 - 1
@@ -40,11 +52,36 @@ class ParsedRequest:
 
     @property
     def path(self) -> str:
+        """The engine's path (with the query of a retrieve)."""
+        if self.api in STORED_RESPONSE:
+            path = PATHS[self.api].replace("{id}", self.body["response_id"])
+            query = []
+            if self.body.get("stream"):
+                query.append("stream=true")
+            if self.body.get("starting_after") is not None:
+                query.append(f"starting_after={self.body['starting_after']}")
+            return path + ("?" + "&".join(query) if query else "")
         return PATHS[self.api]
 
     @property
     def method(self) -> str:
-        return "GET" if self.api == VERSION else "POST"
+        return "GET" if self.api in (VERSION, RESPONSES_RETRIEVE) else "POST"
+
+    @property
+    def response_id(self) -> str | None:
+        """The stored response this request must reach: the one it retrieves or cancels, or the
+        ``previous_response_id`` a new response continues; None for any other request."""
+        if self.api in STORED_RESPONSE:
+            return str(self.body["response_id"])
+        if self.api == RESPONSES:
+            prev = self.body.get("previous_response_id")
+            return prev if isinstance(prev, str) else None
+        return None
+
+    @property
+    def engine_body(self) -> dict[str, Any]:
+        """The JSON body sent to the engine (none for a stored-response route: the id is in the path)."""
+        return {} if self.api in STORED_RESPONSE else dict(self.body)
 
 
 def parse_body(api: str, raw: bytes) -> ParsedRequest:
@@ -63,6 +100,9 @@ def parsed_request(api: str, body: Any) -> ParsedRequest:
         raise InvalidArgument("request body must be a JSON object", reason="INVALID_BODY")
     if api not in APIS:
         raise InvalidArgument(f"api must be one of {', '.join(sorted(APIS))}", reason="INVALID_API")
+    if api in STORED_RESPONSE:
+        _check_stored(api, body)
+        return ParsedRequest(api, body, "", bool(body.get("stream")))
     model = body.get("model")
     if api in PASSTHROUGH and model is None:
         model = ""  # resolved by the dispatcher: the fleet's one model
@@ -121,6 +161,25 @@ def _check_passthrough(api: str, body: Mapping[str, Any]) -> None:
         inp = body.get("input")
         if not isinstance(inp, str | list):
             raise _bad("/v1/responses needs 'input': a string or a list of input items", "input")
+        if body.get("previous_response_id") is not None:
+            check_response_id(body["previous_response_id"], "previous_response_id")
+
+
+def _check_stored(api: str, body: Mapping[str, Any]) -> None:
+    """The pseudo-body of a stored-response route: ``response_id``, and for a retrieve the query's
+    ``stream`` and ``starting_after``; nothing else."""
+    allowed = {"response_id", "stream", "starting_after"} if api == RESPONSES_RETRIEVE else {"response_id"}
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise _bad(f"unexpected field {extra[0]!r} (a {api} request takes {', '.join(sorted(allowed))})", extra[0])
+    check_response_id(body.get("response_id"))
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    after = body.get("starting_after")
+    if after is not None and (not isinstance(after, int) or isinstance(after, bool)
+                              or not 0 <= after <= MAX_STARTING_AFTER):
+        raise _bad(f"'starting_after' must be an integer in [0, {MAX_STARTING_AFTER}]", "starting_after")
 
 
 def prompt_prefix(req: ParsedRequest, chars: int) -> str:

@@ -341,6 +341,13 @@ class Scheduler:
             self._decided(roles[-1], "no_candidate")
         return None
 
+    def holders(self, roles: Sequence[Role], model: str | None = None) -> list[Candidate]:
+        """Every schedulable endpoint of *roles* (in that order) of *model*, or of every model
+        (*model* None), by model name then instance id; no decision is counted (the stored
+        responses of ``response_homes.py`` are looked for on them in turn)."""
+        models = [model] if model is not None else sorted(self._by_model)
+        return [c for role in roles for m in models for c in self._candidates(m, role)]
+
     def _live_set(self, model: str, role: Role) -> _Live:
         live = self._live.get((model, role))
         if live is None:

@@ -18,6 +18,8 @@ class OpenAiApi(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OPEN_AI_API_TOKENIZE: _ClassVar[OpenAiApi]
     OPEN_AI_API_DETOKENIZE: _ClassVar[OpenAiApi]
     OPEN_AI_API_VERSION: _ClassVar[OpenAiApi]
+    OPEN_AI_API_RESPONSES_RETRIEVE: _ClassVar[OpenAiApi]
+    OPEN_AI_API_RESPONSES_CANCEL: _ClassVar[OpenAiApi]
 
 class CoordinatorRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +35,8 @@ OPEN_AI_API_RESPONSES: OpenAiApi
 OPEN_AI_API_TOKENIZE: OpenAiApi
 OPEN_AI_API_DETOKENIZE: OpenAiApi
 OPEN_AI_API_VERSION: OpenAiApi
+OPEN_AI_API_RESPONSES_RETRIEVE: OpenAiApi
+OPEN_AI_API_RESPONSES_CANCEL: OpenAiApi
 COORDINATOR_ROLE_UNSPECIFIED: CoordinatorRole
 COORDINATOR_ROLE_STANDALONE: CoordinatorRole
 COORDINATOR_ROLE_MASTER: CoordinatorRole
