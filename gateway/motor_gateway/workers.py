@@ -291,5 +291,7 @@ def supervise(*, workers: int, host: str, port: int, argv: list[str], ports_file
             sup.stop(signal.SIGKILL)
         reserved.close()
         shutil.rmtree(state_dir, ignore_errors=True)
-    # A worker that failed or had to be killed while draining makes the exit non-zero.
-    return 0 if all(c == 0 for c in sup.exit_codes) else 1
+    # A worker that failed or had to be killed while draining makes the exit non-zero. One ended
+    # by the forwarded signal itself had not installed its handler yet: it was not serving.
+    clean = {0, -signal.SIGTERM, -signal.SIGINT}
+    return 0 if all(c in clean for c in sup.exit_codes) else 1
