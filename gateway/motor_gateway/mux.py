@@ -22,16 +22,22 @@ the channel's drain time is cut; its open requests fail UNAVAILABLE like any bro
 Commands waiting when the stream can take a message go out together, as the coordinator sends the
 events of many requests in one message: under load one gRPC message serves many requests.
 A request's frames wait in its own queue until the HTTP side reads them; a slow HTTP client
-never stalls the others (the queue holds at most that one answer).
+never stalls the others. The queue is bounded by per-request flow control: each request asks for
+a window of :data:`WINDOW_BYTES` (``DispatchStart.window_bytes``) and gives credit back
+(``credit`` commands, every :data:`CREDIT_STEP` bytes) as the HTTP side takes its frames, so the
+coordinator holds back a slow reader's answer (and stops reading its engine) instead of this
+process buffering all of it. ``motor_gateway_dispatch_buffered_bytes`` shows what is queued.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from typing import Any
 
 import grpc
+from prometheus_client import Gauge
 
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
@@ -46,6 +52,20 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 MAX_BATCH_COMMANDS = 256
 MAX_BATCH_BYTES = 1024 * 1024
 _EOF: Any = grpc.aio.EOF
+# Per-request flow control: at most this many bytes of one request's frames (chunk bytes + 64 per
+# frame, the proto's rule) are on their way or queued here; credit goes back every CREDIT_STEP.
+WINDOW_BYTES = 256 * 1024
+CREDIT_STEP = WINDOW_BYTES // 4
+FRAME_COST = 64
+
+_MUXES: weakref.WeakSet[DispatchMux] = weakref.WeakSet()
+BUFFERED = Gauge(
+    "motor_gateway_dispatch_buffered_bytes",
+    "Bytes of answers received on DispatchMany streams and not yet taken by the HTTP side (frames "
+    "counted as chunk bytes + 64), over all coordinators; per-request flow control bounds each "
+    "request's share.",
+)
+BUFFERED.set_function(lambda: sum(m.queued for m in list(_MUXES)))
 
 
 def _error(code: grpc.StatusCode, details: str, trailing: grpc.aio.Metadata | None = None) -> grpc.aio.AioRpcError:
@@ -62,7 +82,7 @@ def _request_error(err: cpb.DispatchError) -> grpc.aio.AioRpcError:
 class MuxCall:
     """One request on a DispatchMany stream."""
 
-    __slots__ = ("_deadline", "_done", "_frames", "_stream", "stream_id")
+    __slots__ = ("_deadline", "_done", "_frames", "_stream", "_taken", "queued", "stream_id")
 
     def __init__(self, stream: _Stream, stream_id: int, deadline: float) -> None:
         self._stream = stream
@@ -70,9 +90,15 @@ class MuxCall:
         self._deadline = deadline
         self._frames: asyncio.Queue[Any] = asyncio.Queue()
         self._done = False
+        self.queued = 0  # bytes of frames delivered and not yet read (FRAME_COST each + chunk)
+        self._taken = 0  # bytes read and not yet given back as credit
 
     def deliver(self, item: Any) -> None:
         """A frame, ``grpc.aio.EOF`` or the AioRpcError the request ended with."""
+        if isinstance(item, cpb.DispatchResponse):
+            cost = len(item.chunk) + FRAME_COST
+            self.queued += cost
+            self._stream.mux.queued += cost
         self._frames.put_nowait(item)
 
     async def read(self) -> Any:
@@ -85,11 +111,24 @@ class MuxCall:
             self.cancel()
             raise _error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
         if isinstance(item, grpc.aio.AioRpcError):
-            self._done = True
+            self._finish()
             raise item
         if item is _EOF:
-            self._done = True
+            self._finish()
+            return item
+        cost = len(item.chunk) + FRAME_COST
+        self.queued -= cost
+        self._stream.mux.queued -= cost
+        self._taken += cost
+        if self._taken >= CREDIT_STEP and not self._done:
+            self._stream.credit(self.stream_id, self._taken)
+            self._taken = 0
         return item
+
+    def _finish(self) -> None:
+        self._done = True
+        self._stream.mux.queued -= self.queued  # frames nobody will read are dropped with the call
+        self.queued = 0
 
     def done(self) -> bool:
         return self._done
@@ -98,7 +137,7 @@ class MuxCall:
         """Stop the request (client gone, route moved): the coordinator aborts it."""
         if self._done:
             return False
-        self._done = True
+        self._finish()
         self._stream.cancel(self.stream_id)
         return True
 
@@ -132,8 +171,13 @@ class _Stream:
         self.calls[sid] = call
         self.outbox.put_nowait(cpb.DispatchCommand(stream_id=sid, start=cpb.DispatchStart(
             request=request, timeout_ms=max(1, min(int(timeout * 1000), 2**32 - 1)), degraded=degraded,
-            trace_context=trace)))
+            trace_context=trace, window_bytes=WINDOW_BYTES)))
         return call
+
+    def credit(self, sid: int, n: int) -> None:
+        """The HTTP side took *n* more bytes of request *sid*'s frames: the coordinator may send more."""
+        if sid in self.calls and not self.broken:
+            self.outbox.put_nowait(cpb.DispatchCommand(stream_id=sid, credit=n))
 
     def cancel(self, sid: int) -> None:
         if self.calls.pop(sid, None) is not None and not self.broken:
@@ -226,6 +270,8 @@ class DispatchMux:
         # False once the coordinator answered UNIMPLEMENTED (no DispatchMany): unary calls then.
         self.supported = True
         self.opened = 0  # streams opened so far (logs, tests)
+        self.queued: int = 0  # bytes of frames delivered to requests and not yet read by the HTTP side
+        _MUXES.add(self)
 
     def next_id(self) -> int:
         self._next += 1

@@ -15,28 +15,40 @@ from motor_coordinator.dispatch_mux import serve_stream
 
 
 def start(sid: int, body: bytes = b"{}", timeout_ms: int = 0, degraded: bool = False,
-          trace: dict[str, str] | None = None) -> cpb.DispatchCommand:
+          trace: dict[str, str] | None = None, window: int = 0) -> cpb.DispatchCommand:
     return cpb.DispatchCommand(stream_id=sid, start=cpb.DispatchStart(
         request=cpb.DispatchRequest(request_id=f"r{sid}", body=body), timeout_ms=timeout_ms, degraded=degraded,
-        trace_context=trace))
+        trace_context=trace, window_bytes=window))
 
 
 class Script:
     """Dispatch of one request: a head and the body echoed as one chunk; body b"missing" fails
-    NOT_FOUND, b"hang" waits until cancelled."""
+    NOT_FOUND, b"hang" waits until cancelled, b"big" sends ten 1000-byte chunks. A *gate* (flow
+    control) is awaited before each frame, as ``DispatchServicer.frames`` does."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[bytes, bool, float | None]] = []
         self.cancelled: list[bytes] = []
         self.traces: list[tuple[tuple[str, str], ...]] = []
+        self.sent: dict[bytes, int] = {}  # frames let through the gate, by body
 
     async def __call__(self, request: cpb.DispatchRequest, degraded: bool, timeout: float | None,
-                       trace: tuple[tuple[str, str], ...]) -> AsyncIterator[cpb.DispatchResponse]:
+                       trace: tuple[tuple[str, str], ...], gate: dispatch_mux.Gate | None = None,
+                       ) -> AsyncIterator[cpb.DispatchResponse]:
         self.calls.append((request.body, degraded, timeout))
         self.traces.append(trace)
         if request.body == b"missing":
             raise NotFound("model x is not served", reason="MODEL_NOT_FOUND")
-        yield cpb.DispatchResponse(head=cpb.ResponseHead(http_status=200, request_id=request.request_id))
+        frames = [cpb.DispatchResponse(head=cpb.ResponseHead(http_status=200, request_id=request.request_id))]
+        if request.body == b"big":
+            frames += [cpb.DispatchResponse(chunk=bytes([i]) * 1000) for i in range(10)]
+        for frame in frames:
+            if gate is not None:
+                await gate(frame)
+            self.sent[request.body] = self.sent.get(request.body, 0) + 1
+            yield frame
+        if request.body == b"big":
+            return
         if request.body == b"hang":
             try:
                 await asyncio.Event().wait()
@@ -44,6 +56,12 @@ class Script:
                 self.cancelled.append(request.body)
                 raise
         yield cpb.DispatchResponse(chunk=request.body)
+
+
+async def settle() -> None:
+    """Let every task that can run, run (no I/O here: a fixed number of loop turns, no timing)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
 
 
 class Client:
@@ -150,3 +168,51 @@ async def test_waiting_events_go_out_in_one_message_bounded(monkeypatch: pytest.
         got += len(msg.events)
     assert max(sizes) == 4 and len(sizes) < 30  # batched, never beyond the bound
     client.close()
+
+
+async def test_a_request_with_a_window_sends_only_what_was_credited_and_the_others_do_not_wait() -> None:
+    """Flow control: head (64) + 1064 + 1064 bytes fit a 2,500-byte window, the next chunk may
+    overdraw it (308 left), then the request waits for credit; another request is served meanwhile."""
+    script, client = Script(), Client()
+    responses = serve_stream(client.requests(), script)
+    client.send(start(1, b"big", window=2500), start(2, b"small"))
+    evs = await events(responses, 7)
+    assert by_request(evs) == {1: ["head", "chunk", "chunk", "chunk"], 2: ["head", "chunk", "end"]}
+    await settle()
+    assert script.sent[b"big"] == 4  # nothing more got past the gate
+    client.send(cpb.DispatchCommand(stream_id=1, credit=1064))  # still -756 + 1064 = 308 > 0: one more
+    evs = await events(responses, 1)
+    await settle()
+    assert by_request(evs) == {1: ["chunk"]} and script.sent[b"big"] == 5
+    client.send(cpb.DispatchCommand(stream_id=1, credit=100_000))
+    evs = await events(responses, 7)
+    assert by_request(evs) == {1: ["chunk"] * 6 + ["end"]}
+    chunks = [ev.frame.chunk for ev in evs if ev.HasField("frame")]
+    assert chunks == [bytes([i]) * 1000 for i in range(4, 10)]  # in order, nothing lost
+    client.close()
+
+
+async def test_credit_for_an_unknown_or_finished_request_is_ignored_and_no_window_means_no_bound() -> None:
+    script, client = Script(), Client()
+    responses = serve_stream(client.requests(), script)
+    client.send(cpb.DispatchCommand(stream_id=9, credit=10), start(1, b"big"))
+    evs = await events(responses, 12)
+    assert by_request(evs) == {1: ["head"] + ["chunk"] * 10 + ["end"]}
+    client.send(cpb.DispatchCommand(stream_id=1, credit=10))
+    client.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(responses), 5)
+
+
+async def test_a_request_waiting_for_credit_is_cancelled_like_any_other() -> None:
+    script, client = Script(), Client()
+    responses = serve_stream(client.requests(), script)
+    client.send(start(1, b"big", window=100))
+    await events(responses, 2)  # head, one chunk (overdraft), then it waits
+    client.send(cpb.DispatchCommand(stream_id=1, cancel=True), start(2, b"after"))
+    evs = await events(responses, 3)
+    assert by_request(evs) == {2: ["head", "chunk", "end"]}
+    assert script.sent[b"big"] == 2
+    client.close()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(responses), 5)

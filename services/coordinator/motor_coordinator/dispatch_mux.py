@@ -8,14 +8,20 @@ then ``end`` or ``error`` (the code, message and reason ``Dispatch`` would have 
 writer drains the shared queue into the stream, every event waiting at that moment in one message
 (so under load one gRPC message serves many requests). ``cancel`` cancels one request's task (the engine
 responses are closed, as when a Dispatch call is cancelled); the stream ending cancels them all.
+
+Flow control per request (``DispatchStart.window_bytes``, ``credit``): a request whose client asked
+for a window sends a frame only while less than the window of its frames is unacknowledged; else
+its Dispatch waits (inside its deadline) and so stops reading the engine's answer — what HTTP/2's
+per-stream window does for a Dispatch call. A slow reader holds at most its window plus one frame
+here and in the gateway; the other requests on the stream do not wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
 import grpc
 
@@ -34,8 +40,46 @@ MAX_OPEN = 8192
 MAX_BATCH_EVENTS = 256
 MAX_BATCH_BYTES = 1024 * 1024
 _CODES = {c.name: c.value[0] for c in grpc.StatusCode}
+# What a frame costs against its request's window: its chunk's bytes plus this (the proto's rule).
+FRAME_COST = 64
 
-Frames = Callable[[cpb.DispatchRequest, bool, float | None, Carrier], AsyncIterator[cpb.DispatchResponse]]
+Gate = Callable[[cpb.DispatchResponse], Awaitable[None]]
+
+
+class Frames(Protocol):
+    def __call__(self, request: cpb.DispatchRequest, degraded: bool, timeout: float | None, trace: Carrier,
+                 gate: Gate | None = None, /) -> AsyncIterator[cpb.DispatchResponse]:
+        """The Dispatch of one request (raises ``MotorError``); *gate*, when given, is awaited
+        before each frame is yielded, inside the request's deadline (flow control)."""
+        ...
+
+
+def frame_cost(frame: cpb.DispatchResponse) -> int:
+    return len(frame.chunk) + FRAME_COST
+
+
+class Window:
+    """One request's send window: frames wait while none of it is left (one frame may take it
+    below zero, so a frame larger than the window still goes, alone)."""
+
+    __slots__ = ("_open", "left")
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+        self._open: asyncio.Event | None = None
+
+    async def spend(self, frame: cpb.DispatchResponse) -> None:
+        while self.left <= 0:
+            if self._open is None:
+                self._open = asyncio.Event()
+            await self._open.wait()
+        self.left -= frame_cost(frame)
+
+    def grant(self, n: int) -> None:
+        self.left += n
+        if self.left > 0 and self._open is not None:
+            self._open.set()
+            self._open = None
 
 
 def error_event(stream_id: int, exc: MotorError) -> cpb.DispatchEvent:
@@ -60,14 +104,19 @@ async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames:
     message go out together (at most :data:`MAX_BATCH_EVENTS` / about :data:`MAX_BATCH_BYTES`)."""
     out: asyncio.Queue[cpb.DispatchEvent | _End] = asyncio.Queue()
     running: dict[int, asyncio.Task[Any]] = {}
+    windows: dict[int, Window] = {}
     tasks = TaskOwner("dispatch-many")
 
     async def one(stream_id: int, start: cpb.DispatchStart) -> None:
         request = start.request
         request_id_var.set(request.request_id or new_request_id())
         timeout = start.timeout_ms / 1000 if start.timeout_ms else None
+        window = windows.get(stream_id)
         try:
-            async for frame in frames(request, start.degraded, timeout, carrier_from(start.trace_context)):
+            trace = carrier_from(start.trace_context)
+            answer = frames(request, start.degraded, timeout, trace) if window is None else \
+                frames(request, start.degraded, timeout, trace, window.spend)
+            async for frame in answer:
                 out.put_nowait(cpb.DispatchEvent(stream_id=stream_id, frame=frame))
             final = cpb.DispatchEvent(stream_id=stream_id, end=True)
         except MotorError as exc:
@@ -80,13 +129,19 @@ async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames:
                 metadata={"request_id": rid}))
         finally:
             running.pop(stream_id, None)
+            windows.pop(stream_id, None)
         out.put_nowait(final)
 
     def command(cmd: cpb.DispatchCommand) -> None:
         sid = cmd.stream_id
         kind = cmd.WhichOneof("kind")
-        if kind == "cancel":
+        if kind == "credit":
+            window = windows.get(sid)
+            if window is not None:
+                window.grant(cmd.credit)
+        elif kind == "cancel":
             task = running.pop(sid, None)
+            windows.pop(sid, None)
             if task is not None:
                 task.cancel()
         elif kind == "start":
@@ -99,6 +154,8 @@ async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames:
                     f"more than {MAX_OPEN} requests open on one DispatchMany stream",
                     reason="TOO_MANY_OPEN_REQUESTS")))
             else:
+                if cmd.start.window_bytes:
+                    windows[sid] = Window(cmd.start.window_bytes)
                 running[sid] = tasks.spawn(one(sid, cmd.start), name=f"dispatch-many-{sid}")
 
     async def read() -> None:

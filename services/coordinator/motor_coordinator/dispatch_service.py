@@ -14,7 +14,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.tracing import Carrier, carrier_from
-from motor_coordinator.dispatch_mux import serve_stream
+from motor_coordinator.dispatch_mux import Gate, serve_stream
 from motor_coordinator.dispatcher import Head
 from motor_coordinator.leadership import LeaderRole
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
@@ -64,10 +64,11 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         return serve_stream(requests, self.frames)
 
     async def frames(self, request: cpb.DispatchRequest, degraded: bool, remaining: float | None,
-                     trace: Carrier) -> AsyncIterator[cpb.DispatchResponse]:
+                     trace: Carrier, gate: Gate | None = None) -> AsyncIterator[cpb.DispatchResponse]:
         """One Dispatch: its response frames; raises ``MotorError``. *remaining*: the caller's
         deadline in seconds (None = none); the configured request timeout bounds it. *trace*: the
-        caller's trace context."""
+        caller's trace context. *gate*: awaited before each frame goes out (DispatchMany's flow
+        control: it waits while the request's window is used up, within the deadline)."""
         api = _APIS.get(request.api)
         if api is None:
             raise InvalidArgument(
@@ -85,7 +86,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             async with asyncio.timeout(timeout):
                 async for frame in observed(self.app.dispatcher.dispatch(parsed, rid, trace=trace), parsed.model):
                     if isinstance(frame, Head):
-                        yield cpb.DispatchResponse(head=cpb.ResponseHead(
+                        msg = cpb.DispatchResponse(head=cpb.ResponseHead(
                             http_status=frame.http_status,
                             content_type=frame.content_type,
                             request_id=frame.request_id,
@@ -93,7 +94,10 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
                             decode_instance_id=frame.decode_instance_id,
                         ))
                     else:
-                        yield cpb.DispatchResponse(chunk=frame)
+                        msg = cpb.DispatchResponse(chunk=frame)
+                    if gate is not None:
+                        await gate(msg)
+                    yield msg
         except TimeoutError:
             raise DeadlineExceeded(
                 f"request {rid} did not finish within {timeout:.3g}s", reason="REQUEST_TIMEOUT"

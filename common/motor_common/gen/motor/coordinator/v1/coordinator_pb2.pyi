@@ -231,17 +231,19 @@ class DispatchManyRequest(_message.Message):
     def __init__(self, commands: _Optional[_Iterable[_Union[DispatchCommand, _Mapping]]] = ...) -> None: ...
 
 class DispatchCommand(_message.Message):
-    __slots__ = ("stream_id", "start", "cancel")
+    __slots__ = ("stream_id", "start", "cancel", "credit")
     STREAM_ID_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    CREDIT_FIELD_NUMBER: _ClassVar[int]
     stream_id: int
     start: DispatchStart
     cancel: bool
-    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[DispatchStart, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    credit: int
+    def __init__(self, stream_id: _Optional[int] = ..., start: _Optional[_Union[DispatchStart, _Mapping]] = ..., cancel: _Optional[bool] = ..., credit: _Optional[int] = ...) -> None: ...
 
 class DispatchStart(_message.Message):
-    __slots__ = ("request", "timeout_ms", "degraded", "trace_context")
+    __slots__ = ("request", "timeout_ms", "degraded", "trace_context", "window_bytes")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -253,11 +255,13 @@ class DispatchStart(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
     request: DispatchRequest
     timeout_ms: int
     degraded: bool
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, request: _Optional[_Union[DispatchRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., degraded: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    window_bytes: int
+    def __init__(self, request: _Optional[_Union[DispatchRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., degraded: _Optional[bool] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., window_bytes: _Optional[int] = ...) -> None: ...
 
 class DispatchManyResponse(_message.Message):
     __slots__ = ("events",)
