@@ -83,6 +83,9 @@ async def amain(args: argparse.Namespace) -> None:
             for name in names:
                 print(f"== {name}")
                 print(summarise(d / f"{name}.txt", args.top))
+                if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)
+                    (Path(args.keep) / f"{name}.txt").write_bytes((d / f"{name}.txt").read_bytes())
 
 
 def main() -> None:
@@ -94,6 +97,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--gateway-args", nargs="*", default=[])
     ap.add_argument("--co-located", action="store_true", help="profile the co-located front (no gateway)")
+    ap.add_argument("--keep", help="copy py-spy's raw stacks (<process>.txt) into this directory")
     args = ap.parse_args()
     asyncio.run(amain(args))
 

@@ -294,33 +294,58 @@ class Dispatcher:
     async def _watch(self, a: Attempt, cand: Candidate, aw: Awaitable[_T]) -> _T:
         """Await *aw* (the engine's first answer to attempt *a*); raise :class:`_Stalled` once the
         engine has given no sign of life for ``first_byte_timeout_sec`` meanwhile. After
-        ``_PROBE_AFTER`` of silence the engine is probed at once (``probe_now``)."""
-        task = asyncio.ensure_future(aw)
+        ``_PROBE_AFTER`` of silence the engine is probed at once (``probe_now``).
+
+        *aw* runs in the caller's task; a timer checks the silence and, on a stall, cancels the
+        task (no task, no ``asyncio.wait`` per attempt: this runs twice per request)."""
         live = self.scheduler.liveness
         limit = self.cfg.first_byte_timeout_sec
         probed = self.probe_now is None
-        try:
-            while True:
-                silent = live.silent_for(a)
-                left = limit - silent
-                if left <= 0:
-                    raise _Stalled()
-                if not probed and silent >= _PROBE_AFTER:
-                    probed = True
-                    assert self.probe_now is not None
-                    self.probe_now(cand.endpoint)
-                wait = left if probed else min(left, _PROBE_AFTER - silent)
-                done, _ = await asyncio.wait((task,), timeout=wait)
-                if done:
-                    return task.result()
-        finally:
-            if not task.done():
+        stalled = False
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        handle: asyncio.TimerHandle | None = None
+
+        def next_check() -> float | None:
+            """Seconds until the next look at the engine's silence; None: it has stalled."""
+            nonlocal probed
+            silent = live.silent_for(a)
+            left = limit - silent
+            if left <= 0:
+                return None
+            if not probed and silent >= _PROBE_AFTER:
+                probed = True
+                assert self.probe_now is not None
+                self.probe_now(cand.endpoint)
+            return left if probed else min(left, _PROBE_AFTER - silent)
+
+        def check() -> None:
+            nonlocal handle, stalled
+            wait = next_check()
+            if wait is None:
+                stalled = True
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                if not task.cancelled() and task.exception() is None:  # answered while cancelled
-                    resp = task.result()
-                    if isinstance(resp, aiohttp.ClientResponse):
-                        resp.close()
+            else:
+                handle = loop.call_later(wait, check)
+
+        first = next_check()
+        if first is None:
+            if asyncio.iscoroutine(aw):
+                aw.close()  # never sent
+            raise _Stalled()
+        handle = loop.call_later(first, check)
+        try:
+            result = await aw
+        except BaseException:
+            if stalled and task.uncancel() == 0:  # only the watchdog's cancel: the engine stalled
+                raise _Stalled() from None
+            raise
+        finally:
+            handle.cancel()  # the last one scheduled (check() replaces it)
+        if stalled:  # answered although cancelled: the answer counts, the cancel is taken back
+            task.uncancel()
+        return result
 
     async def _attempt(
         self, cand: Candidate, role: str, fate: _Fate, aw: Awaitable[_T]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from asyncio import CancelledError
 from collections.abc import AsyncIterator
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -58,6 +59,19 @@ IN_FLIGHT = Gauge(
 NO_MODEL = "none"
 _SSE = "text/event-stream"
 
+# The labelled children, looked up once per label set (prometheus_client's labels() takes a lock
+# and builds the key on every call: several per request, one per streamed chunk). The label sets
+# are served models x modes x outcomes, as bounded as the metrics' own.
+_CHILDREN: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: Any, *labels: str) -> Any:
+    key = (metric, *labels)
+    child = _CHILDREN.get(key)
+    if child is None:
+        child = _CHILDREN[key] = metric.labels(*labels)
+    return child
+
 
 async def observed(frames: AsyncIterator[Frame], model: str) -> AsyncIterator[Frame]:
     """*frames* unchanged, with the request's metrics recorded as they pass."""
@@ -66,7 +80,8 @@ async def observed(frames: AsyncIterator[Frame], model: str) -> AsyncIterator[Fr
     streaming = False
     last: float | None = None
     outcome = "failed"
-    in_flight = IN_FLIGHT.labels(NO_MODEL)
+    in_flight = _child(IN_FLIGHT, NO_MODEL)
+    itl = None
     in_flight.inc()
     try:
         async for frame in frames:
@@ -74,16 +89,18 @@ async def observed(frames: AsyncIterator[Frame], model: str) -> AsyncIterator[Fr
                 in_flight.dec()
                 label = model
                 mode = "pd" if frame.prefill_instance_id else "union"
-                in_flight = IN_FLIGHT.labels(label)
+                in_flight = _child(IN_FLIGHT, label)
                 in_flight.inc()
                 streaming = frame.content_type.startswith(_SSE) and frame.http_status < 400
                 outcome = "success" if frame.http_status < 400 else "engine_error"
             elif streaming and frame:
                 now = time.perf_counter()
                 if last is None:
-                    TTFT.labels(label, mode).observe(now - start)
+                    _child(TTFT, label, mode).observe(now - start)
                 else:
-                    ITL.labels(label, mode).observe(now - last)
+                    if itl is None:
+                        itl = _child(ITL, label, mode)
+                    itl.observe(now - last)
                 last = now
             yield frame
     except GeneratorExit:
@@ -94,6 +111,6 @@ async def observed(frames: AsyncIterator[Frame], model: str) -> AsyncIterator[Fr
         raise
     finally:
         in_flight.dec()
-        REQUESTS.labels(label, mode, outcome).inc()
+        _child(REQUESTS, label, mode, outcome).inc()
         if outcome == "success":
-            E2E.labels(label, mode).observe(time.perf_counter() - start)
+            _child(E2E, label, mode).observe(time.perf_counter() - start)
