@@ -44,6 +44,8 @@ class _Moved(Exception):
 
 async def _first_frame(pool: CoordinatorPool, call: Call, address: str) -> Any:
     """``call.read()`` unless the route moves to another coordinator first."""
+    if pool.single:  # one coordinator: the route never moves (no watcher task per request)
+        return await call.read()
     read = asyncio.ensure_future(call.read())
     try:
         while True:

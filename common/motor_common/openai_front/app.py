@@ -53,7 +53,7 @@ from motor_common.openai_front.openai import (
 )
 from motor_common.openai_front.site import PROTOCOL_LOG, SERVER_HEADER, GuardedSite
 from motor_common.ports import bind_failure
-from motor_common.tracing import carrier_from, incoming, tracer
+from motor_common.tracing import TRACEPARENT, carrier_from, incoming, tracer
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ class Gateway:
         in_flight = _IN_FLIGHT[route]
         in_flight.inc()
         span = None
-        if route in _TRACED:
+        if route in _TRACED and (TRACEPARENT in request.headers or tracer().enabled):
             span = tracer().start(f"{request.method} {route}", carrier_from(request.headers), kind="server",
                                   attrs={"http.request.method": request.method, "http.route": route,
                                          "motor.request_id": rid})
