@@ -235,7 +235,9 @@ async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = N
 async def start_vllm_router(engines: Engines, log_dir: Path, policy: str) -> AsyncIterator[Target]:
     venv = ensure_routers_venv()
     port = free_port()
+    # its Prometheus exporter's own port (default 29000: two routers at once, or another run's, clash)
     argv = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
             "--vllm-pd-disaggregation", "--policy", policy]
     for p in engines.prefills:
         argv += ["--prefill", p.url]
@@ -252,7 +254,8 @@ async def start_sglang_router(engines: Engines, log_dir: Path, policy: str = "ca
     venv = ensure_routers_venv()
     port = free_port()
     argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-            "--port", str(port), "--pd-disaggregation", "--policy", policy]
+            "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--pd-disaggregation", "--policy", policy]
     for p in engines.prefills:
         argv += ["--prefill", p.url, str(p.extra["bootstrap_port"])]
     for d in engines.decodes:

@@ -19,11 +19,15 @@ in front of *the same* engines, in turn:
   ``sglang-router/cache_aware`` (SGLang flavour; does not set TCP_NODELAY, so streams stall
   ~44 ms per chunk: reported as users get it).
 
-Each is driven by ``bench/loadgen.py`` at concurrency 1, 16, 64, streaming and not. Reported per
+All targets run at once; each case is measured on every target in turn, the order rotating from
+case to case (a shared machine's drifting load favours none). Each is driven by
+``bench/loadgen.py`` at concurrency 1, 16, 64, streaming and not. Reported per
 case: requests/s, added latency over direct (p50, p99), TTFT p50, time between tokens p50, CPU
 seconds per 1,000 requests of the router process tree (Motor = gateway + coordinator), failures,
 and ratios to the best peer router of the same flavour. Non-streaming bodies are compared with
-direct's byte for byte (ids and timestamps masked). Results: ``bench/results/<timestamp>.json``.
+direct's byte for byte (ids and timestamps masked). The machine's load average at the start and
+end is printed, and a summary per mode and stream flag (markdown: Motor's two topologies with
+their ratios, the best peer). Results: ``bench/results/<timestamp>.json``.
 """
 
 from __future__ import annotations
@@ -36,9 +40,8 @@ import platform
 import re
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,6 @@ from bench.common import (
     REALISTIC,
     ROOT,
     ZERO,
-    Engines,
     Target,
     start_engines,
     start_motor,
@@ -133,39 +135,33 @@ def targets_for(flavour: str, only: set[str] | None) -> list[tuple[str, Callable
 
 
 async def bench_flavour(mode: str, flavour: str, args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
+    """Every target is started first; then each case is measured on every target in turn (the
+    order rotating from case to case), so load drifting on a shared machine during the run
+    does not favour the targets measured last."""
     rows: list[dict[str, Any]] = []
     sim_args = ZERO if mode == "zero" else REALISTIC
     cases = [(c, s) for s in (False, True) for c in args.concurrency]
-    async with start_engines(flavour, log_dir / f"{mode}-{flavour}", sim_args) as engines:
+    async with start_engines(flavour, log_dir / f"{mode}-{flavour}", sim_args) as engines, AsyncExitStack() as es:
         direct = Target("direct", "", [], engines)
-        todo: list[tuple[str, Callable[[Engines, Path], AbstractAsyncContextManager[Target]] | None]] = [
-            ("direct", None), *targets_for(flavour, args.only_set)]
-        for name, starter in todo:
-            t0 = time.monotonic()
+        live: list[tuple[str, Target, dict[str, Any] | None]] = [("direct", direct, None)]
+        for name, starter in targets_for(flavour, args.only_set):
             try:
-                if starter is None:
-                    target = direct
-                    cm = None
-                else:
-                    cm = starter(engines, log_dir / f"{mode}-{flavour}")
-                    target = await cm.__aenter__()
+                target = await es.enter_async_context(starter(engines, log_dir / f"{mode}-{flavour}"))
             except Exception as exc:
                 print(f"  {mode}/{flavour}/{name}: failed to start: {exc}", flush=True)
                 rows.append({"mode": mode, "flavour": flavour, "target": name, "start_error": str(exc)[:500]})
                 continue
-            try:
-                ident = await identity_check(target, direct) if starter is not None else None
-                for conc, stream in cases:
-                    r = await measure(target, conc, stream, args.seconds, args.min_requests)
-                    r.update(mode=mode, flavour=flavour, target=name, identity=ident)
-                    rows.append(r)
-                    print(f"  {mode:4} {flavour:6} {name:24} c={conc:<3} stream={stream!s:5} "
-                          f"rps={r['rps']:>7} p50={r['latency_p50_ms']:>8.2f}ms fail={r['failures']}"
-                          f" cpu/1k={r['cpu_s_per_1k']}", flush=True)
-            finally:
-                if cm is not None:
-                    await cm.__aexit__(None, None, None)
-            print(f"  ({name}: {time.monotonic() - t0:.1f}s)", flush=True)
+            live.append((name, target, await identity_check(target, direct)))
+        for i, (conc, stream) in enumerate(cases):
+            for name, target, ident in live[i % len(live):] + live[:i % len(live)]:
+                r = await measure(target, conc, stream, args.seconds, args.min_requests)
+                r.update(mode=mode, flavour=flavour, target=name, identity=ident)
+                rows.append(r)
+                print(f"  {mode:4} {flavour:6} {name:24} c={conc:<3} stream={stream!s:5} "
+                      f"rps={r['rps']:>7} p50={r['latency_p50_ms']:>8.2f}ms fail={r['failures']}"
+                      f" cpu/1k={r['cpu_s_per_1k']}", flush=True)
+    order = {name: k for k, (name, _, _) in enumerate(live)}
+    rows.sort(key=lambda r: (order.get(r["target"], len(order)), r.get("stream", False), r.get("concurrency", 0)))
     return rows
 
 
@@ -227,8 +223,60 @@ def print_table(rows: list[dict[str, Any]]) -> None:
           "include its ~44 ms Nagle stall (no TCP_NODELAY), as users get it.")
 
 
+def _cell(r: dict[str, Any] | None, value: str, ratio: str, unit: str, nd: int) -> str:
+    if r is None or r.get(value) is None:
+        return "-"
+    x = r.get(ratio)
+    return f"{r[value]:.{nd}f}{unit}" + (f" ({x:.2f}x)" if x is not None else "")
+
+
+def _pick(rows: list[dict[str, Any]], target: str, flavour: str, conc: int) -> dict[str, Any] | None:
+    found = [r for r in rows if r["flavour"] == flavour and r["concurrency"] == conc and r["target"] == target]
+    return found[0] if found else None
+
+
+def _best(rows: list[dict[str, Any]], flavour: str, conc: int, field: str, low: bool) -> dict[str, Any] | None:
+    peers = [r for r in rows if r["flavour"] == flavour and r["concurrency"] == conc and r.get(field) is not None
+             and not r["target"].startswith(("direct", "motor"))]
+    return (min if low else max)(peers, key=lambda r: r[field]) if peers else None
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    """The issue-17 view, one markdown table per mode and stream flag: Motor's two topologies and
+    the best peer of each flavour, c=1 added p50 and CPU, c=64 req/s and CPU (x = ratio to the
+    best peer in the same case; CPU and +p50 lower is better, req/s higher)."""
+    cases = sorted({(r["mode"], r["stream"]) for r in rows if "rps" in r})
+    flavours = [f for f in ("vllm", "sglang") if any(r.get("flavour") == f and "rps" in r for r in rows)]
+    name = {"vllm": "vLLM", "sglang": "SGLang"}
+    for mode, stream in cases:
+        print(f"\nsummary: {mode} latency, {'streaming' if stream else 'non-streaming'}")
+        cols = [f"{name[f]} {c}" for f in flavours for c in ("c=1 +p50", "c=1 CPU/1k", "c=64 req/s", "c=64 CPU/1k")]
+        print("| target | " + " | ".join(cols) + " |")
+        print("| --- | " + " | ".join("---" for _ in cols) + " |")
+
+        here = [r for r in rows if "rps" in r and r["mode"] == mode and r["stream"] == stream]
+        for target in ("motor", "motor (co-located)"):
+            cells = []
+            for f in flavours:
+                c1, c64 = _pick(here, target, f, 1), _pick(here, target, f, 64)
+                cells += [_cell(c1, "added_p50_ms", "x_added_p50", " ms", 2), _cell(c1, "cpu_s_per_1k", "x_cpu", " s", 2),
+                          _cell(c64, "rps", "x_rps", "", 0), _cell(c64, "cpu_s_per_1k", "x_cpu", " s", 2)]
+            label = "motor (gateway + coordinator)" if target == "motor" else target
+            print(f"| {label} | " + " | ".join(cells) + " |")
+        cells = []
+        for f in flavours:
+            b = [_best(here, f, 1, "added_p50_ms", True), _best(here, f, 1, "cpu_s_per_1k", True),
+                 _best(here, f, 64, "rps", False), _best(here, f, 64, "cpu_s_per_1k", True)]
+            cells += [f"{r['added_p50_ms']:.2f} ms ({r['target']})" if (r := b[0]) else "-",
+                      f"{r['cpu_s_per_1k']:.2f} s" if (r := b[1]) else "-",
+                      f"{r['rps']:.0f}" if (r := b[2]) else "-",
+                      f"{r['cpu_s_per_1k']:.2f} s" if (r := b[3]) else "-"]
+        print("| best peer | " + " | ".join(cells) + " |")
+
+
 async def amain(args: argparse.Namespace) -> int:
     started = dt.datetime.now()
+    load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         log_dir = Path(tmp)
@@ -237,13 +285,18 @@ async def amain(args: argparse.Namespace) -> int:
                 rows += await bench_flavour(mode, flavour, args, log_dir)
     derive(rows)
     elapsed = (dt.datetime.now() - started).total_seconds()
+    load_after = os.getloadavg()
+    load = f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_before)} at the start, " \
+           f"{'/'.join(f'{x:.1f}' for x in load_after)} at the end"
     print(f"\n# bench/run.py {started:%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs ({platform.machine()}), "
-          f"{args.seconds:g}s/case, max_tokens={MAX_TOKENS}, total {elapsed:.0f}s")
+          f"{args.seconds:g}s/case, max_tokens={MAX_TOKENS}, total {elapsed:.0f}s; {load}")
     print_table(rows)
+    print_summary(rows)
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{started:%Y%m%d-%H%M%S}.json"
     path.write_bytes(orjson.dumps({"started": started.isoformat(), "cpus": os.cpu_count(),
+                                   "load_average": {"start": load_before, "end": load_after},
                                    "args": {k: v for k, v in vars(args).items() if k != "only_set"},
                                    "elapsed_s": elapsed, "rows": rows}, option=orjson.OPT_INDENT_2))
     print(f"results: {path.relative_to(ROOT)}")

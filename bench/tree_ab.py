@@ -1,0 +1,87 @@
+"""A/B of two source trees of Motor, interleaved (not a test): is a change to the hot path faster?
+
+    git archive <base-commit> | (mkdir -p /tmp/motor-base && tar -x -C /tmp/motor-base)
+    .venv/bin/python bench/tree_ab.py --base /tmp/motor-base [--flavour vllm|sglang] [--stream]
+                                      [--co-located] [--rounds 3] [--seconds 2] [--conc 1,64]
+
+The same engines throughout (this tree's simulator); per round Motor is started from each tree in
+turn — ``base``: ``motor-coordinator`` and ``motor-gateway`` with ``PYTHONPATH`` pointing at the
+other tree's packages (they come before this venv's editable install), ``new``: this tree — and
+measured at each concurrency, so a machine whose load drifts during the run biases neither.
+Prints every measurement and the medians: CPU microseconds per request of the Motor process
+tree, req/s, p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import ZERO, start_engines, start_motor, tree_cpu
+from bench.loadgen import run_load
+from bench.run import make_body_factory
+
+_PACKAGES = ("common", "gateway", "services/coordinator")
+
+
+async def main(a: argparse.Namespace) -> None:
+    base_path = os.pathsep.join(str(Path(a.base).resolve() / p) for p in _PACKAGES)
+    res: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        async with start_engines(a.flavour, d, ZERO) as e:
+            for rnd in range(a.rounds):
+                for v in ("base", "new") if rnd % 2 == 0 else ("new", "base"):
+                    saved = os.environ.get("PYTHONPATH")
+                    if v == "base":
+                        os.environ["PYTHONPATH"] = base_path
+                    try:
+                        motor = start_motor(e, d, name=v, co_located=a.co_located)
+                        t = await motor.__aenter__()
+                    finally:
+                        if saved is None:
+                            os.environ.pop("PYTHONPATH", None)
+                        else:
+                            os.environ["PYTHONPATH"] = saved
+                    try:
+                        for c in a.conc:
+                            c0 = tree_cpu(t.pids)
+                            r = await run_load(t.name, t.url + "/v1/completions", make_body_factory(a.stream),
+                                               concurrency=c, requests=0, duration=a.seconds, warmup=20)
+                            n = len(r.samples)
+                            cpu = (tree_cpu(t.pids) - c0) / n * 1e6
+                            s = r.summary()
+                            res.setdefault((v, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
+                            print(f"round {rnd} {v:5} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f} "
+                                  f"cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
+                    finally:
+                        await motor.__aexit__(None, None, None)
+    print("medians:")
+    for (v, c), xs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        print(f"  {v:5} c={c:<3} cpu/req {statistics.median(x[0] for x in xs):6.0f}us  "
+              f"rps {statistics.median(x[1] for x in xs):7.0f}  p50 {statistics.median(x[2] for x in xs):6.2f}ms")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+if __name__ == "__main__":
+    from motor_common.runner import install_uvloop
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="a checkout (or git archive) of the tree to compare against")
+    ap.add_argument("--flavour", default="vllm")
+    ap.add_argument("--seconds", type=float, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--conc", type=_ints, default=[1, 64])
+    ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--co-located", action="store_true", help="the coordinator's co-located front (no gateway)")
+    install_uvloop()
+    asyncio.run(main(ap.parse_args()))
