@@ -63,9 +63,16 @@ BUFFERED = Gauge(
     "motor_gateway_dispatch_buffered_bytes",
     "Bytes of answers received on DispatchMany streams and not yet taken by the HTTP side (frames "
     "counted as chunk bytes + 64), over all coordinators; per-request flow control bounds each "
-    "request's share.",
+    "request's share. Updated when a request's share crosses a multiple of 64 KiB and when such a "
+    "request ends (within 64 KiB per open request of the exact figure).",
+    multiprocess_mode="livesum",
 )
-BUFFERED.set_function(lambda: sum(m.queued for m in list(_MUXES)))
+
+
+def _publish() -> None:
+    """Set the gauge to what this process holds now (not per frame: a gauge update costs about a
+    microsecond, in multiprocess mode more)."""
+    BUFFERED.set(sum(m.queued for m in list(_MUXES)))
 
 
 def _error(code: grpc.StatusCode, details: str, trailing: grpc.aio.Metadata | None = None) -> grpc.aio.AioRpcError:
@@ -82,7 +89,7 @@ def _request_error(err: cpb.DispatchError) -> grpc.aio.AioRpcError:
 class MuxCall:
     """One request on a DispatchMany stream."""
 
-    __slots__ = ("_deadline", "_done", "_frames", "_stream", "_taken", "queued", "stream_id")
+    __slots__ = ("_deadline", "_done", "_frames", "_shown", "_stream", "_taken", "queued", "stream_id")
 
     def __init__(self, stream: _Stream, stream_id: int, deadline: float) -> None:
         self._stream = stream
@@ -92,13 +99,18 @@ class MuxCall:
         self._done = False
         self.queued = 0  # bytes of frames delivered and not yet read (FRAME_COST each + chunk)
         self._taken = 0  # bytes read and not yet given back as credit
+        self._shown = False  # its share was published in motor_gateway_dispatch_buffered_bytes
 
     def deliver(self, item: Any) -> None:
         """A frame, ``grpc.aio.EOF`` or the AioRpcError the request ended with."""
         if isinstance(item, cpb.DispatchResponse):
             cost = len(item.chunk) + FRAME_COST
+            before = self.queued
             self.queued += cost
             self._stream.mux.queued += cost
+            if before // CREDIT_STEP != self.queued // CREDIT_STEP:
+                self._shown = True
+                _publish()
         self._frames.put_nowait(item)
 
     async def read(self) -> Any:
@@ -117,8 +129,12 @@ class MuxCall:
             self._finish()
             return item
         cost = len(item.chunk) + FRAME_COST
+        before = self.queued
         self.queued -= cost
         self._stream.mux.queued -= cost
+        if before // CREDIT_STEP != self.queued // CREDIT_STEP:
+            self._shown = True
+            _publish()
         self._taken += cost
         if self._taken >= CREDIT_STEP and not self._done:
             self._stream.credit(self.stream_id, self._taken)
@@ -129,6 +145,8 @@ class MuxCall:
         self._done = True
         self._stream.mux.queued -= self.queued  # frames nobody will read are dropped with the call
         self.queued = 0
+        if self._shown:  # the gauge showed this request's share: show it gone
+            _publish()
 
     def done(self) -> bool:
         return self._done
