@@ -9,6 +9,12 @@ nodemanager reports the death, the controller's engine-relaunch strategy relaunc
 requests succeed again. Prints start-up (spawn → first 200 through the gateway) and relaunch
 (kill → first 200) times and writes them to ``.real-engine/last-fleet-run.json``.
 
+Before the kill, the same engine serves the pass-through routes through the gateway with the
+``openai`` SDK (``_passthrough_routes``): ``/tokenize``, ``/detokenize``, ``/version``, the engine's
+``/v1/models`` card, ``/v1/responses`` (plain, streamed, stored + retrieved, background +
+cancelled, unknown id) and ``/v1/embeddings`` (not served by a generation model: vLLM's own 404,
+relayed in OpenAI's error shape). The engine runs with ``VLLM_ENABLE_RESPONSES_API_STORE=1``.
+
 Needs ``scripts/real-engine-setup``; skips only when ``.real-engine/venv`` is absent.
 """
 
@@ -28,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
+import pytest
+import yaml
 from openai import AsyncOpenAI
 
 from motor_common.domain import EngineType
@@ -97,12 +106,22 @@ class UpFleet:
 UNION = ("--union", "1", "--prefill", "0", "--decode", "0")
 
 
+def config_with_engine_env(path: Path, env: dict[str, str]) -> Path:
+    """examples/fleet-real-vllm-cpu.yaml with *env* added to every engine's environment."""
+    cfg = yaml.safe_load(CONFIG.read_text())
+    nm = cfg["nodemanager"]
+    for engine in (nm["engine"], *(nm[role]["engine"] for role in ("prefill", "decode") if role in nm)):
+        engine["env"] = {**(engine.get("env") or {}), **env}
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 @asynccontextmanager
-async def motor_up(state_dir: Path, shape: tuple[str, ...] = UNION, timeout: float = STARTUP_TIMEOUT
-                   ) -> AsyncIterator[UpFleet]:
+async def motor_up(state_dir: Path, shape: tuple[str, ...] = UNION, timeout: float = STARTUP_TIMEOUT,
+                   config: Path = CONFIG) -> AsyncIterator[UpFleet]:
     state_dir.mkdir(parents=True, exist_ok=True)
     out_path = state_dir / "motor-up.out"
-    argv = [tool("motor"), "up", "--config", str(CONFIG), *shape,
+    argv = [tool("motor"), "up", "--config", str(config), *shape,
             "--model", MODEL, "--state-dir", str(state_dir), "--port", "0", "--timeout", str(timeout)]  # fmt: skip
     with open(out_path, "wb") as out:
         t0 = time.monotonic()
@@ -197,6 +216,85 @@ async def _serve_all_shapes(client: AsyncOpenAI) -> None:
     assert roles[:1] == ["assistant"] and chat_finishes == ["length"] and n >= 3
 
 
+async def _passthrough_routes(fleet: UpFleet, client: AsyncOpenAI, engine: str) -> dict[str, Any]:
+    """The routes relayed whole to one instance (coordinator ``passthrough.py``), through the
+    gateway with the openai SDK, each compared with what the engine itself answers."""
+    root = AsyncOpenAI(base_url=fleet.gateway, api_key="unused", max_retries=0, timeout=60.0)
+    seen: dict[str, Any] = {}
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def direct(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+                async with http.request(method, engine + path, json=body, timeout=aiohttp.ClientTimeout(total=60)) as r:
+                    return r.status, await r.json(content_type=None)
+
+            # /tokenize, /detokenize, /version: the engine's own answers, unchanged
+            tok = await root.post("/tokenize", body={"model": MODEL, "prompt": "Hello, Motor"}, cast_to=object)
+            assert tok == (await direct("POST", "/tokenize", {"model": MODEL, "prompt": "Hello, Motor"}))[1]
+            assert isinstance(tok, dict) and tok["count"] == len(tok["tokens"]) > 1 and tok["max_model_len"] == 256
+            text = await root.post("/detokenize", body={"model": MODEL, "tokens": tok["tokens"]}, cast_to=object)
+            assert isinstance(text, dict) and "Hello, Motor" in text["prompt"], text
+            version = await root.get("/version", cast_to=object)
+            assert version == (await direct("GET", "/version"))[1]
+            assert isinstance(version, dict) and str(version["version"]).startswith("0.32"), version
+            seen["tokenize"], seen["version"] = tok["count"], version["version"]
+
+            # /v1/models: the engine's card (max_model_len, root, parent, permission), owned_by motor
+            _, own = await direct("GET", "/v1/models")
+            [card] = own["data"]
+
+            async def card_learned() -> Any:
+                listed = await client.models.list()
+                return listed.data[0] if listed.data and getattr(listed.data[0], "max_model_len", None) else None
+
+            model = await wait_for(card_learned, timeout=60, interval=0.5, what="the engine's model card")
+            assert (model.id, model.owned_by) == (MODEL, "motor")
+            extra = model.model_extra or {}
+            assert (extra["max_model_len"], extra["root"], extra["parent"]) == (
+                card["max_model_len"], card["root"], card["parent"])
+            strip = ("id", "created")  # vLLM stamps a fresh permission id and time on each answer
+            assert [{k: v for k, v in p.items() if k not in strip} for p in extra["permission"]] == \
+                [{k: v for k, v in p.items() if k not in strip} for p in card["permission"]]
+            seen["max_model_len"] = extra["max_model_len"]
+
+            # /v1/responses: plain, streamed, stored and retrieved, background and cancelled
+            made = await client.responses.create(model=MODEL, input="Hello, Motor", max_output_tokens=4, store=True)
+            assert made.object == "response" and made.model == MODEL and made.usage is not None
+            assert made.usage.output_tokens == 4 and made.status == "incomplete"
+            got = await client.responses.retrieve(made.id)
+            assert (got.id, got.output_text, got.status) == (made.id, made.output_text, made.status)
+            assert (await direct("GET", f"/v1/responses/{made.id}"))[1]["id"] == made.id  # held by this engine
+            stream = await client.responses.create(model=MODEL, input="Once", max_output_tokens=3, stream=True)
+            kinds = [e.type async for e in stream]
+            assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+            assert kinds.count("response.output_text.delta") >= 1
+            with pytest.raises(openai.BadRequestError) as sync_cancel:
+                await client.responses.cancel(made.id)
+            assert "Cannot cancel a synchronous response" in sync_cancel.value.message
+            background = await client.responses.create(model=MODEL, input="A long story", max_output_tokens=200,
+                                                       store=True, background=True)
+            assert background.status == "queued"
+            cancelled = await client.responses.cancel(background.id)
+            assert (cancelled.id, cancelled.status) == (background.id, "cancelled")
+            assert (await client.responses.retrieve(background.id)).status == "cancelled"
+            with pytest.raises(openai.NotFoundError) as unknown:
+                await client.responses.retrieve("resp_0000000000000000")
+            assert unknown.value.body == {"message": "Response with id 'resp_0000000000000000' not found.",
+                                          "type": "invalid_request_error", "param": "response_id", "code": 404}
+            seen["responses"] = {"created": made.status, "stream_events": len(kinds), "cancelled": cancelled.status}
+
+            # /v1/embeddings on a generation model: the engine's own 404, in OpenAI's error shape
+            status, body = await direct("POST", "/v1/embeddings", {"model": MODEL, "input": "x"})
+            assert status == 404, (status, body)
+            with pytest.raises(openai.NotFoundError) as emb:
+                await client.embeddings.create(model=MODEL, input="x")
+            assert isinstance(emb.value.body, dict) and emb.value.body["message"], emb.value.body
+            seen["embeddings"] = emb.value.status_code
+    finally:
+        await root.close()
+    return seen
+
+
 async def _engine_url(fleet: UpFleet) -> str:
     async with open_channel(fleet.info["coordinators"][0]) as ch:
         stub = kgrpc.InstanceRegistryServiceStub(ch)
@@ -259,7 +357,8 @@ async def _check_gauges(fleet: UpFleet, engine: str, client: AsyncOpenAI) -> dic
 
 async def test_fleet_on_real_vllm_serves_and_relaunches_a_killed_engine(tmp_path: Path) -> None:
     assert MODEL_DIR.is_dir(), "no .real-engine/tiny-llama: run scripts/real-engine-setup"
-    async with motor_up(tmp_path / "up") as fleet:
+    config = config_with_engine_env(tmp_path / "fleet.yaml", {"VLLM_ENABLE_RESPONSES_API_STORE": "1"})
+    async with motor_up(tmp_path / "up", config=config) as fleet:
         client = AsyncOpenAI(base_url=fleet.gateway + "/v1", api_key="unused", max_retries=0, timeout=30.0)
         try:
             start_errors: list[str] = []
@@ -272,6 +371,7 @@ async def test_fleet_on_real_vllm_serves_and_relaunches_a_killed_engine(tmp_path
 
             await _serve_all_shapes(client)
             engine = await _engine_url(fleet)
+            routes = await _passthrough_routes(fleet, client, engine)
             peak = await _check_gauges(fleet, engine, client)
 
             # --- kill the real engine; the nodemanager + controller relaunch it in place -------------
@@ -315,9 +415,10 @@ async def test_fleet_on_real_vllm_serves_and_relaunches_a_killed_engine(tmp_path
         "relaunch_s": round(relaunch_s, 1),
         "errors_during_relaunch": relaunch_errors,
         "peak_load_seen": peak,
+        "passthrough_routes": routes,
     }
     with contextlib.suppress(OSError):
         (ROOT / ".real-engine" / "last-fleet-run.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"\nreal vLLM fleet: start-up (spawn -> first 200 through the gateway) {startup_s:.1f} s; "
           f"relaunch (SIGKILL engine -> first 200) {relaunch_s:.1f} s; peak gauges {peak}; "
-          f"errors while relaunching {relaunch_errors}")  # fmt: skip
+          f"errors while relaunching {relaunch_errors}; pass-through routes {routes}")  # fmt: skip
