@@ -76,7 +76,7 @@ def test_bad_kv_events_keys_are_config_errors(tmp_path: object) -> None:
     from pathlib import Path
 
     p = Path(str(tmp_path)) / "c.yaml"
-    for text, what in (("scheduler: {kv_events: {tokenizer: hf}}", "tokenizer"),
+    for text, what in (("scheduler: {kv_events: {tokenizer: gpt}}", "tokenizer"),
                        ("scheduler: {kv_events: {block_size: 0}}", "block_size"),
                        ("scheduler: {kv_events: {replay_timeout: 1}}", "replay_timeout")):  # fmt: skip
         p.write_text(text)

@@ -29,8 +29,13 @@ class KvEventsConfig:
     events of every prefill/union endpoint that announces a ``kv_events_port``."""
 
     # Token ids of text/chat prompts: "none" (only prompts given as ids are hashed; the others
-    # go by the ring) or "simulator" (motor-sim's tokenizer and chat template: exact for motor-sim).
-    tokenizer: Literal["none", "simulator"] = "none"
+    # go by the ring), "simulator" (motor-sim's tokenizer and chat template: exact for motor-sim)
+    # or "hf" (the Hugging Face tokenizer and chat template in tokenizer_path: real vLLM/SGLang;
+    # needs the motor-pd[tokenizers] extra).
+    tokenizer: Literal["none", "simulator", "hf"] = "none"
+    # tokenizer "hf": the served model's local directory (tokenizer.json, tokenizer_config.json,
+    # chat template), or its tokenizer.json. Read once at start-up; nothing is downloaded.
+    tokenizer_path: str = ""
     # The engines' --block-size (vLLM) / --page-size (SGLang), in tokens.
     block_size: int = 16
     # vLLM's hash seed (PYTHONHASHSEED of the engines; vLLM's default when unset).
@@ -53,6 +58,11 @@ class KvEventsConfig:
             raise ValueError("scheduler.kv_events.max_blocks_per_engine must be >= 1")
         if self.replay_timeout_sec <= 0:
             raise ValueError("scheduler.kv_events.replay_timeout_sec must be > 0")
+        if self.tokenizer == "hf" and not self.tokenizer_path:
+            raise ValueError("scheduler.kv_events.tokenizer_path must name the model's tokenizer "
+                             "directory (or tokenizer.json) when tokenizer is 'hf'")
+        if self.tokenizer != "hf" and self.tokenizer_path:
+            raise ValueError("scheduler.kv_events.tokenizer_path is only used with tokenizer 'hf'")
 
 
 @dataclass(frozen=True)

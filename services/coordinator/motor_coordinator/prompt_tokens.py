@@ -5,6 +5,9 @@ Where they come from (``scheduler.kv_events.tokenizer``, docs/kv-events.md):
 - a completions prompt given as token ids: those ids, exact for any engine (always used);
 - ``simulator``: text and chat prompts through motor-sim's own tokenizer and chat template
   (:mod:`motor_common.toy_tokenizer`), exact for motor-sim engines;
+- ``hf``: text and chat prompts through a Hugging Face tokenizer and chat template
+  (:mod:`motor_coordinator.hf_tokenizer`, ``tokenizer_path``), exact for real vLLM and SGLang
+  engines serving that model (requests it cannot reproduce get no ids);
 - ``none``: text and chat prompts have no ids (the policy then falls back to the ring).
 
 At most ``limit`` tokens are produced: only leading full blocks are hashed, and the work per
@@ -20,18 +23,26 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from motor_common import toy_tokenizer
 from motor_coordinator.request import CHAT, ParsedRequest
 
-TokenizerName = Literal["none", "simulator"]
-TOKENIZERS: tuple[str, ...] = ("none", "simulator")
+if TYPE_CHECKING:
+    from motor_coordinator.hf_tokenizer import HfTokenizer
+
+TokenizerName = Literal["none", "simulator", "hf"]
+TOKENIZERS: tuple[str, ...] = ("none", "simulator", "hf")
 
 
-def prompt_token_ids(req: ParsedRequest, tokenizer: TokenizerName, limit: int) -> tuple[int, ...] | None:
-    """The first *limit* prompt token ids, or None when they cannot be known here."""
+def prompt_token_ids(
+    req: ParsedRequest, tokenizer: TokenizerName, limit: int, hf: HfTokenizer | None = None
+) -> tuple[int, ...] | None:
+    """The first *limit* prompt token ids, or None when they cannot be known here (``hf`` needs
+    the loaded tokenizer *hf*)."""
     if req.api == CHAT:
+        if tokenizer == "hf" and hf is not None:
+            return hf.chat_ids(req.body, limit)
         if tokenizer != "simulator":
             return None
         return _chat_ids(req.body, limit)
@@ -44,6 +55,8 @@ def prompt_token_ids(req: ParsedRequest, tokenizer: TokenizerName, limit: int) -
         prompt = prompt[0]  # a batch of texts
     if isinstance(prompt, str) and tokenizer == "simulator":
         return tuple(toy_tokenizer.encode(prompt, limit))
+    if isinstance(prompt, str) and tokenizer == "hf" and hf is not None:
+        return hf.text_ids(req.body, prompt, limit)
     return None
 
 
@@ -67,19 +80,26 @@ def _chat_ids(body: Any, limit: int) -> tuple[int, ...] | None:
 
 
 class PromptTokens:
-    """:func:`prompt_token_ids` with a bounded LRU of per-message token ids (chat prompts)."""
+    """:func:`prompt_token_ids` with a bounded LRU of per-message token ids (chat prompts, only
+    with the ``simulator`` tokenizer, whose template is known to render each message on its own;
+    an arbitrary Hugging Face template is rendered and encoded whole, bounded by ``limit``)."""
 
     MAX_CACHED_CHARS = 64 * 1024  # longer messages are tokenized every time, never kept
 
-    def __init__(self, tokenizer: TokenizerName, limit: int, cache_entries: int = 4096) -> None:
+    def __init__(
+        self, tokenizer: TokenizerName, limit: int, cache_entries: int = 4096, hf: HfTokenizer | None = None
+    ) -> None:
+        if tokenizer == "hf" and hf is None:
+            raise ValueError("the hf tokenizer needs a loaded HfTokenizer")
         self.tokenizer: TokenizerName = tokenizer
+        self.hf = hf
         self.limit = limit
         self.cache_entries = cache_entries
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     def __call__(self, req: ParsedRequest) -> tuple[int, ...] | None:
         if req.api != CHAT or self.tokenizer != "simulator":
-            return prompt_token_ids(req, self.tokenizer, self.limit)
+            return prompt_token_ids(req, self.tokenizer, self.limit, self.hf)
         body = req.body
         cont = bool(body.get("continue_final_message", False))
         messages = body.get("messages")

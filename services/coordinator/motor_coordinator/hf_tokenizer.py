@@ -1,0 +1,306 @@
+"""A Hugging Face tokenizer and chat template in the coordinator (``scheduler.kv_events.tokenizer:
+hf``): the prompt token ids a real vLLM or SGLang engine will compute, without asking it.
+
+Pure (no I/O after :func:`load_hf_tokenizer`). Needs the ``tokenizers`` extra
+(``pip install 'motor-pd[tokenizers]'``: Hugging Face ``tokenizers`` and ``jinja2``).
+
+How the engines tokenize (checked in their source; docs/kv-events.md):
+
+- chat: the chat template is rendered the way transformers' ``apply_chat_template`` renders it
+  (a jinja2 ``ImmutableSandboxedEnvironment`` with ``trim_blocks``/``lstrip_blocks``, the
+  ``raise_exception``/``strftime_now`` globals and a ``tojson`` filter that does not escape HTML;
+  ``bos_token``/``eos_token``/... from tokenizer_config.json), then encoded with
+  ``add_special_tokens=False`` (vLLM's default for chat; the request may ask for True; SGLang
+  always False);
+- completions text: encoded with ``add_special_tokens=True`` (vLLM's default, the request may say
+  otherwise; SGLang ``tokenizer.encode(text)``).
+
+A request this module cannot reproduce exactly (tools, a request-level chat template, images,
+tool-call messages, ``truncate_prompt_tokens``, a ``developer`` role, ...) gets no ids: the policy
+then falls back to the ring, which is never wrong, only less precise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from motor_common.errors import ConfigError
+
+KEY = "scheduler.kv_events.tokenizer_path"
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# Tokens re-encoded past a cut: a cut in the text changes at most the tokens near it (pre-tokenized
+# BPE / Unigram / WordPiece), so the first ``limit`` ids of a longer prefix are the whole text's.
+CUT_SLACK = 64
+CHARS_PER_TOKEN = 6  # first guess of how much text holds `limit` tokens (doubled until it does)
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# Request fields that change the prompt in ways this module does not reproduce: no ids.
+_UNSUPPORTED_CHAT = ("tools", "chat_template", "truncate_prompt_tokens", "mm_processor_kwargs")
+_RESERVED_KWARGS = frozenset({"chat_template", "tokenize", "messages", "tools", "documents",
+                              "add_generation_prompt", "continue_final_message"})
+ContentFormat = Literal["string", "openai"]
+
+
+class Unsupported(Exception):
+    """The request is valid for the engine, but its ids cannot be reproduced here."""
+
+
+def _missing_extra(exc: ImportError) -> ConfigError:
+    return ConfigError(
+        f"scheduler.kv_events.tokenizer: 'hf' needs the Hugging Face tokenizers library and jinja2 "
+        f"({exc.name or exc} is not installed): install the extra, pip install 'motor-pd[tokenizers]'"
+    )
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return str(value["content"])  # a serialized AddedToken
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(f"{KEY}: cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{KEY}: {path} must hold a JSON object")
+    return data
+
+
+def _pick_template(value: Any, where: Path) -> str | None:
+    """tokenizer_config.json's ``chat_template``: a string, or a list of named ones ("default")."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, Mapping)}
+        tpl = named.get("default")
+        return tpl if isinstance(tpl, str) else None
+    raise ConfigError(f"{KEY}: the chat_template in {where} is neither a string nor a list of named templates")
+
+
+def detect_content_format(env: Any, source: str) -> ContentFormat:
+    """vLLM's ``--chat-template-content-format auto``: "openai" (content passed as a list of parts)
+    when the template loops over a message's content, else "string" (parts joined by newlines)."""
+    from jinja2 import nodes
+
+    def is_content(n: Any) -> bool:
+        if isinstance(n, nodes.Name):
+            return bool(n.name == "content")
+        if isinstance(n, nodes.Getattr):
+            return bool(n.attr == "content")
+        if isinstance(n, nodes.Getitem):
+            return isinstance(n.arg, nodes.Const) and n.arg.value == "content"
+        return False
+
+    ast = env.parse(source)
+    return "openai" if any(is_content(loop.iter) for loop in ast.find_all(nodes.For)) else "string"
+
+
+class HfTokenizer:
+    """A tokenizer.json plus chat template, encoding at most ``limit`` ids of a prompt."""
+
+    def __init__(self, tokenizer: Any, template_source: str | None, special: Mapping[str, str]) -> None:
+        import jinja2
+        import jinja2.ext
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        self._tok = tokenizer
+        self.special = dict(special)
+        self.template_source = template_source
+        self.content_format: ContentFormat = "string"
+        self._template: Any = None
+        if template_source is not None:
+
+            def raise_exception(message: str) -> None:
+                raise jinja2.exceptions.TemplateError(message)
+
+            def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+                       sort_keys: bool = False) -> str:
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                  sort_keys=sort_keys)
+
+            def strftime_now(fmt: str) -> str:
+                return datetime.now().strftime(fmt)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[jinja2.ext.loopcontrols])
+            env.filters["tojson"] = tojson
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = strftime_now
+            self._template = env.from_string(template_source)
+            self.content_format = detect_content_format(env, template_source)
+
+    # --- text -> ids ---------------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool, limit: int) -> tuple[int, ...]:
+        """The first *limit* ids of *text*: only a prefix of a long text is encoded (grown until it
+        holds ``limit + CUT_SLACK`` ids, so the cut cannot change the ids kept)."""
+        cut = limit * CHARS_PER_TOKEN + 256
+        while True:
+            if cut >= len(text):
+                return tuple(self._tok.encode(text, add_special_tokens=add_special_tokens).ids[:limit])
+            ids = self._tok.encode(text[:cut], add_special_tokens=add_special_tokens).ids
+            if len(ids) >= limit + CUT_SLACK:
+                return tuple(ids[:limit])
+            cut *= 2
+
+    def text_ids(self, body: Mapping[str, Any], text: str, limit: int) -> tuple[int, ...] | None:
+        if body.get("truncate_prompt_tokens") is not None:
+            return None  # vLLM keeps the prompt's *last* tokens: other blocks
+        special = body.get("add_special_tokens", True)
+        if not isinstance(special, bool):
+            return None
+        return self.encode(text, special, limit)
+
+    # --- chat -> text -> ids -------------------------------------------------------------------
+    def chat_ids(self, body: Mapping[str, Any], limit: int) -> tuple[int, ...] | None:
+        try:
+            text = self.render_chat(body)
+        except Unsupported:
+            return None
+        except Exception:  # the template refused it (raise_exception) or broke: the engine answers
+            return None
+        special = body.get("add_special_tokens", False)
+        if not isinstance(special, bool):
+            return None
+        return self.encode(text, special, limit)
+
+    def render_chat(self, body: Mapping[str, Any]) -> str:
+        """The chat template's text for a chat request, as transformers renders it for vLLM."""
+        if self._template is None:
+            raise Unsupported("the tokenizer has no chat template")
+        if any(body.get(k) is not None for k in _UNSUPPORTED_CHAT):
+            raise Unsupported("a request field changes the prompt")
+        add_gen = body.get("add_generation_prompt", True)
+        cont = body.get("continue_final_message", False)
+        if not isinstance(add_gen, bool) or not isinstance(cont, bool) or (add_gen and cont):
+            raise Unsupported("the engine refuses these flags")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise Unsupported("no messages")
+        conversation = [self._message(m) for m in messages]
+        kwargs: dict[str, Any] = {}
+        user = body.get("chat_template_kwargs")
+        if user is not None:
+            if not isinstance(user, Mapping) or any(k in _RESERVED_KWARGS for k in user):
+                raise Unsupported("chat_template_kwargs the engine refuses or we do not reproduce")
+            kwargs.update(user)
+        effort = body.get("reasoning_effort")
+        if effort is not None:
+            kwargs["reasoning_effort"] = effort
+            if "enable_thinking" not in kwargs:
+                kwargs["enable_thinking"] = effort != "none"
+        documents = body.get("documents")
+        if cont:
+            last = conversation[-1]
+            content = last.get("content")
+            if isinstance(content, str):
+                final = content
+                last["content"] = content + _CONTINUE_TAG
+            else:
+                raise Unsupported("continue_final_message on a list content")
+        text: str = self._template.render(
+            messages=conversation, tools=None, documents=documents, add_generation_prompt=add_gen,
+            **{**self.special, **kwargs},
+        )
+        if cont:
+            tag = _CONTINUE_TAG.strip()
+            if final.strip() not in text or tag not in text:
+                raise Unsupported("the template dropped the final message")
+            at = text.rindex(tag)
+            text = text[:at] if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG else text[:at].rstrip()
+        return text
+
+    def _message(self, m: Any) -> dict[str, Any]:
+        """One message as vLLM hands it to the template (text only; no tool calls)."""
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise Unsupported("a malformed message")
+        role = m["role"]
+        if role == "developer" or any(k not in ("role", "content", "name") for k in m):
+            raise Unsupported("a message field we do not reproduce")
+        content = m.get("content")
+        if content is None:
+            texts: list[str] = []
+        elif isinstance(content, str):
+            texts = [content]
+        elif isinstance(content, list):
+            texts = []
+            for part in content:
+                if not (isinstance(part, Mapping) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise Unsupported("a non-text content part")
+                texts.append(part["text"])
+        else:
+            raise Unsupported("content of an unknown type")
+        out: dict[str, Any] = {"role": role}
+        if self.content_format == "openai":
+            out["content"] = [{"type": "text", "text": t} for t in texts]
+        else:
+            out["content"] = "\n".join(texts)
+        if isinstance(m.get("name"), str):
+            out["name"] = m["name"]
+        return out
+
+
+def load_hf_tokenizer(path: str) -> HfTokenizer:
+    """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``special_tokens_map.json``,
+    ``chat_template.jinja``/``chat_template.json`` when present) from a model directory, or from the
+    directory of the tokenizer.json file *path* names. Local files only; a ConfigError naming the
+    key on any problem."""
+    try:
+        import jinja2
+        import jinja2.ext
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise _missing_extra(exc) from exc
+    if not path:
+        raise ConfigError(f"{KEY} must name a model directory or its tokenizer.json when tokenizer is 'hf'")
+    p = Path(path)
+    if p.is_dir():
+        directory, file = p, p / "tokenizer.json"
+    elif p.is_file():
+        directory, file = p.parent, p
+    else:
+        raise ConfigError(f"{KEY}: {path} does not exist")
+    if not file.is_file():
+        raise ConfigError(f"{KEY}: no tokenizer.json in {directory} (only fast tokenizers are supported)")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the Rust library's own message (bad JSON, unknown model type, ...)
+        raise ConfigError(f"{KEY}: cannot load {file}: {exc}") from exc
+    cfg_file = directory / "tokenizer_config.json"
+    cfg = _read_json(cfg_file) if cfg_file.is_file() else {}
+    special: dict[str, str] = {}
+    stm = directory / "special_tokens_map.json"
+    for source in ((_read_json(stm) if stm.is_file() else {}), cfg):
+        for name in SPECIAL_TOKENS:
+            value = _token_text(source.get(name))
+            if value is not None:
+                special[name] = value
+    template: str | None
+    jinja_file, json_file = directory / "chat_template.jinja", directory / "chat_template.json"
+    try:
+        if jinja_file.is_file():
+            template = jinja_file.read_text(encoding="utf-8")
+        elif json_file.is_file():
+            template = _pick_template(_read_json(json_file).get("chat_template"), json_file)
+        else:
+            template = _pick_template(cfg.get("chat_template"), cfg_file)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{KEY}: cannot read the chat template in {directory}: {exc}") from exc
+    try:
+        return HfTokenizer(tok, template, special)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"{KEY}: the chat template in {directory} does not compile: {exc}") from exc
+
+
+def first_text(prompt: Any) -> str | None:
+    """A completions prompt's text (the first of a batch), or None."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
