@@ -85,10 +85,12 @@ async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         port = free_port()
         if flavour == "vllm":
             argv = [str(VENV / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-                    "--vllm-pd-disaggregation", "--policy", "round_robin", "--prefill", p.url, "--decode", d.url]
+                    "--vllm-pd-disaggregation", "--policy", "round_robin", "--prefill", p.url, "--decode", d.url,
+                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         else:
             argv = [str(VENV / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                     "--port", str(port), "--pd-disaggregation", "--policy", "round_robin",
+                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                     "--prefill", p.url, str(p.extra["bootstrap_port"]), "--decode", d.url]
         router = await st.enter_async_context(
             running(f"{flavour}-router", argv, logs, ready=_serves(port), deadline=60))
