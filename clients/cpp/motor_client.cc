@@ -68,6 +68,19 @@ Value Num(double n) {
   return v;
 }
 
+// snippet: channel
+// Channel credentials: plaintext, or TLS with the fleet CA and (mutual TLS) a client certificate.
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const Value& tls) {
+  if (tls.has_null_value()) return grpc::InsecureChannelCredentials();
+  const auto& t = tls.struct_value().fields();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = ReadFile(t.at("ca_file").string_value());     // verifies the servers
+  options.pem_cert_chain = ReadFile(t.at("cert_file").string_value());   // presented to them
+  options.pem_private_key = ReadFile(t.at("key_file").string_value());
+  return grpc::SslCredentials(options);
+}
+// end snippet
+
 // snippet: context
 // A call's context: a deadline, and metadata (x-motor-management-key, authorization).
 std::unique_ptr<grpc::ClientContext> Context(const std::string& header, const std::string& value) {
@@ -111,11 +124,9 @@ int main(int argc, char** argv) {
   const auto& f = fleet.fields();
   const std::string management_key = Trim(ReadFile(f.at("management_key_file").string_value()));
   const std::string inference_key = Trim(ReadFile(f.at("inference_key_file").string_value()));
-  // snippet: channel
-  auto controller = grpc::CreateChannel(f.at("controller").string_value(), grpc::InsecureChannelCredentials());
-  auto coordinator = grpc::CreateChannel(f.at("coordinators").list_value().values(0).string_value(),
-                                         grpc::InsecureChannelCredentials());
-  // end snippet
+  const auto credentials = Credentials(f.at("tls"));
+  auto controller = grpc::CreateChannel(f.at("controller").string_value(), credentials);
+  auto coordinator = grpc::CreateChannel(f.at("coordinators").list_value().values(0).string_value(), credentials);
 
   {
     grpc::health::v1::HealthCheckResponse health;

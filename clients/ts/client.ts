@@ -31,12 +31,19 @@ const defs = protoLoader.loadSync(
 );
 const pkg = grpc.loadPackageDefinition(defs) as any;
 
-type Fleet = { controller: string; coordinators: string[]; management_key_file: string; inference_key_file: string };
+type Tls = { ca_file: string; cert_file: string; key_file: string };
+type Fleet = {
+  controller: string; coordinators: string[]; management_key_file: string; inference_key_file: string; tls: Tls | null;
+};
 const fleet: Fleet = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const key = readFileSync(fleet.management_key_file, "utf8").trim();
 const meta = new grpc.Metadata();
 meta.set("x-motor-management-key", key);
-const creds = grpc.credentials.createInsecure();
+// plaintext, or (motor up --tls) TLS with the fleet CA and the client certificate mutual TLS asks for
+const creds = fleet.tls
+  ? grpc.credentials.createSsl(readFileSync(fleet.tls.ca_file), readFileSync(fleet.tls.key_file),
+      readFileSync(fleet.tls.cert_file))
+  : grpc.credentials.createInsecure();
 const deadline = () => new Date(Date.now() + 10_000);
 
 function unary<T>(client: any, method: string, request: object, md = meta): Promise<T> {

@@ -10,6 +10,7 @@ starts. Without their Debian toolchain they skip on a developer machine, and fai
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import shutil
@@ -32,19 +33,19 @@ MAX_SAFE = 2**53 - 1
 
 
 # What each compiled client needs on PATH / on disk (Debian packages: scripts/setup --tools).
-TOOLCHAINS: dict[str, tuple[list[str], list[Path]]] = {
+TOOLCHAINS: dict[str, tuple[list[str], list[str]]] = {
     "java": (["protoc", "grpc_java_plugin", "javac", "java"],
-             [Path("/usr/share/java/grpc-core.jar"), Path("/usr/share/java/netty-codec-http2.jar"),
-              Path("/usr/share/java/geronimo-annotation-1.3-spec.jar")]),
-    "cpp": (["protoc", "grpc_cpp_plugin", "g++", "pkg-config"],
-            [Path("/usr/include/grpcpp/grpcpp.h")]),
+             ["/usr/share/java/grpc-core.jar", "/usr/share/java/netty-codec-http2.jar",
+              "/usr/share/java/geronimo-annotation-1.3-spec.jar", "/usr/share/java/netty-tcnative.jar",
+              "/usr/lib/*/jni/libnetty-tcnative.so"]),
+    "cpp": (["protoc", "grpc_cpp_plugin", "g++", "pkg-config"], ["/usr/include/grpcpp/grpcpp.h"]),
 }
 BUILT = {"java": ROOT / "clients" / "java" / "motor-client", "cpp": ROOT / "clients" / "cpp" / "motor-client"}
 
 
 def _missing_tools(lang: str) -> list[str]:
     programs, files = TOOLCHAINS[lang]
-    return [p for p in programs if shutil.which(p) is None] + [str(f) for f in files if not f.exists()]
+    return [p for p in programs if shutil.which(p) is None] + [f for f in files if not glob.glob(f)]
 
 
 def _stale(lang: str) -> bool:
@@ -116,6 +117,15 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory,
                 builds: dict[str, asyncio.Task[str]]) -> AsyncIterator[UpFleet]:
     async with motor_up(tmp_path_factory.mktemp("clients"), "--prefill", "1", "--decode", "1",
                         "--zero-latency") as up:
+        yield up
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def tls_fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[UpFleet]:
+    """`motor up --tls`: mutual TLS on every gRPC port; fleet.json's `tls` names the CA and the
+    client certificate the clients present."""
+    async with motor_up(tmp_path_factory.mktemp("clients-tls"), "--prefill", "1", "--decode", "1",
+                        "--zero-latency", "--tls") as up:
         yield up
 
 
@@ -197,3 +207,31 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
     assert (unknown["status"], unknown["type"], unknown["code"]) == (404, "not_found_error", "model_not_found")
     engine = by["error.engine"]
     assert engine["status"] == 400 and engine["param"] == "max_tokens" and "max_tokens" in engine["message"]
+
+
+async def client_argv(lang: str, builds: dict[str, asyncio.Task[str]]) -> tuple[list[str], Path]:
+    """How to run the client of *lang* (its argv without the fleet file, and its directory)."""
+    if lang in BUILT:
+        built = await built_client(builds, lang)
+        return [str(built)], built.parent
+    if lang == "go":
+        binary = ROOT / "clients" / "go" / "motor-client"
+        if not binary.exists():
+            pytest.fail("clients/go is not built: run scripts/setup --tools (clients/go/generate.sh)")
+        return [str(binary)], binary.parent
+    ts = ROOT / "clients" / "ts"
+    node = shutil.which("node")
+    if not node or not (ts / "dist" / "client.js").exists():
+        pytest.fail("clients/ts is not built: run scripts/setup --tools (npm ci && npx tsc in clients/ts)")
+    return [node, "dist/client.js"], ts
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("lang", ["ts", "go", "java", "cpp"])
+async def test_client_over_mutual_tls(lang: str, tls_fleet: UpFleet, builds: dict[str, asyncio.Task[str]]) -> None:
+    """The same checks against `motor up --tls`: each client verifies the servers with the fleet CA
+    and presents the client certificate (the snippets docs/clients.md shows for TLS)."""
+    tls = tls_fleet.info["tls"]
+    assert tls and all(Path(tls[k]).exists() for k in ("ca_file", "cert_file", "key_file"))
+    argv, cwd = await client_argv(lang, builds)
+    assert_checks(await run_client([*argv, str(tls_fleet.state / "fleet.json")], cwd))

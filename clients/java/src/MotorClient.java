@@ -15,8 +15,12 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.health.v1.HealthCheckRequest;
 import io.grpc.health.v1.HealthCheckResponse;
 import io.grpc.health.v1.HealthGrpc;
+import io.grpc.netty.GrpcSslContexts;
+import io.grpc.netty.NettyChannelBuilder;
 import io.grpc.protobuf.StatusProto;
 import io.grpc.stub.MetadataUtils;
+import io.netty.handler.ssl.SslContext;
+import java.io.File;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -52,6 +56,19 @@ public final class MotorClient {
     return Files.readString(Path.of(path), StandardCharsets.UTF_8).trim();
   }
 
+  // snippet: channel
+  /** A channel to host:port: plaintext, or TLS with the fleet CA and (mutual TLS) a client certificate. */
+  static ManagedChannel channel(String target, JsonObject tls) throws Exception {
+    if (tls == null) return ManagedChannelBuilder.forTarget(target).usePlaintext().build();
+    SslContext ssl = GrpcSslContexts.forClient()
+        .trustManager(new File(tls.get("ca_file").getAsString()))            // verifies the servers
+        .keyManager(new File(tls.get("cert_file").getAsString()),             // presented to them
+                    new File(tls.get("key_file").getAsString()))              // (PKCS#8 PEM key)
+        .build();
+    return NettyChannelBuilder.forTarget(target).sslContext(ssl).build();
+  }
+  // end snippet
+
   // snippet: metadata
   /** Attaches one metadata entry (x-motor-management-key, authorization) to every call of a stub. */
   static io.grpc.ClientInterceptor header(String name, String value) {
@@ -78,11 +95,9 @@ public final class MotorClient {
     String managementKey = readKey(fleet.get("management_key_file").getAsString());
     String inferenceKey = readKey(fleet.get("inference_key_file").getAsString());
     String coordinator = fleet.getAsJsonArray("coordinators").get(0).getAsString();
-    // snippet: channel
-    ManagedChannel controllerChannel =
-        ManagedChannelBuilder.forTarget(fleet.get("controller").getAsString()).usePlaintext().build();
-    ManagedChannel coordinatorChannel = ManagedChannelBuilder.forTarget(coordinator).usePlaintext().build();
-    // end snippet
+    JsonObject tls = fleet.get("tls").isJsonNull() ? null : fleet.getAsJsonObject("tls");
+    ManagedChannel controllerChannel = channel(fleet.get("controller").getAsString(), tls);
+    ManagedChannel coordinatorChannel = channel(coordinator, tls);
     try {
       HealthCheckResponse health = HealthGrpc.newBlockingStub(controllerChannel)
           .withDeadlineAfter(10, TimeUnit.SECONDS)

@@ -7,6 +7,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -24,11 +27,18 @@ import (
 	coordinatorv1 "motor/clients/go/gen/motor/coordinator/v1"
 )
 
+type tlsFiles struct {
+	CaFile   string `json:"ca_file"`
+	CertFile string `json:"cert_file"`
+	KeyFile  string `json:"key_file"`
+}
+
 type fleet struct {
-	Controller        string   `json:"controller"`
-	Coordinators      []string `json:"coordinators"`
-	ManagementKeyFile string   `json:"management_key_file"`
-	InferenceKeyFile  string   `json:"inference_key_file"`
+	Controller        string    `json:"controller"`
+	Coordinators      []string  `json:"coordinators"`
+	ManagementKeyFile string    `json:"management_key_file"`
+	InferenceKeyFile  string    `json:"inference_key_file"`
+	TLS               *tlsFiles `json:"tls"`
 }
 
 func report(check string, fields map[string]any) {
@@ -42,8 +52,23 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-func dial(address string) *grpc.ClientConn {
-	conn, err := grpc.Dial(address, grpc.WithInsecure())
+// dial: plaintext, or (motor up --tls) TLS with the fleet CA and the client certificate mutual TLS asks for.
+func dial(address string, files *tlsFiles) *grpc.ClientConn {
+	security := grpc.WithInsecure()
+	if files != nil {
+		ca, err := os.ReadFile(files.CaFile)
+		if err != nil {
+			fail(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		cert, err := tls.LoadX509KeyPair(files.CertFile, files.KeyFile)
+		if err != nil {
+			fail(err)
+		}
+		security = grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}))
+	}
+	conn, err := grpc.Dial(address, security)
 	if err != nil {
 		fail(err)
 	}
@@ -77,7 +102,7 @@ func main() {
 	defer cancel()
 	admin := metadata.AppendToOutgoingContext(base, "x-motor-management-key", strings.TrimSpace(string(key)))
 
-	ctlConn := dial(f.Controller)
+	ctlConn := dial(f.Controller, f.TLS)
 	h, err := healthpb.NewHealthClient(ctlConn).Check(base, &healthpb.HealthCheckRequest{})
 	if err != nil {
 		fail(err)
@@ -94,7 +119,7 @@ func main() {
 	}
 	report("controller.ListInstances", map[string]any{"ids": ids})
 
-	coordConn := dial(f.Coordinators[0])
+	coordConn := dial(f.Coordinators[0], f.TLS)
 	registry := coordinatorv1.NewInstanceRegistryServiceClient(coordConn)
 	listed, err := registry.ListInstances(admin, &coordinatorv1.ListInstancesRequest{})
 	if err != nil {
