@@ -1,0 +1,102 @@
+"""Per-request Python costs of the hot path, in process (not a test): what the 2026-12-01 cuts
+remove, each against its replacement, on uvloop.
+
+    .venv/bin/python bench/hot_path_micro.py
+
+* the first-byte watchdog: a task + ``asyncio.wait`` per engine attempt vs a timer in the
+  caller's task (``Dispatcher._watch``);
+* the gateway's first frame: a read task, a route-watcher task and ``asyncio.wait`` vs a plain
+  await (``failover._first_frame`` with one coordinator);
+* ``Counter.labels(...).inc()`` vs a cached child (``request_metrics``);
+* the pass-through span the front made per request with tracing off vs a header check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import uvloop
+from multidict import CIMultiDict, CIMultiDictProxy
+from prometheus_client import CollectorRegistry, Counter
+
+from motor_common.tracing import TRACEPARENT, carrier_from, tracer
+
+N = 20000
+async def engine():
+    f = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_soon(f.set_result, 1)
+    return await f
+
+async def old_watch():
+    task = asyncio.ensure_future(engine())
+    try:
+        while True:
+            done, _ = await asyncio.wait((task,), timeout=0.05)
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+
+async def new_watch():
+    loop = asyncio.get_running_loop()
+    t = asyncio.current_task()
+    h = loop.call_later(0.05, t.cancel)
+    try:
+        return await engine()
+    finally:
+        h.cancel()
+
+async def old_first():
+    ev = asyncio.Event()
+    read = asyncio.ensure_future(engine())
+    moved = asyncio.ensure_future(ev.wait())
+    try:
+        await asyncio.wait({read, moved}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        moved.cancel()
+    return read.result()
+
+async def plain():
+    return await engine()
+
+async def bench(fn):
+    t0 = time.perf_counter()
+    for _ in range(N):
+        await fn()
+    return (time.perf_counter() - t0) / N * 1e6
+
+async def main():
+    base = await bench(plain)
+    for name, fn in (("watchdog: task + asyncio.wait", old_watch), ("watchdog: timer in the caller's task", new_watch),
+                     ("first frame: read task + route watcher + asyncio.wait", old_first)):
+        print(f"{(await bench(fn)) - base:6.1f} us  {name} (over a plain await)")
+    reg = CollectorRegistry()
+    c = Counter("x", "x", ["model", "mode", "outcome"], registry=reg)
+    t0 = time.perf_counter()
+    for _ in range(N):
+        c.labels("tiny", "pd", "success").inc()
+    a = (time.perf_counter() - t0) / N * 1e6
+    cache = {(c, "tiny", "pd", "success"): c.labels("tiny", "pd", "success")}
+    t0 = time.perf_counter()
+    for _ in range(N):
+        cache[(c, "tiny", "pd", "success")].inc()
+    b = (time.perf_counter() - t0) / N * 1e6
+    print(f"{a:6.2f} us labels().inc()  vs {b:6.2f} us cached child .inc()")
+    h = CIMultiDictProxy(CIMultiDict([("Host", "x"), ("Content-Type", "application/json"), ("Content-Length", "120"),
+                                      ("User-Agent", "OpenAI/Python 1.0"), ("Accept", "*/*"), ("Authorization", "Bearer k")]))
+    t0 = time.perf_counter()
+    for _ in range(N):
+        tracer().start("POST /v1/completions", carrier_from(h), kind="server",
+                       attrs={"http.request.method": "POST", "http.route": "/v1/completions", "motor.request_id": "r"})
+    a = (time.perf_counter() - t0) / N * 1e6
+    t0 = time.perf_counter()
+    for _ in range(N):
+        TRACEPARENT in h or tracer().enabled
+    b = (time.perf_counter() - t0) / N * 1e6
+    print(f"{a:6.2f} us pass-through span per request vs {b:6.2f} us header check")
+
+if __name__ == "__main__":
+    uvloop.install()
+    asyncio.run(main())
