@@ -60,6 +60,15 @@ async function main(): Promise<void> {
   report("responses.stream", { first: events[0], last: events[events.length - 1],
                                deltas: events.filter((t) => t === "response.output_text.delta").length,
                                text: deltas.length > 0 });
+  // a stored response (engines with VLLM_ENABLE_RESPONSES_API_STORE=1), retrieved from the engine that made it
+  const stored = await client.responses.create({ model, input: "Keep this", max_output_tokens: 2, store: true });
+  const again = await client.responses.retrieve(stored.id);
+  // (this SDK adds the output_text convenience to create's answer only: compare the output items)
+  report("responses.retrieve", { same_id: again.id === stored.id, status: again.status,
+                                 same_output: JSON.stringify(again.output) === JSON.stringify(stored.output) });
+  report("error.responses.unknown", await apiError(() => client.responses.retrieve("resp_0000000000000000")));
+  // (this SDK version has no responses.delete: its generic delete on the same path)
+  report("error.responses.delete", await apiError(() => client.delete(`/responses/${stored.id}`)));
   // a generation model's engines serve no embeddings: their 404 in OpenAI's error shape
   report("error.embeddings", await apiError(() => client.embeddings.create({ model, input: "x" })));
   // vLLM's /tokenize and /detokenize (outside /v1: plain fetch, the same API key)

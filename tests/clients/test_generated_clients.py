@@ -115,8 +115,10 @@ async def built_client(builds: dict[str, asyncio.Task[str]], lang: str) -> Path:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def fleet(tmp_path_factory: pytest.TempPathFactory,
                 builds: dict[str, asyncio.Task[str]]) -> AsyncIterator[UpFleet]:
-    async with motor_up(tmp_path_factory.mktemp("clients"), "--prefill", "1", "--decode", "1",
-                        "--zero-latency") as up:
+    tmp = tmp_path_factory.mktemp("clients")
+    config = tmp / "fleet.yaml"  # the engines keep store=true responses, as vLLM does with this variable
+    config.write_text('nodemanager: {engine: {env: {VLLM_ENABLE_RESPONSES_API_STORE: "1"}}}\n')
+    async with motor_up(tmp, "--prefill", "1", "--decode", "1", "--zero-latency", "--config", str(config)) as up:
         yield up
 
 
@@ -200,6 +202,13 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
     assert (stream["first"], stream["last"], stream["deltas"], stream["text"]) == (
         "response.created", "response.completed", 3, True)
     assert by["error.embeddings"]["status"] == 404  # the engine's own 404, in OpenAI's error shape
+    # stored responses: retrieved from the engine that made them (coordinator response_homes.py)
+    assert by["responses.retrieve"] == {"check": "responses.retrieve", "same_id": True, "same_output": True,
+                                        "status": "incomplete"}
+    unknown_response = by["error.responses.unknown"]
+    assert (unknown_response["status"], unknown_response["param"], unknown_response["code"]) == (404, "response_id", 404)
+    assert "Response with id 'resp_0000000000000000' not found." in unknown_response["message"]
+    assert by["error.responses.delete"]["status"] == 405  # vLLM serves no DELETE
     assert by["tokenize"] == {"check": "tokenize", "count": 4, "prompt": "the sun is hot"}
     card = by["models.card"]
     assert card["max_model_len"] and card["root"] and card["permission"] == 1, card
