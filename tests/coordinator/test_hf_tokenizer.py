@@ -260,3 +260,48 @@ def test_the_coordinator_exits_2_naming_the_key_on_a_bad_path(tmp_path: Path) ->
     assert out.returncode == 2, out.stderr
     assert "scheduler.kv_events.tokenizer_path" in out.stderr and "does not exist" in out.stderr
     assert sys.executable  # the coordinator ran from this venv (tool() resolves it)
+
+
+def test_chat_text_is_encoded_piece_by_piece_between_added_tokens_exactly(model_dir: Path, hf: HfTokenizer) -> None:
+    import random
+
+    tok = raw(model_dir)
+    assert hf.piecewise
+    rnd = random.Random(7)
+    words = ["<s>", "</s>", "<pad>", "<unk>", " ", "  ", "\n", "Hello", " world", "fox", "<", "s>", "</", "ü",
+             "0 1 2", "\t", "lazy dog.", "<s><s>", " </s> "]
+    for _ in range(300):
+        text = "".join(rnd.choice(words) for _ in range(rnd.randrange(1, 30)))
+        assert hf.encode(text, False, 4096) == tuple(tok.encode(text, add_special_tokens=False).ids), repr(text)
+    # a repeated piece comes from the cache (a spy counts what reaches the library)
+    seen: list[str] = []
+
+    class Spy:
+        def encode(self, text: str, add_special_tokens: bool = True) -> Any:
+            seen.append(text)
+            return tok.encode(text, add_special_tokens=add_special_tokens)
+
+    spy = HfTokenizer(Spy(), TEMPLATE, hf.special, {"<s>": 1, "</s>": 2, "<pad>": 3, "<unk>": 0})
+    first = [*MESSAGES, {"role": "assistant", "content": "Hi."}]
+    spy.encode(spy.render_chat({"messages": first}), False, 4096)
+    seen.clear()
+    text = spy.render_chat({"messages": [*first, {"role": "user", "content": "The quick brown fox"}]})
+    assert spy.encode(text, False, 4096) == tuple(tok.encode(text, add_special_tokens=False).ids)
+    assert seen == ["\n<|user|>\nThe quick brown fox"]  # only the new message's piece was encoded
+    assert spy.encode(text, False, 5) == tuple(tok.encode(text, add_special_tokens=False).ids[:5])
+
+
+def test_piecewise_only_where_the_library_encodes_pieces_independently(model_dir: Path) -> None:
+    from motor_coordinator.hf_tokenizer import piecewise_added_tokens
+
+    spec = json.loads((model_dir / "tokenizer.json").read_text())
+    assert piecewise_added_tokens(spec) == {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
+    first = {**spec, "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"}}
+    assert piecewise_added_tokens(first) is None  # only the first piece gets the prefix
+    seq = {**spec, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [first["pre_tokenizer"]]}}
+    assert piecewise_added_tokens(seq) is None
+    lstrip = {**spec, "added_tokens": [{**spec["added_tokens"][0], "lstrip": True}]}
+    assert piecewise_added_tokens(lstrip) is None  # the token eats the spaces before it
+    normalized = {**spec, "normalizer": {"type": "NFC"},
+                  "added_tokens": [{**spec["added_tokens"][0], "normalized": True}]}
+    assert piecewise_added_tokens(normalized) is None

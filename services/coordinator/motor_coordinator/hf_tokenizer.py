@@ -23,7 +23,9 @@ then falls back to the ring, which is never wrong, only less precise.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -102,16 +104,72 @@ def detect_content_format(env: Any, source: str) -> ContentFormat:
     return "openai" if any(is_content(loop.iter) for loop in ast.find_all(nodes.For)) else "string"
 
 
-class HfTokenizer:
-    """A tokenizer.json plus chat template, encoding at most ``limit`` ids of a prompt."""
+# Pre-tokenizers / normalizers that treat every piece between two added tokens on its own, so a
+# piece encoded alone gives the ids it gets inside the whole text. Not Metaspace with
+# prepend_scheme "first" (only the text's first piece gets the prefix).
+_PIECEWISE_PRE = frozenset({"ByteLevel", "Split", "Digits", "Punctuation", "Whitespace", "WhitespaceSplit",
+                            "BertPreTokenizer", "CharDelimiterSplit", "UnicodeScripts", "Metaspace"})
 
-    def __init__(self, tokenizer: Any, template_source: str | None, special: Mapping[str, str]) -> None:
+
+def _pre_ok(pre: Any) -> bool:
+    if pre is None:
+        return True
+    if not isinstance(pre, Mapping) or pre.get("type") not in _PIECEWISE_PRE | {"Sequence"}:
+        return False
+    if pre["type"] == "Sequence":
+        return all(_pre_ok(p) for p in pre.get("pretokenizers") or ())
+    if pre["type"] == "Metaspace":
+        return pre.get("prepend_scheme", "always") in ("always", "never")
+    return True
+
+
+def piecewise_added_tokens(spec: Mapping[str, Any]) -> dict[str, int] | None:
+    """The added tokens (content -> id) a tokenizer.json splits its input on before anything else,
+    when encoding the pieces between them one by one is exact for it; else None.
+
+    Exact when every added token is matched on the raw text as it is (no lstrip/rstrip/single_word,
+    not normalized - or no normalizer) and the pre-tokenizer treats each piece on its own: the
+    library then encodes each piece independently too."""
+    added = spec.get("added_tokens") or []
+    normalizer = spec.get("normalizer")
+    out: dict[str, int] = {}
+    for t in added:
+        if not isinstance(t, Mapping) or not isinstance(t.get("content"), str) or not t["content"]:
+            return None
+        if t.get("lstrip") or t.get("rstrip") or t.get("single_word"):
+            return None
+        if normalizer is not None and t.get("normalized"):
+            return None
+        out[t["content"]] = int(t["id"])
+    if not out or not _pre_ok(spec.get("pre_tokenizer")):
+        return None
+    return out
+
+
+class HfTokenizer:
+    """A tokenizer.json plus chat template, encoding at most ``limit`` ids of a prompt.
+
+    With *added* (see :func:`piecewise_added_tokens`), text encoded without special tokens (chat)
+    is split at the added tokens the template put in (``<|im_start|>``, ``</s>``, ...) and the ids
+    of each piece are kept in a bounded LRU: a multi-turn chat re-sends its system prompt and
+    history, and only its new pieces are encoded. Exact by the library's own rule (it encodes the
+    pieces between added tokens independently); the tests compare it with whole-text encoding."""
+
+    MAX_CACHED_CHARS = 64 * 1024  # longer pieces are encoded every time, never kept
+
+    def __init__(self, tokenizer: Any, template_source: str | None, special: Mapping[str, str],
+                 added: Mapping[str, int] | None = None, cache_entries: int = 4096) -> None:
         import jinja2
         import jinja2.ext
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         self._tok = tokenizer
         self.special = dict(special)
+        self._added = dict(added or {})
+        self._split = (re.compile("|".join(re.escape(c) for c in sorted(self._added, key=len, reverse=True)))
+                       if self._added else None)
+        self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self.cache_entries = cache_entries
         self.template_source = template_source
         self.content_format: ContentFormat = "string"
         self._template: Any = None
@@ -137,9 +195,51 @@ class HfTokenizer:
             self.content_format = detect_content_format(env, template_source)
 
     # --- text -> ids ---------------------------------------------------------------------------
+    @property
+    def piecewise(self) -> bool:
+        return self._split is not None
+
     def encode(self, text: str, add_special_tokens: bool, limit: int) -> tuple[int, ...]:
         """The first *limit* ids of *text*: only a prefix of a long text is encoded (grown until it
         holds ``limit + CUT_SLACK`` ids, so the cut cannot change the ids kept)."""
+        if self._split is not None and not add_special_tokens:
+            return self._encode_pieces(text, limit)
+        return self._encode_prefix(text, add_special_tokens, limit)
+
+    def _encode_pieces(self, text: str, limit: int) -> tuple[int, ...]:
+        assert self._split is not None
+        out: list[int] = []
+        for piece, token in self._pieces(text):
+            out += self._piece_ids(piece, limit - len(out)) if piece else ()
+            if token is not None:
+                out.append(self._added[token])
+            if len(out) >= limit:
+                break
+        return tuple(out[:limit])
+
+    def _pieces(self, text: str) -> Iterable[tuple[str, str | None]]:
+        """(text before an added token, the token), ..., (the rest, None)."""
+        assert self._split is not None
+        pos = 0
+        for m in self._split.finditer(text):
+            yield text[pos:m.start()], m.group()
+            pos = m.end()
+        yield text[pos:], None
+
+    def _piece_ids(self, piece: str, need: int) -> tuple[int, ...]:
+        hit = self._cache.get(piece)
+        if hit is not None:
+            self._cache.move_to_end(piece)
+            return hit
+        if len(piece) > self.MAX_CACHED_CHARS:
+            return self._encode_prefix(piece, False, need)
+        ids = tuple(self._tok.encode(piece, add_special_tokens=False).ids)
+        self._cache[piece] = ids
+        if len(self._cache) > self.cache_entries:
+            self._cache.popitem(last=False)
+        return ids
+
+    def _encode_prefix(self, text: str, add_special_tokens: bool, limit: int) -> tuple[int, ...]:
         cut = limit * CHARS_PER_TOKEN + 256
         while True:
             if cut >= len(text):
@@ -273,6 +373,7 @@ def load_hf_tokenizer(path: str) -> HfTokenizer:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the Rust library's own message (bad JSON, unknown model type, ...)
         raise ConfigError(f"{KEY}: cannot load {file}: {exc}") from exc
+    added = piecewise_added_tokens(_read_json(file))
     cfg_file = directory / "tokenizer_config.json"
     cfg = _read_json(cfg_file) if cfg_file.is_file() else {}
     special: dict[str, str] = {}
@@ -294,7 +395,7 @@ def load_hf_tokenizer(path: str) -> HfTokenizer:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{KEY}: cannot read the chat template in {directory}: {exc}") from exc
     try:
-        return HfTokenizer(tok, template, special)
+        return HfTokenizer(tok, template, special, added)
     except jinja2.TemplateError as exc:
         raise ConfigError(f"{KEY}: the chat template in {directory} does not compile: {exc}") from exc
 
