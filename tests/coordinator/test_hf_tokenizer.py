@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +232,8 @@ async def test_the_coordinator_loads_it_for_kv_events(model_dir: Path) -> None:
         PromptTokens("hf", 10)
 
 
-def _run_coordinator(tmp_path: Path, tokenizer_path: str, pythonpath: str | None = None) -> Any:
+def _run_coordinator(tmp_path: Path, tokenizer_path: str, pythonpath: str | None = None,
+                     *flags: str) -> Any:
     import os
 
     cfg = tmp_path / "c.yaml"
@@ -242,7 +242,7 @@ def _run_coordinator(tmp_path: Path, tokenizer_path: str, pythonpath: str | None
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.run([tool("motor-coordinator"), "--config", str(cfg), "--port", "0"],
+    return subprocess.run([tool("motor-coordinator"), "--config", str(cfg), "--port", "0", *flags],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -256,10 +256,20 @@ def test_the_coordinator_exits_2_without_the_extra(tmp_path: Path, model_dir: Pa
 
 
 def test_the_coordinator_exits_2_naming_the_key_on_a_bad_path(tmp_path: Path) -> None:
-    out = _run_coordinator(tmp_path, str(tmp_path / "missing"))
-    assert out.returncode == 2, out.stderr
-    assert "scheduler.kv_events.tokenizer_path" in out.stderr and "does not exist" in out.stderr
-    assert sys.executable  # the coordinator ran from this venv (tool() resolves it)
+    for flags in ((), ("--check-config",)):
+        out = _run_coordinator(tmp_path, str(tmp_path / "missing"), None, *flags)
+        assert out.returncode == 2, out.stderr
+        assert "scheduler.kv_events.tokenizer_path" in out.stderr and "does not exist" in out.stderr
+
+
+def test_check_config_loads_the_tokenizer(tmp_path: Path, model_dir: Path) -> None:
+    out = _run_coordinator(tmp_path, str(model_dir), None, "--check-config")
+    assert out.returncode == 0 and "configuration OK" in out.stdout, out.stderr
+    shadow = tmp_path / "shadow" / "tokenizers"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'tokenizers'\", name='tokenizers')\n")
+    out = _run_coordinator(tmp_path, str(model_dir), str(shadow.parent), "--check-config")
+    assert out.returncode == 2 and "motor-pd[tokenizers]" in out.stderr, out.stderr
 
 
 def test_chat_text_is_encoded_piece_by_piece_between_added_tokens_exactly(model_dir: Path, hf: HfTokenizer) -> None:

@@ -23,6 +23,7 @@ from motor_common.version import add_version_flag
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
 from motor_coordinator.election import EtcdLeadership
+from motor_coordinator.hf_tokenizer import load_hf_tokenizer
 
 log = logging.getLogger("motor_coordinator")
 
@@ -121,10 +122,20 @@ async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
             t.cancel()
 
 
+def load_checked(args: argparse.Namespace) -> CoordinatorConfig:
+    """--check-config: the configuration, and the files it names that start-up reads (the
+    kv_events Hugging Face tokenizer: the extra installed, the files readable)."""
+    cfg = load(args)
+    kv = cfg.scheduler.kv_events
+    if kv.tokenizer == "hf":
+        load_hf_tokenizer(kv.tokenizer_path)
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.check_config:
-        return check_config(lambda: load(args))
+        return check_config(lambda: load_checked(args))
     return run(lambda: amain(args))
 
 
