@@ -31,6 +31,7 @@ _SIM_FLAGS: list[tuple[str, Callable[[str], Any] | str, Any, str]] = [
     ("--sim-zero-latency", "bool", False, "no sleeps at all (throughput benchmarks)"),
     ("--sim-prefill-base-ms", float, 2.0, "fixed prefill cost per request"),
     ("--sim-prefill-ms-per-token", float, 0.05, "prefill cost per uncached prompt token"),
+    ("--sim-prefill-slots", int, 0, "prefills that compute at once, the rest queue FIFO (0: unbounded)"),
     ("--sim-decode-ms-per-token", float, 5.0, "decode interval at batch size 0"),
     ("--sim-decode-ms-per-seq", float, 0.1, "decode interval growth per running sequence"),
     ("--sim-kv-transfer-ms-per-block", float, 0.02, "KV transfer cost per block"),
@@ -155,6 +156,7 @@ def _cost(ns: argparse.Namespace) -> CostModel:
         decode_ms_per_seq=ns.sim_decode_ms_per_seq,
         kv_transfer_ms_per_block=ns.sim_kv_transfer_ms_per_block,
         zero_latency=ns.sim_zero_latency,
+        prefill_slots=ns.sim_prefill_slots,
     )
 
 
@@ -163,6 +165,8 @@ def _check_fault(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
         p.error(f"argument --sim-fault: invalid choice: {ns.sim_fault!r}")
     if ns.sim_fault == FaultMode.POISON.value:
         p.error("argument --sim-fault: poison needs its 'match' bytes: POST /sim/fault instead")
+    if ns.sim_prefill_slots < 0:
+        p.error(f"argument --sim-prefill-slots: must be 0 (unbounded) or more, not {ns.sim_prefill_slots}")
 
 
 def _kv_events(p: argparse.ArgumentParser, ns: argparse.Namespace, fl: KvEventFlavour,

@@ -1,6 +1,8 @@
 """Latency cost model (pure, no I/O).
 
-prefill time = base + per-token x *uncached* prompt tokens;
+prefill time = base + per-token x *uncached* prompt tokens; with ``prefill_slots`` N > 0 at most
+N prefills compute at once (FIFO), as an engine's one accelerator does (0: unbounded, each
+prefill only costs its own time);
 decode interval = per-token base + per-sequence x running batch size;
 KV transfer = per-block x blocks moved. Everything scales with ``slow_factor``; in zero-latency
 mode every duration is 0 (callers then only yield to the event loop).
@@ -20,6 +22,7 @@ class CostModel:
     kv_transfer_ms_per_block: float = 0.02
     zero_latency: bool = False
     slow_factor: float = 1.0
+    prefill_slots: int = 0  # prefills computing at once (0: unbounded)
 
     def prefill_s(self, uncached_tokens: int) -> float:
         if self.zero_latency:

@@ -54,6 +54,9 @@ class Engine:
         self._waiting: deque[_Waiter] = deque()
         self.stats = Stats()
         self.extra_token_delay_s = 0.0  # "slow" fault in zero-latency mode
+        # the accelerator: at most cost.prefill_slots prefills compute at once, the rest queue (FIFO)
+        self._compute = asyncio.Semaphore(cost.prefill_slots) if cost.prefill_slots > 0 else None
+        self.prefills_computing = 0
 
     @property
     def num_running(self) -> int:
@@ -115,7 +118,18 @@ class Engine:
 
     async def prefill(self, uncached_tokens: int) -> None:
         delay = self.cost.prefill_s(uncached_tokens)
-        await asyncio.sleep(delay)
+        if self._compute is None:
+            await self._compute_for(delay)
+            return
+        async with self._compute:
+            await self._compute_for(delay)
+
+    async def _compute_for(self, delay: float) -> None:
+        self.prefills_computing += 1
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            self.prefills_computing -= 1
 
     async def transfer(self, blocks: int) -> None:
         await asyncio.sleep(self.cost.transfer_s(blocks))

@@ -22,12 +22,12 @@ def test_vllm_serve_flags_build_the_config(monkeypatch: pytest.MonkeyPatch) -> N
                  "--data-parallel-size", "4", "--data-parallel-rank", "2",
                  "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port", "13345",
                  "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--max-model-len", "1024",
-                 "--dtype", "bfloat16", "--seed", "3", "--sim-zero-latency"])
+                 "--dtype", "bfloat16", "--seed", "3", "--sim-zero-latency", "--sim-prefill-slots", "1"])
     assert cfg.flavour is Flavour.VLLM and cfg.role is Role.PREFILL
     assert cfg.served_model_names == ("a", "b") and cfg.model == "/models/x"
     assert (cfg.dp_size, cfg.dp_rank, cfg.tp_size, cfg.max_num_seqs) == (4, 2, 2, 8)
     assert cfg.side_channel_port == 6002 and cfg.side_channel_host == "10.0.0.5"
-    assert cfg.cost.zero_latency
+    assert cfg.cost.zero_latency and cfg.cost.prefill_slots == 1
 
 
 def test_sglang_flags_build_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,7 +37,7 @@ def test_sglang_flags_build_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
                  "nixl", "--dp-size", "2", "--tp-size", "4", "--max-running-requests", "5"])
     assert cfg.flavour is Flavour.SGLANG and cfg.role is Role.DECODE
     assert (cfg.bootstrap_port, cfg.dp_size, cfg.tp_size, cfg.max_num_seqs) == (9000, 2, 4, 5)
-    assert cfg.cost.decode_ms_per_token == 9.0
+    assert cfg.cost.decode_ms_per_token == 9.0 and cfg.cost.prefill_slots == 0
 
 
 @pytest.mark.parametrize("argv", [
@@ -46,6 +46,7 @@ def test_sglang_flags_build_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     ["sglang", "--model-path", "m", "--disaggregation-mode", "sideways"],
     ["vllm", "serve", "m", "--kv-transfer-config", "{not json"],
     ["vllm", "serve", "m", "--sim-fault", "explode"],
+    ["vllm", "serve", "m", "--sim-prefill-slots", "-1"],
     # like real vLLM 0.32 (tests/realengine/test_launch_flags.py): an external DP rank needs size > 1
     ["vllm", "serve", "m", "--data-parallel-rank", "0"],
     ["vllm", "serve", "m", "--data-parallel-size", "1", "--data-parallel-rank", "0"],

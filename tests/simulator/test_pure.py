@@ -203,6 +203,25 @@ async def test_engine_bounds_running_batch_and_queues_the_rest_fifo() -> None:
     assert eng.running == {"b"} and eng.num_waiting == 0
 
 
+@pytest.mark.parametrize(("slots", "at_once"), [(1, 1), (2, 2), (0, 3)])
+async def test_prefill_slots_bound_the_prefills_that_compute_at_once(slots: int, at_once: int) -> None:
+    # an hour per prefill: nothing finishes by itself; slots=0 is the old unbounded engine
+    eng = Engine(BlockManager(64, 16), CostModel(prefill_base_ms=3_600_000, prefill_slots=slots), max_num_seqs=8)
+    tasks = [asyncio.create_task(eng.prefill(100)) for _ in range(3)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert eng.prefills_computing == at_once
+    tasks[0].cancel()  # the first one ends: the next queued one (FIFO) computes
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert eng.prefills_computing == min(at_once, 2)
+    assert all(not t.done() for t in tasks[1:])
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert eng.prefills_computing == 0
+
+
 async def test_cancelled_waiter_leaves_the_queue() -> None:
     eng = Engine(BlockManager(64, 16), CostModel(zero_latency=True), max_num_seqs=1)
     await eng.admit("a", [1], 2)
