@@ -7,7 +7,13 @@ from motor_common.domain import Role
 from motor_common.kv_events import BlockRemoved, BlockStored, EventBatch, vllm_event_hashes
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
-from motor_coordinator.policies.base import Candidate, EngineLoad, Policy, RequestInfo
+from motor_coordinator.policies.base import (
+    Candidate,
+    EngineLoad,
+    Policy,
+    PrefillChoice,
+    RequestInfo,
+)
 from motor_coordinator.policies.kv_events import BlockHashing, KvEvents
 from motor_coordinator.policies.prefix_aware import PrefixAware
 from tests.coordinator.factories import inst
@@ -16,11 +22,12 @@ SYSTEM = list(range(1000, 1064))  # 4 blocks of 16
 PROMPT = [*SYSTEM, *range(5, 40)]  # + 2 full blocks of user text
 
 
-def cands(n: int, running: list[float] | None = None) -> list[Candidate]:
+def cands(n: int, running: list[float] | None = None, queued: list[int] | None = None) -> list[Candidate]:
     out = []
     for i in range(n):
         x = inst(i + 1)
-        out.append(Candidate(x, x.endpoints[0], 0, EngineLoad(running=running[i]) if running else None))
+        out.append(Candidate(x, x.endpoints[0], 0, EngineLoad(running=running[i]) if running else None,
+                             queued[i] if queued else 0))
     return out
 
 
@@ -50,16 +57,45 @@ def test_goes_to_the_engine_holding_the_longest_prefix() -> None:
     assert p.fallbacks == 0
 
 
-def test_load_outweighs_a_hit_beyond_the_slack() -> None:
-    index, _, _ = setup()
-    c = cands(3, running=[0, 0, 5])
+def live(index: KvIndex, c: list[Candidate]) -> None:
     for x in c:
         index.add_engine(x.key, "m")
+        index.apply(x.key, 0, EventBatch(0.0, ()))
+
+
+def test_the_holders_queue_outweighs_its_hit_once_it_costs_more_than_computing_the_prompt_elsewhere() -> None:
+    index = KvIndex()
+    p = KvEvents(SchedulerConfig(), index)
+    assert len(PROMPT) == 99  # the holder computes 3 tokens (6 blocks held), any other engine 99
+    c = cands(3, queued=[0, 0, 95])
+    live(index, c)
     hold(index, c[2].key, PROMPT)
-    p = KvEvents(SchedulerConfig(prefix_load_slack=4.0), index)
-    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[0]  # 5 queued > a full hit's worth 4
-    c = cands(3, running=[0, 0, 3])
-    assert p.select(Role.PREFILL, c, req(0, PROMPT)) is c[2]  # 3 queued < 4: the hit wins
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 3)  # 95 + 3 < 0 + 99
+    c = cands(3, queued=[0, 0, 97])
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 99)  # 97 + 3 > 0 + 99: spread
+    c = cands(3, queued=[0, 40, 97])
+    assert p.select_prefill(c, req(1, PROMPT)) == PrefillChoice(c[0], 99)  # the shorter queue of the others
+
+
+def test_a_partial_hit_is_weighed_by_the_tokens_left_to_compute() -> None:
+    index = KvIndex()
+    p = KvEvents(SchedulerConfig(), index)
+    c = cands(3, queued=[0, 30, 0])
+    live(index, c)
+    hold(index, c[1].key, SYSTEM)  # 64 of 99: computes 35, + 30 queued = 65
+    hold(index, c[2].key, SYSTEM[:32])  # 32 of 99: computes 67
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 35)
+    c = cands(3, queued=[0, 33, 0])  # 33 + 35 = 68 > 67
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 67)
+
+
+def test_a_cold_prefix_goes_to_the_shortest_queue_and_the_whole_prompt_is_queued() -> None:
+    index = KvIndex()
+    p = KvEvents(SchedulerConfig(), index)
+    c = cands(3, queued=[50, 20, 80])
+    live(index, c)
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 99)
+    assert p.cold == 1 and p.routed == 0
 
 
 def test_evicted_blocks_stop_attracting() -> None:
@@ -108,7 +144,9 @@ def test_falls_back_to_the_ring_without_token_ids_or_live_streams() -> None:
     for x in c:
         index.mark_stale(x.key)
     assert p.select(Role.PREFILL, c, req(0, PROMPT)) is ring.select(Role.PREFILL, c, req())
-    assert p.fallbacks == 3
+    assert p.select_prefill(c, req(0, PROMPT)).tokens == 99  # nothing known: the whole prompt is queued
+    assert p.select_prefill(c, req(0, None)).tokens == 0  # no ids: no estimate
+    assert p.fallbacks == 5
 
 
 def test_decode_is_least_loaded() -> None:

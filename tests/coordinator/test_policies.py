@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from motor_common.domain import EngineType, InstanceStatus, Role
@@ -9,6 +11,7 @@ from motor_common.errors import ConfigError, NotFound, Unavailable
 from motor_coordinator.breaker import Breaker
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.policies import POLICIES, Candidate, EngineLoad, RequestInfo, make_policy
+from motor_coordinator.policies.base import PrefillChoice
 from motor_coordinator.registry import RegistryState, set_instances
 from motor_coordinator.scheduler import Scheduler, endpoint_key
 from tests.coordinator.factories import inst
@@ -156,6 +159,41 @@ async def test_load_guard_counts_inflight_while_selecting_does_not() -> None:
         assert s.inflight(r.prefill.endpoint) == 1  # type: ignore[union-attr]
         assert s.route(req()).prefill.inflight == 1  # type: ignore[union-attr]
     assert s.inflight(r.prefill.endpoint) == 0  # type: ignore[union-attr]
+
+
+class _Estimating:
+    """A policy with ``select_prefill``: the first prefill candidate, 100 tokens per prompt id."""
+
+    name = "estimating"
+
+    def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
+        return candidates[0]
+
+    def select_prefill(self, candidates: Sequence[Candidate], req: RequestInfo) -> PrefillChoice:
+        return PrefillChoice(candidates[0], 100 * len(req.token_ids or ()))
+
+
+async def test_the_prefill_estimate_is_queued_on_its_endpoint_while_the_prefill_runs() -> None:
+    s = Scheduler(_Estimating())
+    s.accept(set_instances(RegistryState(), [inst(1, Role.PREFILL), inst(3, Role.DECODE)], 0))
+    r = s.route(RequestInfo(0, "m", "", (1, 2, 3)))
+    assert r.prefill_tokens == 300
+    p = r.prefill
+    assert p is not None and p.queued_tokens == 0 and s.queued_tokens(p.endpoint) == 0
+    async with s.load_guard(p, tokens=r.prefill_tokens):
+        async with s.load_guard(p, tokens=50):
+            assert s.queued_tokens(p.endpoint) == 350
+            again = s.route(RequestInfo(1, "m", "", (1,)))
+            assert again.prefill is not None and again.prefill.queued_tokens == 350
+            assert again.prefill.inflight == 2
+        assert s.queued_tokens(p.endpoint) == 300
+    assert s.queued_tokens(p.endpoint) == 0 and s.inflight(p.endpoint) == 0
+    with pytest.raises(RuntimeError):  # released on an error too
+        async with s.load_guard(p, tokens=70):
+            raise RuntimeError
+    assert s.queued_tokens(p.endpoint) == 0
+    plain, _ = sched(inst(1, Role.PREFILL), inst(3, Role.DECODE))  # no select_prefill: no estimate
+    assert plain.route(RequestInfo(0, "m", "", (1, 2, 3))).prefill_tokens == 0
 
 
 @pytest.mark.parametrize("policy", ["round_robin", "least_load", "prefix_aware"])

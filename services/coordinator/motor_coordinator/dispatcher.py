@@ -612,11 +612,12 @@ class Dispatcher:
             ) from exc
 
     async def _prefill(
-        self, cand: Candidate, req: ParsedRequest, body: dict[str, Any], rid: str, fate: _Fate
+        self, cand: Candidate, req: ParsedRequest, body: dict[str, Any], rid: str, fate: _Fate, tokens: int = 0,
     ) -> _Answer:
-        """Run a prefill; raise _PrefillFailed for retryable failures (unreachable, 5xx, junk)."""
+        """Run a prefill; raise _PrefillFailed for retryable failures (unreachable, 5xx, junk).
+        *tokens*: the prompt tokens it is expected to compute (queued on *cand* meanwhile)."""
         call = fate.trace.call("prefill", cand)
-        async with self.scheduler.load_guard(cand):
+        async with self.scheduler.load_guard(cand, tokens=tokens):
             try:
                 status, ctype, data = await self._attempt(
                     cand, "prefill", fate, self.client.read_all(cand.endpoint, req.path, body, rid, trace=call.carrier))
@@ -829,7 +830,7 @@ class Dispatcher:
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             try:
-                answer = await self._prefill(p, req, pbody, rid, fate)
+                answer = await self._prefill(p, req, pbody, rid, fate, route.prefill_tokens)
             except _PrefillFailed as exc:
                 tried.append(endpoint_key(p.endpoint))
                 nxt = self._next(Role.PREFILL, info, route, tried)
@@ -938,7 +939,7 @@ class Dispatcher:
             reason: RetryReason = "unreachable"
             d_failure: str | None = None
             async with self.scheduler.load_guard(d):  # the prefill counts itself while it runs (_prefill)
-                p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid, fate))
+                p_task = asyncio.ensure_future(self._prefill(p, req, pbody, rid, fate, route.prefill_tokens))
                 call = fate.trace.call("decode", d)
                 d_task = asyncio.ensure_future(self._attempt(
                     d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid, trace=call.carrier)))

@@ -125,6 +125,9 @@ class Route:
     prefill: Candidate | None = None
     decode: Candidate | None = None
     union: Candidate | None = None
+    # Prompt tokens the prefill is expected to compute (policies with ``select_prefill``), queued
+    # on its endpoint while it runs (``load_guard(..., tokens=)``).
+    prefill_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class Scheduler:
         self._state = RegistryState()
         self._breakers: dict[EndpointKey, Breaker] = {}
         self._inflight: dict[EndpointKey, int] = {}
+        self._queued_tokens: dict[EndpointKey, int] = {}  # Candidate.queued_tokens
         self._loads: dict[EndpointKey, EngineLoad] = {}
         self._listeners: list[Callable[[], None]] = []
         # Per-snapshot indexes (built in accept, read on every request): available endpoints per
@@ -159,6 +163,7 @@ class Scheduler:
         # Sub-linear routing (policies with select_index): live sets per (model, role), built on
         # first use after each snapshot/breaker change, kept current on in-flight/load changes.
         self._select_index = getattr(policy, "select_index", None)
+        self._select_prefill = getattr(policy, "select_prefill", None)
         self._kv_weight: float = getattr(policy, "kv_usage_weight", 0.0)
         self._live: dict[tuple[str, Role], _Live] = {}
         self._live_of: dict[EndpointKey, list[_Live]] = {}
@@ -262,11 +267,19 @@ class Scheduler:
     def inflight(self, ep: Endpoint) -> int:
         return self._inflight.get(endpoint_key(ep), 0)
 
+    def queued_tokens(self, ep: Endpoint) -> int:
+        return self._queued_tokens.get(endpoint_key(ep), 0)
+
     @asynccontextmanager
-    async def load_guard(self, *candidates: Candidate | None) -> AsyncIterator[None]:
+    async def load_guard(self, *candidates: Candidate | None, tokens: int = 0) -> AsyncIterator[None]:
+        """Count a request in flight on each of *candidates* while the block runs; *tokens*
+        (prompt tokens a prefill computes) are queued on each of them meanwhile."""
         keys = [endpoint_key(c.endpoint) for c in candidates if c is not None]
+        tokens = max(0, tokens)
         for k in keys:
             self._inflight[k] = self._inflight.get(k, 0) + 1
+            if tokens:
+                self._queued_tokens[k] = self._queued_tokens.get(k, 0) + tokens
             self._rescore(k)
         try:
             yield
@@ -277,6 +290,12 @@ class Scheduler:
                     self._inflight[k] = left
                 else:
                     self._inflight.pop(k, None)
+                if tokens:
+                    queued = self._queued_tokens.get(k, 0) - tokens
+                    if queued > 0:
+                        self._queued_tokens[k] = queued
+                    else:
+                        self._queued_tokens.pop(k, None)
                 self._rescore(k)
 
     def probe_targets(self) -> list[ProbeTarget]:
@@ -299,6 +318,7 @@ class Scheduler:
         breakers = self._breakers
         inflight = self._inflight
         loads = self._loads
+        queued = self._queued_tokens
         out: list[Candidate] = []
         for inst, ep, k in self._index.get((model, role), ()):
             if engine is not None and inst.engine_type is not engine:
@@ -308,7 +328,7 @@ class Scheduler:
             b = breakers.get(k)
             if b is not None and b.is_open:
                 continue
-            out.append(Candidate(inst, ep, inflight.get(k, 0), loads.get(k)))
+            out.append(Candidate(inst, ep, inflight.get(k, 0), loads.get(k), queued.get(k, 0)))
         return out
 
     def pick(
@@ -365,7 +385,7 @@ class Scheduler:
 
     def _candidate(self, live: _Live, i: int) -> Candidate:
         inst, ep, k = live.entries[i]
-        return Candidate(inst, ep, self._inflight.get(k, 0), self._loads.get(k))
+        return Candidate(inst, ep, self._inflight.get(k, 0), self._loads.get(k), self._queued_tokens.get(k, 0))
 
     def _fast_route(self, req: RequestInfo) -> Route | None:
         """The P+D route of :meth:`route` without building candidates, when the policy can choose
@@ -406,13 +426,18 @@ class Scheduler:
         engines = {c.instance.engine_type for c in decodes}
         prefills = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type in engines]
         if prefills:
-            p = self.policy.select(Role.PREFILL, prefills, req)
+            tokens = 0
+            if self._select_prefill is not None:
+                choice = self._select_prefill(prefills, req)
+                p, tokens = choice.candidate, choice.tokens
+            else:
+                p = self.policy.select(Role.PREFILL, prefills, req)
             engine = p.instance.engine_type
             same = decodes if len(engines) == 1 else [c for c in decodes if c.instance.engine_type is engine]
             d = self.policy.select(Role.DECODE, same, req)
             self._decided(Role.PREFILL, "routed")
             self._decided(Role.DECODE, "routed")
-            return Route(p.instance.engine_type, prefill=p, decode=d)
+            return Route(p.instance.engine_type, prefill=p, decode=d, prefill_tokens=tokens)
         unions = self._candidates(model, Role.UNION)
         if unions:
             u = self.policy.select(Role.UNION, unions, req)

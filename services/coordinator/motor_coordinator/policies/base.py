@@ -26,6 +26,9 @@ class Candidate:
     endpoint: Endpoint
     inflight: int = 0
     load: EngineLoad | None = None
+    # Prompt tokens this coordinator's prefills in flight on the endpoint will compute (as the
+    # policy estimated them when it chose: see ``PrefillChoice``); 0 when not estimated.
+    queued_tokens: int = 0
 
     @property
     def key(self) -> str:
@@ -97,6 +100,17 @@ class Policy(Protocol):
     # Optional: ``select_index(role, live: LiveSet, req) -> int | None`` — the same choice as
     # ``select`` over the live set's candidates, as a position, in sub-linear time; None = not
     # possible for this request (the scheduler then builds the candidates and calls ``select``).
+    # Optional: ``select_prefill(candidates, req) -> PrefillChoice`` — the prefill choice with the
+    # prompt tokens it will compute there; the scheduler keeps them queued on the endpoint while
+    # the prefill runs (``Candidate.queued_tokens``).
+
+
+@dataclass(frozen=True)
+class PrefillChoice:
+    """A prefill endpoint and the prompt tokens it is expected to compute (uncached there)."""
+
+    candidate: Candidate
+    tokens: int = 0
 
 
 def load_score(c: Candidate, kv_usage_weight: float) -> float:

@@ -2,19 +2,27 @@
 
 For a prompt given as token ids, the policy hashes its full blocks the engine's way
 (:func:`motor_common.kv_events.block_hashes`: block size, hash seed) and asks the
-:class:`~motor_coordinator.kv_index.KvIndex` how many leading blocks each candidate holds. Each
-candidate costs ``load_score + prefix_weight x (1 - held / blocks)``: a full hit is worth
-``prefix_weight`` queued requests (``scheduler.prefix_load_slack``), so a hot prefix spreads to a
-second engine once the first is that much busier (and that engine then caches it too). Ties go to
-the candidate order (stable).
+:class:`~motor_coordinator.kv_index.KvIndex` how many leading blocks each candidate holds. Then it
+predicts, in prompt tokens, when each candidate would have this prefill done — a prefill engine
+computes one batch at a time, so its queue is work too::
+
+    cost = tokens queued there (this coordinator's prefills in flight, as estimated when chosen)
+         + tokens of this prompt it would compute (the prompt minus the prefix it holds)
+
+and takes the cheapest; ties go to the lower :func:`load_score` (in-flight count or the engine's
+own gauges), then in turn. A hot prefix therefore stays on its holder until the holder's queue
+costs more than computing the prefix elsewhere, and then spreads (that engine then caches it
+too). The chosen tokens are returned in a :class:`PrefillChoice`, and the scheduler queues them on
+the endpoint while the prefill runs (``Candidate.queued_tokens``). The engine's scraped gauges are
+a scrape interval old, so they only break ties; the ledger is current.
 
 Falls back to ``prefix_aware`` (the ring) when the request has no token ids, when it is shorter
 than one block, when no candidate has a live, gap-free event stream (stale or unknown engines
 count as holding nothing, so a partly stale set still uses what is known). A prefix no candidate
-holds (not even its first block) is cold: it goes to the least loaded candidate (ties in turn) —
-unlike the ring, the events follow it wherever it is cached, so cold placement is free to balance
-load (with a handful of hot system prompts a ring often hashes two onto one engine). Decode uses
-least load.
+holds (not even its first block) is cold: every candidate would compute all of it, so the
+shortest queue wins (ties in turn) — unlike the ring, the events follow the prefix wherever it is
+cached, so cold placement is free to balance load (with a handful of hot system prompts a ring
+often hashes two onto one engine). Decode uses least load.
 
 Hashing follows the candidates' engine type (vLLM or SGLang) unless :class:`BlockHashing` names
 a flavour; block size, seed and int form come from ``scheduler.kv_events``.
@@ -32,7 +40,7 @@ from motor_common.domain import EngineType, Role
 from motor_common.kv_events import DEFAULT_VLLM_SEED, Flavour, iter_block_hashes
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
-from motor_coordinator.policies.base import Candidate, RequestInfo, load_score
+from motor_coordinator.policies.base import Candidate, PrefillChoice, RequestInfo, load_score
 from motor_coordinator.policies.least_load import LeastLoad
 from motor_coordinator.policies.prefix_aware import PrefixAware
 
@@ -54,24 +62,27 @@ class KvEvents:
         self.index = index
         k = cfg.kv_events
         self.hashing = hashing or BlockHashing(None, k.block_size, k.hash_seed, k.int_hashes)
-        self.prefix_weight = cfg.prefix_load_slack
         self.kv_usage_weight = cfg.kv_usage_weight
         self.ring = PrefixAware(cfg)
         self.least = LeastLoad(cfg)
         self.fallbacks = 0  # no ids, too short, or every candidate stale
-        self.cold = 0  # nobody holds the first block
-        self.routed = 0  # chosen by held prefix and load
+        self.cold = 0  # nobody holds the first block: the shortest queue
+        self.routed = 0  # chosen by held prefix and queue
 
     def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
-        token_ids = req.token_ids
         if role is Role.DECODE:
             return self.least.select(role, candidates, req)
+        return self.select_prefill(candidates, req).candidate
+
+    def select_prefill(self, candidates: Sequence[Candidate], req: RequestInfo) -> PrefillChoice:
+        token_ids = req.token_ids
         h = self.hashing
-        if not token_ids or len(token_ids) < h.block_size:
-            return self._fallback(role, candidates, req)
+        n = len(token_ids) if token_ids else 0
+        if not token_ids or n < h.block_size:
+            return PrefillChoice(self._fallback(candidates, req), n)
         keys = [c.key for c in candidates]
         if all(self.index.is_stale(k) for k in keys):
-            return self._fallback(role, candidates, req)
+            return PrefillChoice(self._fallback(candidates, req), n)
         flavour = h.flavour
         if flavour is None:
             sglang = candidates[0].instance.engine_type is EngineType.SGLANG
@@ -79,19 +90,26 @@ class KvEvents:
         # hashed lazily: the index walk stops at the first block no live candidate holds
         hashes = iter_block_hashes(flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
         held = self.index.prefix_lengths(req.model, hashes, keys)
-        if not any(held.values()):
+        if any(held.values()):
+            self.routed += 1
+        else:
             self.cold += 1
-            return self.least.select(role, candidates, req)
-        self.routed += 1
-        total = len(token_ids) // h.block_size
-        best = candidates[0]
-        best_cost = float("inf")
-        for c in candidates:
-            cost = load_score(c, self.kv_usage_weight) + self.prefix_weight * (1 - held[c.key] / total)
-            if cost < best_cost:
-                best, best_cost = c, cost
-        return best
+        return self._cheapest(candidates, req, {k: n - blocks * h.block_size for k, blocks in held.items()})
 
-    def _fallback(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
+    def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int]) -> PrefillChoice:
+        """The candidate that would finish this prefill first: fewest queued + uncached tokens,
+        then the lowest load score, then in turn."""
+        best: tuple[int, float] | None = None
+        tied: list[Candidate] = []
+        for c in candidates:
+            rank = (c.queued_tokens + uncached[c.key], load_score(c, self.kv_usage_weight))
+            if best is None or rank < best:
+                best, tied = rank, [c]
+            elif rank == best:
+                tied.append(c)
+        chosen = tied[req.seq % len(tied)]
+        return PrefillChoice(chosen, uncached[chosen.key])
+
+    def _fallback(self, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
         self.fallbacks += 1
-        return self.ring.select(role, candidates, req)
+        return self.ring.select(Role.PREFILL, candidates, req)
