@@ -27,16 +27,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import json
 import os
 import random
 import re
+import statistics
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,20 +55,25 @@ from bench.common import (
     start_sglang_router,
     start_vllm_router,
 )
-from bench.loadgen import run_load
+from bench.loadgen import RunResult, one_request, run_load
+from tests.helpers import free_port
 
 WORDS = ("fleet engine prefill decode cache token route policy latency budget queue replica shard "
          "tensor batch stream window memory block schedule balance").split()
 
 
+SIZES = {"system": 600, "doc": 400}  # words (about tokens) of a system prompt and of a chat's document
+
+
 def system_prompt(k: int) -> str:
-    return f"System prompt {k}. " + " ".join(WORDS[(k * 7 + i * 3) % len(WORDS)] for i in range(600))
+    return f"System prompt {k}. " + " ".join(WORDS[(k * 7 + i * 3) % len(WORDS)] for i in range(SIZES["system"]))
 
 
 def document(c: int) -> str:
-    """A per-chat document (~400 tokens) in the first user turn: later turns share it only with
-    their own chat, so only a router that keeps a chat on one prefill engine re-uses it."""
-    return f"Document {c}: " + " ".join(WORDS[(c * 13 + i * i) % len(WORDS)] + str(i % 7) for i in range(400)) + ". "
+    """A per-chat document in the first user turn: later turns share it only with their own chat,
+    so only a router that keeps a chat on one prefill engine re-uses it."""
+    return f"Document {c}: " + " ".join(WORDS[(c * 13 + i * i) % len(WORDS)] + str(i % 7)
+                                        for i in range(SIZES["doc"])) + ". "
 
 
 def unique_chat(u: int) -> list[dict[str, str]]:
@@ -93,85 +102,185 @@ def workload(sessions: int, turns: int, unique: float, seed: int = 19) -> list[d
     return [{"model": MODEL, "messages": m, "max_tokens": 8, "temperature": 0, "stream": True} for m in chats]
 
 
-def _metric_sum(text: str, name: str) -> float:
+def _metric_sum(text: str, name: str, labels: str = "") -> float:
+    """Sum of the samples of *name* (with or without ``_total``) whose labels contain *labels*."""
     total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}(?:_total)?(?:{{[^}}]*}})? ([0-9.eE+-]+)$", text, re.M):
-        total += float(m.group(1))
+    for m in re.finditer(rf"^{re.escape(name)}(?:_total)?(?:{{([^}}]*)}})? ([0-9.eE+-]+)$", text, re.M):
+        if labels in (m.group(1) or ""):
+            total += float(m.group(2))
     return total
 
 
-def hit_rate(engines: Engines) -> float:
-    hits = queries = 0.0
+def _get(url: str) -> str:
+    return str(urllib.request.urlopen(url, timeout=3).read().decode())
+
+
+def prefill_counts(engines: Engines) -> list[tuple[float, float]]:
+    """(prefix-cache hit tokens, queried tokens) of each prefill engine, from its /metrics."""
+    out = []
     for p in engines.prefills:
-        text = urllib.request.urlopen(p.url + "/metrics", timeout=3).read().decode()
+        text = _get(p.url + "/metrics")
         if engines.flavour == "vllm":
-            hits += _metric_sum(text, "vllm:prefix_cache_hits")
-            queries += _metric_sum(text, "vllm:prefix_cache_queries")
+            out.append((_metric_sum(text, "vllm:prefix_cache_hits"), _metric_sum(text, "vllm:prefix_cache_queries")))
         else:
             tokens = _metric_sum(text, "sglang:prompt_tokens")
-            hits += _metric_sum(text, "sglang:cache_hit_rate") * tokens
-            queries += tokens
-    return hits / queries if queries else 0.0
+            out.append((_metric_sum(text, "sglang:cache_hit_rate") * tokens, tokens))
+    return out
+
+
+def coordinator_profile(metrics_url: str) -> dict[str, Any]:
+    """Means (ms) of the coordinator's own timeline of a PD request: dispatch -> first token
+    relayed, the prefill call, the decode call to its first byte; the kv_events decisions."""
+    text = _get(metrics_url)
+    out: dict[str, Any] = {}
+
+    def mean(name: str, labels: str) -> float | None:
+        n = _metric_sum(text, name + "_count", labels)
+        return round(1000 * _metric_sum(text, name + "_sum", labels) / n, 1) if n else None
+
+    out["coord_ttft_ms"] = mean("motor_coordinator_time_to_first_token_seconds", 'mode="pd"')
+    out["prefill_ms"] = mean("motor_coordinator_pd_phase_duration_seconds", 'phase="prefill"')
+    out["decode_first_byte_ms"] = mean("motor_coordinator_pd_phase_duration_seconds", 'phase="decode_first_byte"')
+    for d in ("prefix", "cold", "fallback"):
+        v = _metric_sum(text, "motor_coordinator_kv_events_decisions", f'decision="{d}"')
+        if v:
+            out[f"kv_{d}"] = int(v)
+    return out
+
+
+async def open_loop(url: str, reqs: list[dict[str, Any]], rate: float, seed: int, timeout: float
+                    ) -> tuple[RunResult, float]:
+    """Poisson arrivals at *rate* per second (seeded: the same instants for every router), each
+    request sent at its instant whatever is still in flight. Returns the result and the largest
+    lag of a send behind its instant (the load generator keeping up)."""
+    rng = random.Random(seed)
+    lag = 0.0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        start = time.perf_counter()
+        at = 0.0
+        tasks = []
+        for body in reqs:
+            at += rng.expovariate(rate)
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lag = max(lag, -delay)
+            tasks.append(asyncio.create_task(one_request(session, url, body, timeout=timeout)))
+        samples = list(await asyncio.gather(*tasks))
+        wall = time.perf_counter() - start
+    return RunResult("open", 0, True, wall, samples), lag
 
 
 KV_EVENTS = {"policy": "kv_events", "kv_events": {"tokenizer": "simulator", "block_size": 16}}
 
 
 async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[dict[str, Any]],
-              args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+              args: argparse.Namespace, log_dir: Path, rate: float) -> dict[str, Any]:
     d = log_dir / name.replace("/", "-").replace(" ", "_")
+    sim = ["--sim-prefill-slots", str(args.prefill_slots)]
+    mport = free_port()
     async with start_engines(flavour, d, REALISTIC, prefills=args.prefills, decodes=args.decodes,
-                             prefill_args=["--sim-num-kv-blocks", str(args.prefill_kv_blocks)],
-                             decode_args=["--sim-num-kv-blocks", str(args.decode_kv_blocks)],
-                             kv_events=True) as engines, starter(engines, d) as target:
-        base = hit_rate(engines)  # the readiness probes' own prompts
-        res = await run_load(name, target.url + "/v1/chat/completions", lambda i: reqs[i] if i >= 0 else reqs[0],
-                             concurrency=args.concurrency, requests=len(reqs), warmup=0, timeout=120)
-        rate = hit_rate(engines)
+                             prefill_args=[*sim, "--sim-num-kv-blocks", str(args.prefill_kv_blocks)],
+                             decode_args=[*sim, "--sim-num-kv-blocks", str(args.decode_kv_blocks)],
+                             kv_events=True) as engines, starter(engines, d, mport) as target:
+        before = prefill_counts(engines)  # the readiness probes' own prompts
+        url = target.url + "/v1/chat/completions"
+        lag = 0.0
+        if rate > 0:
+            res, lag = await open_loop(url, reqs, rate, args.seed, timeout=120)
+        else:
+            res = await run_load(name, url, lambda i: reqs[i] if i >= 0 else reqs[0],
+                                 concurrency=args.concurrency, requests=len(reqs), warmup=0, timeout=120)
+        after = prefill_counts(engines)
+        profile = coordinator_profile(f"http://127.0.0.1:{mport}/metrics") if name.startswith("motor") else {}
+    hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
+    queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    computed = [(a[1] - b[1]) - (a[0] - b[0]) for a, b in zip(after, before, strict=True)]
     s = res.summary()
-    return {"flavour": flavour, "router": name, "hit_rate": round(rate, 3), "hit_rate_before": round(base, 3),
+    ttfts = [x.ttft for x in res.ok if x.ttft is not None]
+    return {"flavour": flavour, "router": name, "rate": rate, "hit_rate": round(hits / queries, 3) if queries else 0.0,
             "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p99_ms": s["ttft_p99_ms"], "rps": s["rps"],
-            "latency_p50_ms": s["latency_p50_ms"], "failures": s["failures"], "requests": s["requests"]}
+            "latency_p50_ms": s["latency_p50_ms"], "failures": s["failures"], "requests": s["requests"],
+            # the busiest prefill's share of the computed (uncached) tokens x engines: 1.0 = even
+            "computed_skew": round(max(computed) * len(computed) / sum(computed), 2) if sum(computed) else 0.0,
+            "send_lag_ms": round(lag * 1000, 1),
+            "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1) if ttfts else None, **profile}
+
+
+def _motor(config: dict[str, Any] | None = None, **kw: Any) -> Callable[..., Any]:
+    def start(e: Engines, d: Path, mport: int) -> Any:
+        cfg = json.loads(json.dumps(config or {}))
+        cfg.setdefault("server", {})["metrics_port"] = mport
+        return start_motor(e, d, config=cfg, **kw)
+    return start
 
 
 def setups(only: str | None) -> list[tuple[str, str, Callable[..., Any]]]:
+    kv = {"scheduler": KV_EVENTS}
     out: list[tuple[str, str, Callable[..., Any]]] = [
-        ("vllm", "motor/round_robin", lambda e, d: start_motor(e, d, policy="round_robin")),
-        ("vllm", "motor/round_robin co-located", lambda e, d: start_motor(e, d, policy="round_robin", co_located=True)),
-        ("vllm", "motor/prefix_aware", lambda e, d: start_motor(e, d, policy="prefix_aware")),
-        ("vllm", "motor/kv_events", lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS})),
-        ("vllm", "motor/kv_events co-located",
-         lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS}, co_located=True)),
-        ("vllm", "vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin")),
-        ("vllm", "vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
-        ("sglang", "motor/kv_events co-located",
-         lambda e, d: start_motor(e, d, config={"scheduler": KV_EVENTS}, co_located=True)),
-        ("sglang", "sglang-router/cache_aware", lambda e, d: start_sglang_router(e, d, "cache_aware")),
+        ("vllm", "motor/round_robin", _motor(policy="round_robin")),
+        ("vllm", "motor/round_robin co-located", _motor(policy="round_robin", co_located=True)),
+        ("vllm", "motor/prefix_aware", _motor(policy="prefix_aware")),
+        ("vllm", "motor/kv_events", _motor(kv)),
+        ("vllm", "motor/kv_events co-located", _motor(kv, co_located=True)),
+        ("vllm", "vllm-router/round_robin", lambda e, d, m: start_vllm_router(e, d, "round_robin")),
+        ("vllm", "vllm-router/cache_aware", lambda e, d, m: start_vllm_router(e, d, "cache_aware")),
+        ("sglang", "motor/kv_events co-located", _motor(kv, co_located=True)),
+        ("sglang", "sglang-router/round_robin", lambda e, d, m: start_sglang_router(e, d, "round_robin")),
+        ("sglang", "sglang-router/cache_aware", lambda e, d, m: start_sglang_router(e, d, "cache_aware")),
     ]
     return [s for s in out if only is None or re.search(only, f"{s[0]} {s[1]}")]
 
 
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return statistics.median(vals) if vals else float("nan")
+
+
 async def amain(args: argparse.Namespace) -> None:
+    SIZES.update(system=args.system_words, doc=args.doc_words)
     reqs = workload(args.sessions, args.turns, args.unique)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else [0.0]
     started = dt.datetime.now()
+    load = [os.getloadavg()]
     rows = []
     with tempfile.TemporaryDirectory(prefix="motor-sched-") as tmp:
-        for flavour, name, starter in setups(args.only):
-            row = await one(flavour, name, starter, reqs, args, Path(tmp))
-            rows.append(row)
-            print(f"  {row}", flush=True)
-    print(f"\n# bench/scheduling.py {started:%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs; {len(reqs)} streaming chat "
-          f"requests ({args.sessions} sessions x {args.turns} turns sharing 4 system prompts of ~600 tokens, "
-          f"+ {args.unique:.0%} one-shot chats), concurrency {args.concurrency}, {args.prefills} P + {args.decodes} D, "
-          f"prefill KV {args.prefill_kv_blocks} blocks, simulator's default cost model")
-    print(f"{'flav':6} {'router':30} {'hit rate':>8} {'ttft p50':>9} {'ttft p99':>9} {'req/s':>7} {'fail':>4}")
-    for r in rows:
-        print(f"{r['flavour']:6} {r['router']:30} {r['hit_rate']:>8.1%} {r['ttft_p50_ms']:>9.1f} "
-              f"{r['ttft_p99_ms']:>9.1f} {r['rps']:>7.1f} {r['failures']:>4}")
+        for rnd in range(args.rounds):  # interleaved: every router once per round
+            for rate in rates:
+                for flavour, name, starter in setups(args.only):
+                    row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
+                    row["round"] = rnd
+                    rows.append(row)
+                    print(f"  {row}", flush=True)
+            load.append(os.getloadavg())
+    mode = (f"open loop, Poisson arrivals (seed {args.seed})" if rates != [0.0]
+            else f"closed loop, concurrency {args.concurrency}")
+    print(f"\n# bench/scheduling.py {started:%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs, load average (1 min) "
+          f"{' / '.join(f'{x[0]:.1f}' for x in load)} (start / after each round); {len(reqs)} streaming chat "
+          f"requests ({args.sessions} sessions x {args.turns} turns sharing 4 system prompts of ~{args.system_words} "
+          f"words, a ~{args.doc_words}-word document per session, + {args.unique:.0%} one-shot chats), {mode}, "
+          f"{args.prefills} P + {args.decodes} D, prefill KV {args.prefill_kv_blocks} blocks, simulator's default "
+          f"cost model with --sim-prefill-slots {args.prefill_slots}; medians of {args.rounds} interleaved rounds")
+    print(f"{'rate':>5} {'flav':6} {'router':30} {'hit rate':>8} {'ttft p50':>9} {'ttft p99':>9} {'req/s':>7} "
+          f"{'skew':>5} {'fail':>4}")
+    keys = list(dict.fromkeys((r["rate"], r["flavour"], r["router"]) for r in rows))
+    for rate, flavour, router in keys:
+        rs = [r for r in rows if (r["rate"], r["flavour"], r["router"]) == (rate, flavour, router)]
+        print(f"{rate:>5.0f} {flavour:6} {router:30} {_median(rs, 'hit_rate'):>8.1%} {_median(rs, 'ttft_p50_ms'):>9.1f} "
+              f"{_median(rs, 'ttft_p99_ms'):>9.1f} {_median(rs, 'rps'):>7.1f} {_median(rs, 'computed_skew'):>5.2f} "
+              f"{sum(r['failures'] for r in rs):>4}")
+    motor = [k for k in keys if k[2].startswith("motor")]
+    if motor:
+        print("\nMotor's timeline of a request (means, ms; medians over rounds): the client's TTFT, the "
+              "coordinator's dispatch -> first token relayed, its prefill call, its decode call -> first byte")
+        for rate, flavour, router in motor:
+            rs = [r for r in rows if (r["rate"], r["flavour"], r["router"]) == (rate, flavour, router)]
+            print(f"{rate:>5.0f} {flavour:6} {router:30} client {_median(rs, 'ttft_mean_ms'):>6.1f} coord {_median(rs, 'coord_ttft_ms'):>6.1f} "
+                  f"prefill {_median(rs, 'prefill_ms'):>6.1f} decode-first-byte {_median(rs, 'decode_first_byte_ms'):>6.1f}")
     print("sglang-router TTFT includes its ~44 ms first-chunk Nagle stall (no TCP_NODELAY), as users get it.")
     out = ROOT / "bench" / "results" / f"scheduling-{started:%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(orjson.dumps({"started": started.isoformat(), "args": vars(args), "rows": rows},
+    out.write_bytes(orjson.dumps({"started": started.isoformat(), "args": vars(args), "load": load, "rows": rows},
                                  option=orjson.OPT_INDENT_2))
     print(f"results: {out.relative_to(ROOT)}")
 
@@ -181,7 +290,14 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=40)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--unique", type=float, default=0.25, help="share of one-shot chats (0..1)")
-    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=16, help="closed loop (no --rates): requests in flight")
+    ap.add_argument("--rates", help="open loop: comma-separated Poisson arrival rates (req/s), e.g. 10,20,30")
+    ap.add_argument("--seed", type=int, default=19, help="arrival instants (the same for every router)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every router once per round)")
+    ap.add_argument("--system-words", type=int, default=600)
+    ap.add_argument("--doc-words", type=int, default=400)
+    ap.add_argument("--prefill-slots", type=int, default=1,
+                    help="motor-sim --sim-prefill-slots: prefills an engine computes at once (0: unbounded)")
     ap.add_argument("--prefills", type=int, default=4)
     ap.add_argument("--decodes", type=int, default=2)
     ap.add_argument("--prefill-kv-blocks", type=int, default=512)
