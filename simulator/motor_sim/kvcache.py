@@ -65,6 +65,7 @@ class BlockManager:
     hasher: Callable[[Sequence[int], int], list[Any]] | None = None
     on_events: Callable[[], None] | None = None
     pending_events: list[KVEvent] = field(init=False, default_factory=list)
+    evicted_blocks: int = field(init=False, default=0)  # cached blocks dropped to make room
 
     def __post_init__(self) -> None:
         if self.num_blocks <= 0 or self.block_size <= 0:
@@ -156,6 +157,7 @@ class BlockManager:
             old = self._block_hash.pop(b, None)
             if old is not None and self._by_hash.get(old) == b:
                 del self._by_hash[old]
+                self.evicted_blocks += 1
                 if events:
                     evicted.append(old)
             self._ref[b] = 1

@@ -68,6 +68,7 @@ class _SimCollector(Collector):
         yield self._counter("motor_sim:requests_aborted", "Requests aborted before finishing (client disconnect).", st.requests_aborted, lb)
         yield self._gauge("motor_sim:kv_leases_pinned", "KV leases pinned for remote decode.", len(svc.leases), lb)
         yield self._gauge("motor_sim:kv_blocks_used", "KV blocks in use.", blocks.num_used, lb)
+        yield self._counter("motor_sim:kv_evicted_blocks", "Prefix-cached KV blocks evicted to make room.", blocks.evicted_blocks, lb)
 
 
 def make_registry(svc: SimService) -> CollectorRegistry:

@@ -176,9 +176,12 @@ def test_evicted_block_loses_its_prefix_hash() -> None:
     p1 = [1, 2, 3, 4, 5]
     bm.allocate("a", p1, 8)
     bm.free("a")
+    assert bm.evicted_blocks == 0
     bm.allocate("b", [9, 9, 9, 9, 9], 8)  # reuses both free blocks, evicting p1's hash
+    assert bm.evicted_blocks == 1  # one full (hashed) block; the partial one held no hash
     bm.free("b")
     assert bm.allocate("c", p1, 8).cached_tokens == 0
+    assert bm.evicted_blocks == 2
     assert block_hashes(p1, 4) == block_hashes(p1, 4)
 
 
