@@ -57,11 +57,12 @@ def test_the_policy_hashes_with_the_configured_block_size_seed_and_form(kv: KvEv
 
 
 async def test_the_coordinator_wires_tokenizer_bounds_and_deadline_only_for_kv_events(tmp_path: object) -> None:
-    kv = KvEventsConfig(tokenizer="simulator", max_prompt_tokens=5, max_blocks_per_engine=77, replay_timeout_sec=0.5)
+    kv = KvEventsConfig(tokenizer="simulator", max_prompt_tokens=5, max_blocks_per_engine=77, replay_timeout_sec=0.5,
+                        silence_timeout_sec=7.5)
     app = Coordinator(CoordinatorConfig(scheduler=SchedulerConfig(policy="kv_events", kv_events=kv)))
     try:
         assert app.kv_events is not None and app.kv_events.replay_timeout_s == 0.5
-        assert app.kv_index.max_blocks == 77
+        assert app.kv_index.max_blocks == 77 and app.kv_index.silence_timeout == 7.5
         assert app.dispatcher.token_ids is not None
         req = parsed_request(COMPLETIONS, {"model": "m", "prompt": "one two three four five six seven"})
         ids = app.dispatcher.token_ids(req)
@@ -78,7 +79,8 @@ def test_bad_kv_events_keys_are_config_errors(tmp_path: object) -> None:
     p = Path(str(tmp_path)) / "c.yaml"
     for text, what in (("scheduler: {kv_events: {tokenizer: gpt}}", "tokenizer"),
                        ("scheduler: {kv_events: {block_size: 0}}", "block_size"),
-                       ("scheduler: {kv_events: {replay_timeout: 1}}", "replay_timeout")):  # fmt: skip
+                       ("scheduler: {kv_events: {replay_timeout: 1}}", "replay_timeout"),
+                       ("scheduler: {kv_events: {silence_timeout_sec: -1}}", "silence_timeout_sec")):  # fmt: skip
         p.write_text(text)
         with pytest.raises(ConfigError, match=what):
             load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")

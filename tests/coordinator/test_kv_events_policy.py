@@ -158,3 +158,30 @@ def test_decode_is_least_loaded() -> None:
 def test_is_a_policy() -> None:
     policy: Policy = KvEvents(SchedulerConfig(), KvIndex())  # mypy checks the Protocol
     assert policy.name == "kv_events"
+
+
+def test_the_block_size_the_engines_report_wins_over_the_configured_one() -> None:
+    index = KvIndex()
+    p = KvEvents(SchedulerConfig(), index, BlockHashing(block_size=16))  # configured 16
+    c = cands(2)
+    live(index, c)
+    index.apply(c[1].key, 1, EventBatch(0.0, (BlockStored(tuple(vllm_event_hashes(PROMPT, 32)), None, (), 32),)))
+    assert index.block_size("m") == 32
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 99 - 96)  # 3 blocks of 32 held
+    assert p.routed == 1
+
+
+def test_a_prefill_that_stores_a_new_block_makes_the_index_expect_events_from_its_engine() -> None:
+    now = [0.0]
+    index = KvIndex(silence_timeout=5.0, clock=lambda: now[0])
+    p = KvEvents(SchedulerConfig(), index, BlockHashing(block_size=16))
+    c = cands(2, queued=[0, 1000])
+    live(index, c)
+    hold(index, c[1].key, PROMPT)
+    assert p.select_prefill(c, req(0, PROMPT[:96])).candidate is c[0]  # cold there: 6 new blocks
+    now[0] = 10.0
+    assert index.is_stale(c[0].key) and not index.is_stale(c[1].key)
+    c = cands(2)
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 3)  # < 1 block new: nothing expected
+    now[0] = 100.0
+    assert not index.is_stale(c[1].key)

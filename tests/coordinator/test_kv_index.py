@@ -180,3 +180,50 @@ def test_a_live_copy_of_a_replayed_batch_0_is_a_duplicate_not_a_restart() -> Non
     assert isinstance(index.apply("e", 1, EventBatch(0.0, ())), Applied)
     assert isinstance(index.apply("e", 0, batch), Applied)  # live 0 after live 1: a restart
     assert index.restarts("e") == 1
+
+
+def test_a_publisher_silent_after_a_prefill_was_sent_turns_stale_until_it_speaks() -> None:
+    now = [100.0]
+    i = KvIndex(1000, silence_timeout=5.0, clock=lambda: now[0])
+    i.add_engine("a", "m")
+    i.add_engine("b", "m")
+    i.apply("a", 0, stored(1, 2))
+    i.apply("b", 0, stored(1))
+    now[0] += 60  # idle: silence proves nothing
+    assert not i.is_stale("a")
+    i.expect_events("a")
+    now[0] += 5.0
+    assert not i.is_stale("a")  # not longer than the timeout yet
+    i.expect_events("a")  # a second prefill does not move the deadline
+    now[0] += 0.1
+    assert i.is_stale("a") and not i.is_stale("b")
+    assert i.prefix_lengths("m", [1, 2], ["a", "b"]) == {"a": 0, "b": 1}  # holds nothing meanwhile
+    assert i.apply("a", 1, stored(3)) == Applied()  # it speaks: trusted again, blocks kept
+    assert not i.is_stale("a")
+    assert i.prefix_lengths("m", [1, 2, 3], ["a", "b"]) == {"a": 3, "b": 1}
+    i.expect_events("b")
+    now[0] += 6
+    assert i.is_stale("b")
+    i.mark_live("b")  # caught up after a reconnect's replay
+    assert not i.is_stale("b")
+
+
+def test_silence_never_counts_with_timeout_0_and_bad_timeouts_are_refused() -> None:
+    now = [0.0]
+    i = KvIndex(1000, clock=lambda: now[0])
+    i.add_engine("a", "m")
+    i.apply("a", 0, stored(1))
+    i.expect_events("a")
+    now[0] += 10_000
+    assert not i.is_stale("a")
+    with pytest.raises(ValueError, match="silence_timeout"):
+        KvIndex(10, silence_timeout=-1)
+
+
+def test_the_block_size_is_learned_per_model_from_block_stored() -> None:
+    i = idx("a", "b")
+    i.add_engine("c", "other")
+    assert i.block_size("m") is None
+    i.apply("a", 0, EventBatch(0.0, (BlockStored((1,), None, (), 32),)))
+    i.apply("c", 0, EventBatch(0.0, (BlockStored((7,), None, (), 64),)))
+    assert (i.block_size("m"), i.block_size("other")) == (32, 64)

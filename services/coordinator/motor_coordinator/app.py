@@ -64,7 +64,7 @@ class Coordinator:
         self.address = ""
         d = cfg.dispatch
         kv = cfg.scheduler.kv_events
-        self.kv_index = KvIndex(kv.max_blocks_per_engine)
+        self.kv_index = KvIndex(kv.max_blocks_per_engine, silence_timeout=kv.silence_timeout_sec)
         # Only a policy that routes by KV events subscribes to the engines' event streams.
         self.kv_events: KvEventSubscriber | None = None
         token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None

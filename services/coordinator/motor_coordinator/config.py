@@ -36,7 +36,8 @@ class KvEventsConfig:
     # tokenizer "hf": the served model's local directory (tokenizer.json, tokenizer_config.json,
     # chat template), or its tokenizer.json. Read once at start-up; nothing is downloaded.
     tokenizer_path: str = ""
-    # The engines' --block-size (vLLM) / --page-size (SGLang), in tokens.
+    # The engines' --block-size (vLLM) / --page-size (SGLang), in tokens, until a model's engines
+    # report theirs in a BlockStored event (then that one, per model).
     block_size: int = 16
     # vLLM's hash seed (PYTHONHASHSEED of the engines; vLLM's default when unset).
     hash_seed: str = DEFAULT_VLLM_SEED
@@ -48,6 +49,9 @@ class KvEventsConfig:
     max_blocks_per_engine: int = 200_000
     # Deadline of each message of a replay (catch-up after a reconnect or a gap).
     replay_timeout_sec: float = 2.0
+    # An engine sent a prefill that stores new blocks and silent this long since: stale (holding
+    # nothing) until it publishes again; 0 = never (trust a silent publisher).
+    silence_timeout_sec: float = 30.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 4096:
@@ -63,6 +67,8 @@ class KvEventsConfig:
                              "directory (or tokenizer.json) when tokenizer is 'hf'")
         if self.tokenizer != "hf" and self.tokenizer_path:
             raise ValueError("scheduler.kv_events.tokenizer_path is only used with tokenizer 'hf'")
+        if self.silence_timeout_sec < 0:
+            raise ValueError("scheduler.kv_events.silence_timeout_sec must be >= 0 (0: never)")
 
 
 @dataclass(frozen=True)

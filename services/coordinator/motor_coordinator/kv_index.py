@@ -15,15 +15,25 @@ model, so two models' indexes never mix). Every engine's event stream carries se
   told to replay from ``last + 1`` (:class:`Gap`). If the replay cannot fill it,
   :meth:`KvIndex.resync` drops the engine's blocks and restarts from the given sequence number.
 
+A connected publisher can still go silent (its thread died, the engine stopped publishing).
+Silence alone proves nothing — an idle engine has nothing to say — so the index is told when an
+engine should speak: :meth:`KvIndex.expect_events` when a prefill that stores at least one new
+block was sent to it. If no batch at all arrives within ``silence_timeout`` after that, the engine
+counts as stale (holding nothing) until its next batch.
+
 ``AllBlocksCleared`` drops the engine's blocks. Memory is bounded: at most ``max_blocks_per_engine``
 hashes per engine, the least recently stored dropped first (an under-estimate of what the engine
 holds, never an invention). A stale engine counts as holding nothing.
+
+The block size of a model's engines is learned from their ``BlockStored`` events
+(:meth:`KvIndex.block_size`), so two models may use different ones.
 """
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from motor_common.kv_events import (
@@ -64,14 +74,24 @@ class _Engine:
     restarts: int = 0
     # the last applied batch came from a replay: live copies of it may still be queued
     last_replayed: bool = False
+    # when the engine was first expected to publish (expect_events) and has not yet
+    awaiting_since: float | None = None
 
 
 class KvIndex:
-    def __init__(self, max_blocks_per_engine: int = 200_000) -> None:
+    def __init__(self, max_blocks_per_engine: int = 200_000, *, silence_timeout: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """*silence_timeout* (seconds, 0 = never): an engine expected to publish
+        (:meth:`expect_events`) that stays silent this long counts as stale."""
         if max_blocks_per_engine <= 0:
             raise ValueError("max_blocks_per_engine must be positive")
+        if silence_timeout < 0:
+            raise ValueError("silence_timeout must be >= 0")
         self.max_blocks = max_blocks_per_engine
+        self.silence_timeout = silence_timeout
+        self._clock = clock
         self._engines: dict[str, _Engine] = {}
+        self._block_sizes: dict[str, int] = {}  # model -> block size its BlockStored events carry
         # model -> block hash -> engines holding it
         self._holders: dict[str, dict[BlockHash, set[str]]] = {}
 
@@ -106,7 +126,20 @@ class KvIndex:
 
     def is_stale(self, engine: str) -> bool:
         e = self._engines.get(engine)
-        return e is None or e.stale or e.last_seq is None
+        return e is None or e.stale or e.last_seq is None or self._silent(e)
+
+    def expect_events(self, engine: str) -> None:
+        """A prefill that stores new blocks was sent to *engine*: it should publish soon."""
+        e = self._engines.get(engine)
+        if e is not None and self.silence_timeout > 0 and e.awaiting_since is None:
+            e.awaiting_since = self._clock()
+
+    def _silent(self, e: _Engine) -> bool:
+        return e.awaiting_since is not None and self._clock() - e.awaiting_since > self.silence_timeout
+
+    def block_size(self, model: str) -> int | None:
+        """The block size the model's engines report in ``BlockStored`` (None: none seen yet)."""
+        return self._block_sizes.get(model)
 
     def mark_stale(self, engine: str) -> None:
         """The stream is down (disconnected, undecodable): stop trusting what we know."""
@@ -120,6 +153,7 @@ class KvIndex:
         e = self._engines.get(engine)
         if e is not None and e.last_seq is not None:
             e.stale = False
+            e.awaiting_since = None
 
     def block_count(self, engine: str) -> int:
         return len(self._engines[engine].blocks)
@@ -136,6 +170,7 @@ class KvIndex:
         e = self._engines.get(engine)
         if e is None:
             raise KeyError(engine)
+        e.awaiting_since = None  # it speaks
         if e.last_seq is not None:
             if not replayed and e.last_replayed and seq <= e.last_seq:
                 # live copies of batches a replay already delivered (queued while it ran); a
@@ -177,6 +212,8 @@ class KvIndex:
         holders = self._holders[e.model]
         for ev in batch.events:
             if isinstance(ev, BlockStored):
+                if ev.block_size > 0:
+                    self._block_sizes[e.model] = ev.block_size
                 for h in ev.block_hashes:
                     if h in e.blocks:
                         e.blocks.move_to_end(h)
@@ -223,6 +260,7 @@ class KvIndex:
             and e.model == model
             and not e.stale
             and e.last_seq is not None
+            and not self._silent(e)
         }
         out = dict.fromkeys(engines, 0)
         if not live:

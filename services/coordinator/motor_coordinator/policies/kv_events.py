@@ -25,7 +25,10 @@ cached, so cold placement is free to balance load (with a handful of hot system 
 often hashes two onto one engine). Decode uses least load.
 
 Hashing follows the candidates' engine type (vLLM or SGLang) unless :class:`BlockHashing` names
-a flavour; block size, seed and int form come from ``scheduler.kv_events``.
+a flavour; the block size is the one the model's engines report in their ``BlockStored`` events
+(``scheduler.kv_events.block_size`` until one arrived); seed and int form come from
+``scheduler.kv_events``. Sending a prefill that stores a new block tells the index to expect
+events from that engine (a silent publisher then turns stale: :class:`KvIndex`).
 
 Pure: no I/O; the index is fed elsewhere (:mod:`motor_coordinator.kv_subscriber`), token ids
 come from :mod:`motor_coordinator.prompt_tokens`.
@@ -78,7 +81,9 @@ class KvEvents:
         token_ids = req.token_ids
         h = self.hashing
         n = len(token_ids) if token_ids else 0
-        if not token_ids or n < h.block_size:
+        # the block size the model's engines report, else the configured one
+        block = self.index.block_size(req.model) or h.block_size
+        if not token_ids or n < block:
             return PrefillChoice(self._fallback(candidates, req), n)
         keys = [c.key for c in candidates]
         if all(self.index.is_stale(k) for k in keys):
@@ -88,13 +93,16 @@ class KvEvents:
             sglang = candidates[0].instance.engine_type is EngineType.SGLANG
             flavour = Flavour.SGLANG if sglang else Flavour.VLLM
         # hashed lazily: the index walk stops at the first block no live candidate holds
-        hashes = iter_block_hashes(flavour, token_ids, h.block_size, h.seed, int_hashes=h.int_hashes)
+        hashes = iter_block_hashes(flavour, token_ids, block, h.seed, int_hashes=h.int_hashes)
         held = self.index.prefix_lengths(req.model, hashes, keys)
         if any(held.values()):
             self.routed += 1
         else:
             self.cold += 1
-        return self._cheapest(candidates, req, {k: n - blocks * h.block_size for k, blocks in held.items()})
+        choice = self._cheapest(candidates, req, {k: n - blocks * block for k, blocks in held.items()})
+        if choice.tokens >= block:  # it stores a new block: its publisher should speak
+            self.index.expect_events(choice.candidate.key)
+        return choice
 
     def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int]) -> PrefillChoice:
         """The candidate that would finish this prefill first: fewest queued + uncached tokens,
