@@ -37,6 +37,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +116,19 @@ def _get(url: str) -> str:
     return str(urllib.request.urlopen(url, timeout=3).read().decode())
 
 
-def prefill_counts(engines: Engines) -> list[tuple[float, float]]:
-    """(prefix-cache hit tokens, queried tokens) of each prefill engine, from its /metrics."""
+def prefill_counts(engines: Engines) -> list[tuple[float, float, float]]:
+    """(prefix-cache hit tokens, queried tokens, evicted blocks) of each prefill engine, from its
+    /metrics."""
     out = []
     for p in engines.prefills:
         text = _get(p.url + "/metrics")
+        evicted = _metric_sum(text, "motor_sim:kv_evicted_blocks")
         if engines.flavour == "vllm":
-            out.append((_metric_sum(text, "vllm:prefix_cache_hits"), _metric_sum(text, "vllm:prefix_cache_queries")))
+            out.append((_metric_sum(text, "vllm:prefix_cache_hits"), _metric_sum(text, "vllm:prefix_cache_queries"),
+                        evicted))
         else:
             tokens = _metric_sum(text, "sglang:prompt_tokens")
-            out.append((_metric_sum(text, "sglang:cache_hit_rate") * tokens, tokens))
+            out.append((_metric_sum(text, "sglang:cache_hit_rate") * tokens, tokens, evicted))
     return out
 
 
@@ -178,11 +182,13 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
               args: argparse.Namespace, log_dir: Path, rate: float) -> dict[str, Any]:
     d = log_dir / name.replace("/", "-").replace(" ", "_")
     sim = ["--sim-prefill-slots", str(args.prefill_slots)]
-    mport = free_port()
-    async with start_engines(flavour, d, REALISTIC, prefills=args.prefills, decodes=args.decodes,
-                             prefill_args=[*sim, "--sim-num-kv-blocks", str(args.prefill_kv_blocks)],
-                             decode_args=[*sim, "--sim-num-kv-blocks", str(args.decode_kv_blocks)],
-                             kv_events=True) as engines, starter(engines, d, mport) as target:
+    async with AsyncExitStack() as es:
+        engines = await es.enter_async_context(start_engines(
+            flavour, d, REALISTIC, prefills=args.prefills, decodes=args.decodes,
+            prefill_args=[*sim, "--sim-num-kv-blocks", str(args.prefill_kv_blocks)],
+            decode_args=[*sim, "--sim-num-kv-blocks", str(args.decode_kv_blocks)], kv_events=True))
+        mport = free_port()  # after the engines took theirs
+        target = await es.enter_async_context(starter(engines, d, mport))
         before = prefill_counts(engines)  # the readiness probes' own prompts
         url = target.url + "/v1/chat/completions"
         lag = 0.0
@@ -196,6 +202,7 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     computed = [(a[1] - b[1]) - (a[0] - b[0]) for a, b in zip(after, before, strict=True)]
+    evicted = sum(a[2] - b[2] for a, b in zip(after, before, strict=True))
     s = res.summary()
     ttfts = [x.ttft for x in res.ok if x.ttft is not None]
     return {"flavour": flavour, "router": name, "rate": rate, "hit_rate": round(hits / queries, 3) if queries else 0.0,
@@ -203,7 +210,7 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
             "latency_p50_ms": s["latency_p50_ms"], "failures": s["failures"], "requests": s["requests"],
             # the busiest prefill's share of the computed (uncached) tokens x engines: 1.0 = even
             "computed_skew": round(max(computed) * len(computed) / sum(computed), 2) if sum(computed) else 0.0,
-            "send_lag_ms": round(lag * 1000, 1),
+            "send_lag_ms": round(lag * 1000, 1), "evicted_blocks": int(evicted),
             "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1) if ttfts else None, **profile}
 
 
@@ -262,13 +269,13 @@ async def amain(args: argparse.Namespace) -> None:
           f"{args.prefills} P + {args.decodes} D, prefill KV {args.prefill_kv_blocks} blocks, simulator's default "
           f"cost model with --sim-prefill-slots {args.prefill_slots}; medians of {args.rounds} interleaved rounds")
     print(f"{'rate':>5} {'flav':6} {'router':30} {'hit rate':>8} {'ttft p50':>9} {'ttft p99':>9} {'req/s':>7} "
-          f"{'skew':>5} {'fail':>4}")
+          f"{'skew':>5} {'evicted':>7} {'fail':>4}")
     keys = list(dict.fromkeys((r["rate"], r["flavour"], r["router"]) for r in rows))
     for rate, flavour, router in keys:
         rs = [r for r in rows if (r["rate"], r["flavour"], r["router"]) == (rate, flavour, router)]
         print(f"{rate:>5.0f} {flavour:6} {router:30} {_median(rs, 'hit_rate'):>8.1%} {_median(rs, 'ttft_p50_ms'):>9.1f} "
               f"{_median(rs, 'ttft_p99_ms'):>9.1f} {_median(rs, 'rps'):>7.1f} {_median(rs, 'computed_skew'):>5.2f} "
-              f"{sum(r['failures'] for r in rs):>4}")
+              f"{_median(rs, 'evicted_blocks'):>7.0f} {sum(r['failures'] for r in rs):>4}")
     motor = [k for k in keys if k[2].startswith("motor")]
     if motor:
         print("\nMotor's timeline of a request (means, ms; medians over rounds): the client's TTFT, the "
