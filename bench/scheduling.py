@@ -211,7 +211,9 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
             # the busiest prefill's share of the computed (uncached) tokens x engines: 1.0 = even
             "computed_skew": round(max(computed) * len(computed) / sum(computed), 2) if sum(computed) else 0.0,
             "send_lag_ms": round(lag * 1000, 1), "evicted_blocks": int(evicted),
-            "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1) if ttfts else None, **profile}
+            "ttft_mean_ms": round(1000 * statistics.fmean(ttfts), 1) if ttfts else None, **profile,
+            # every request's TTFT in send order (None: failed), for where the tail comes from
+            "ttfts_ms": [None if x.ttft is None else round(1000 * x.ttft, 1) for x in res.samples]}
 
 
 def _motor(config: dict[str, Any] | None = None, **kw: Any) -> Callable[..., Any]:
@@ -255,10 +257,14 @@ async def amain(args: argparse.Namespace) -> None:
         for rnd in range(args.rounds):  # interleaved: every router once per round
             for rate in rates:
                 for flavour, name, starter in setups(args.only):
-                    row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
+                    try:
+                        row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
+                    except (TimeoutError, RuntimeError) as exc:  # a port taken meanwhile (shared box): once more
+                        print(f"  {name}: start-up failed ({str(exc)[:200]!r}); again", flush=True)
+                        row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
                     row["round"] = rnd
                     rows.append(row)
-                    print(f"  {row}", flush=True)
+                    print(f"  { {k: v for k, v in row.items() if k != 'ttfts_ms'} }", flush=True)
             load.append(os.getloadavg())
     mode = (f"open loop, Poisson arrivals (seed {args.seed})" if rates != [0.0]
             else f"closed loop, concurrency {args.concurrency}")
