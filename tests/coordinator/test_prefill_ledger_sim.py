@@ -15,7 +15,12 @@ import pytest
 from motor_common.domain import EngineType, Role
 from motor_common.grpc_server import ServerConfig
 from motor_coordinator.app import Coordinator
-from motor_coordinator.config import CoordinatorConfig, DispatchConfig, KvEventsConfig, SchedulerConfig
+from motor_coordinator.config import (
+    CoordinatorConfig,
+    DispatchConfig,
+    KvEventsConfig,
+    SchedulerConfig,
+)
 from motor_coordinator.request import COMPLETIONS as PARSED_COMPLETIONS
 from motor_coordinator.request import parsed_request
 from tests.coordinator.grpc_util import KEY, Stubs
