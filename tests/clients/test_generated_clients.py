@@ -1,11 +1,13 @@
-"""The clients in clients/ (TypeScript, Go, Java, C++), generated from protos/, against a real
-`motor up` fleet: Health/Check, ListInstances on the controller and the coordinator with the
-management key, GetInstance on an id taken from the list (ids are exact in every language), a
-streamed Dispatch, and an error's google.rpc.ErrorInfo.reason decoded from grpc-status-details-bin.
+"""The clients in clients/ (TypeScript with proto-loader and with Connect-ES, Go, Java, C++),
+generated from protos/, against a real `motor up` fleet: Health/Check, ListInstances on the
+controller and the coordinator with the management key, GetInstance on an id taken from the list
+(ids are exact in every language), a streamed Dispatch, and an error's google.rpc.ErrorInfo.reason
+decoded from grpc-status-details-bin.
 
-The Java and C++ clients are generated and compiled here, once per session and only when a source
-(protos/, third_party/, the client's own files) is newer than the built client, while the fleet
-starts. Without their Debian toolchain they skip on a developer machine, and fail under CI=true."""
+The Connect-ES, Java and C++ clients are generated and compiled here, once per session and only
+when a source (protos/, third_party/, the client's own files) is newer than the built client, while
+the fleet starts. Without their toolchain (npm packages from `npm ci`, Debian packages) they skip on
+a developer machine, and fail under CI=true."""
 
 from __future__ import annotations
 
@@ -30,17 +32,29 @@ from tests.motor_up import UpFleet, motor_up
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SAFE = 2**53 - 1
+# What Connect's default protocol (createConnectTransport, HTTP/2) gets from Motor's gRPC servers
+# (the stream is closed with HTTP/2 INTERNAL_ERROR): quoted in docs/clients.md.
+CONNECT_PROTOCOL_ERROR = {"check": "connect_protocol", "ok": False, "code": "INTERNAL",
+                          "message": "[internal] Stream closed with error code NGHTTP2_INTERNAL_ERROR"}
 
 
-# What each compiled client needs on PATH / on disk (Debian packages: scripts/setup --tools).
+# What each compiled client needs on PATH / on disk (Debian and npm packages: scripts/setup --tools).
+CONNECT = ROOT / "clients" / "ts-connect"
 TOOLCHAINS: dict[str, tuple[list[str], list[str]]] = {
+    "ts-connect": (["node", "npm"], [str(CONNECT / "node_modules" / ".bin" / tool)
+                                     for tool in ("buf", "protoc-gen-es", "tsc")]),
     "java": (["protoc", "grpc_java_plugin", "javac", "java"],
              ["/usr/share/java/grpc-core.jar", "/usr/share/java/netty-codec-http2.jar",
               "/usr/share/java/geronimo-annotation-1.3-spec.jar", "/usr/share/java/netty-tcnative.jar",
               "/usr/lib/*/jni/libnetty-tcnative.so"]),
     "cpp": (["protoc", "grpc_cpp_plugin", "g++", "pkg-config"], ["/usr/include/grpcpp/grpcpp.h"]),
 }
-BUILT = {"java": ROOT / "clients" / "java" / "motor-client", "cpp": ROOT / "clients" / "cpp" / "motor-client"}
+BUILT = {"ts-connect": CONNECT / "dist" / "client.js",
+         "java": ROOT / "clients" / "java" / "motor-client", "cpp": ROOT / "clients" / "cpp" / "motor-client"}
+# How each is generated and built (run in its directory). Its sources: protos/, third_party/ and its
+# directory, except these (outputs and installed packages).
+BUILD = {"ts-connect": ["npm", "run", "build"], "java": ["./generate.sh"], "cpp": ["./generate.sh"]}
+NOT_SOURCES = {"gen", "build", "dist", "node_modules"}
 
 
 def _missing_tools(lang: str) -> list[str]:
@@ -54,13 +68,11 @@ def _stale(lang: str) -> bool:
     if not built.exists():
         return True
     made = built.stat().st_mtime
-    sources = [ROOT / "protos", ROOT / "third_party", ROOT / "clients" / lang]
-    skip = {"gen", "build"}
-    for top in sources:
-        for path in top.rglob("*"):
-            rel = path.relative_to(top).parts
-            if path.is_file() and path != built and not (top.name == lang and rel[0] in skip) \
-                    and path.stat().st_mtime > made:
+    for top in (ROOT / "protos", ROOT / "third_party", ROOT / "clients" / lang):
+        for folder, dirs, files in os.walk(top):
+            if Path(folder) == top and top.name == lang:
+                dirs[:] = [d for d in dirs if d not in NOT_SOURCES]
+            if any(os.stat(os.path.join(folder, f)).st_mtime > made for f in files):
                 return True
     return False
 
@@ -72,31 +84,35 @@ async def _build(lang: str) -> str:
         return f"no {lang} toolchain ({', '.join(missing)}): run scripts/setup --tools"
     if not _stale(lang):
         return ""
-    script = ROOT / "clients" / lang / "generate.sh"
-    proc = await asyncio.create_subprocess_exec(str(script), stdout=asyncio.subprocess.PIPE,
+    command = " ".join(BUILD[lang])
+    proc = await asyncio.create_subprocess_exec(*BUILD[lang], cwd=ROOT / "clients" / lang, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
     except TimeoutError:
-        return f"{script} took more than 600 s"
+        return f"clients/{lang}: {command} took more than 600 s"
     finally:
         if proc.returncode is None:  # timed out, or the module ended first: the compilers too
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
-    return "" if proc.returncode == 0 else f"{script} failed ({proc.returncode}):\n{out.decode(errors='replace')}"
+    return "" if proc.returncode == 0 else \
+        f"clients/{lang}: {command} failed ({proc.returncode}):\n{out.decode(errors='replace')}"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def builds() -> AsyncIterator[dict[str, asyncio.Task[str]]]:
-    """The Java and C++ builds, started at once so that they overlap the fleet's start: Java,
-    then C++ (one compiler at a time on a two-core box). Each test awaits its own."""
-    java = asyncio.create_task(_build("java"))
+    """The Connect-ES, Java and C++ builds, started at once so that they overlap the fleet's start,
+    one after the other (one compiler at a time on a two-core box). Each test awaits its own."""
+    tasks: dict[str, asyncio.Task[str]] = {}
 
-    async def cpp_after_java() -> str:
-        await asyncio.wait([java])
-        return await _build("cpp")
+    async def after(previous: asyncio.Task[str] | None, lang: str) -> str:
+        if previous is not None:
+            await asyncio.wait([previous])
+        return await _build(lang)
 
-    tasks = {"java": java, "cpp": asyncio.create_task(cpp_after_java())}
+    previous = None
+    for lang in ("ts-connect", "java", "cpp"):
+        previous = tasks[lang] = asyncio.create_task(after(previous, lang))
     yield tasks
     for task in tasks.values():
         task.cancel()
@@ -166,6 +182,22 @@ async def test_go_client(fleet: UpFleet) -> None:
 
 
 @pytest.mark.timeout(900)  # waits for the build (once per session, only when a source changed)
+async def test_typescript_connect_client(fleet: UpFleet, builds: dict[str, asyncio.Task[str]]) -> None:
+    """Connect-ES v2 (protoc-gen-es messages and service descriptors, createGrpcTransport): the same
+    checks with ids as bigint; and Connect's own protocol (createConnectTransport), which Motor's
+    gRPC servers do not speak, fails as docs/clients.md says."""
+    argv, cwd = await client_argv("ts-connect", builds)
+    checks = await run_client([*argv, str(fleet.state / "fleet.json")], cwd)
+    assert_checks(checks)
+    assert_connect_protocol_refused(checks)
+
+
+def assert_connect_protocol_refused(checks: list[dict[str, Any]]) -> None:
+    connect = next(c for c in checks if c["check"] == "connect_protocol")
+    assert connect == CONNECT_PROTOCOL_ERROR, connect
+
+
+@pytest.mark.timeout(900)
 async def test_java_client(fleet: UpFleet, builds: dict[str, asyncio.Task[str]]) -> None:
     client = await built_client(builds, "java")
     assert_checks(await run_client([str(client), str(fleet.state / "fleet.json")], client.parent))
@@ -220,6 +252,11 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
 
 async def client_argv(lang: str, builds: dict[str, asyncio.Task[str]]) -> tuple[list[str], Path]:
     """How to run the client of *lang* (its argv without the fleet file, and its directory)."""
+    if lang == "ts-connect":
+        node = shutil.which("node")
+        assert node, "node is not installed"
+        built = await built_client(builds, lang)
+        return [node, str(built.relative_to(CONNECT))], CONNECT
     if lang in BUILT:
         built = await built_client(builds, lang)
         return [str(built)], built.parent
@@ -236,11 +273,14 @@ async def client_argv(lang: str, builds: dict[str, asyncio.Task[str]]) -> tuple[
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("lang", ["ts", "go", "java", "cpp"])
+@pytest.mark.parametrize("lang", ["ts", "ts-connect", "go", "java", "cpp"])
 async def test_client_over_mutual_tls(lang: str, tls_fleet: UpFleet, builds: dict[str, asyncio.Task[str]]) -> None:
     """The same checks against `motor up --tls`: each client verifies the servers with the fleet CA
     and presents the client certificate (the snippets docs/clients.md shows for TLS)."""
     tls = tls_fleet.info["tls"]
     assert tls and all(Path(tls[k]).exists() for k in ("ca_file", "cert_file", "key_file"))
     argv, cwd = await client_argv(lang, builds)
-    assert_checks(await run_client([*argv, str(tls_fleet.state / "fleet.json")], cwd))
+    checks = await run_client([*argv, str(tls_fleet.state / "fleet.json")], cwd)
+    assert_checks(checks)
+    if lang == "ts-connect":
+        assert_connect_protocol_refused(checks)
