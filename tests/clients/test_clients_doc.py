@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "clients.md"
+COMPILED = ("clients/ts-connect/client.ts", "clients/java/src/MotorClient.java", "clients/cpp/motor_client.cc")
 MARKER = re.compile(r"<!-- snippet: (?P<path>[\w./-]+)#(?P<name>[\w-]+) -->\n```\w*\n(?P<body>.*?)\n```", re.S)
 
 
@@ -26,15 +27,15 @@ def cut(path: Path, name: str) -> str:
 def test_doc_snippets_are_the_client_sources() -> None:
     found = list(MARKER.finditer(DOC.read_text()))
     quoted = {(m["path"], m["name"]) for m in found}
-    # both compiled clients are quoted: channel, metadata/context, registry, dispatch, error reason
-    assert {p for p, _ in quoted} == {"clients/java/src/MotorClient.java", "clients/cpp/motor_client.cc"}
-    assert len(found) == 10
+    # the compiled clients are quoted: channel/transport, metadata/context, registry, dispatch, error reason
+    assert {p for p, _ in quoted} == set(COMPILED)
+    assert len(found) == 14
     for m in found:
         assert m["body"] == cut(ROOT / m["path"], m["name"]), f"docs/clients.md {m['path']}#{m['name']} differs"
 
 
 def test_every_marked_snippet_is_quoted() -> None:
     quoted = {(m["path"], m["name"]) for m in MARKER.finditer(DOC.read_text())}
-    for path in ("clients/java/src/MotorClient.java", "clients/cpp/motor_client.cc"):
+    for path in COMPILED:
         names = re.findall(r"^\s*// snippet: ([\w-]+)$", (ROOT / path).read_text(), re.M)
         assert names and {(path, n) for n in names} <= quoted, f"{path}: a marked snippet is not in the docs"
