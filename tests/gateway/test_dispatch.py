@@ -168,6 +168,21 @@ async def test_in_process_dispatch_deadline_gives_504() -> None:
         await asyncio.wait_for(fake.cancelled.wait(), 5)
 
 
+async def test_in_process_deadline_mid_stream_ends_the_stream_with_a_timeout_event() -> None:
+    """The co-located front's one deadline timer per request: it fires while the handler waits for
+    the next frame of a started stream (the client got the head and a chunk): a final SSE error
+    event, the dispatch cancelled."""
+    async with in_process_gateway(request_timeout=0.5) as (url, fake), aiohttp.ClientSession() as http:
+        fake.script = hanging(head(200, "text/event-stream"), chunk(b'data: {"n":1}\n\n'))
+        async with http.post(f"{url}/v1/completions", json={**COMPLETION, "stream": True}) as resp:
+            assert resp.status == 200
+            body = await asyncio.wait_for(resp.read(), 10)
+        first, last = [e for e in body.split(b"\n\n") if e]
+        assert first == b'data: {"n":1}'
+        assert_openai_error(orjson.loads(last.removeprefix(b"data: ")), "timeout_error")
+        await asyncio.wait_for(fake.cancelled.wait(), 5)
+
+
 async def test_unreachable_coordinator_gives_503(tmp_path: Path) -> None:
     from tests.helpers import free_port
 

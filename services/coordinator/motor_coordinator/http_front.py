@@ -92,27 +92,47 @@ def _error(exc: BaseException) -> HttpError:
 
 
 class _LocalStream:
-    __slots__ = ("_deadline", "_frames", "_rid", "_timeout", "head")
+    """The dispatcher's frames for the HTTP handler, under the request's deadline: one timer per
+    request (not an ``asyncio.timeout`` per frame), which cancels the handler's task only while it
+    waits for the next frame; a deadline that passed meanwhile fails the next wait at once."""
+
+    __slots__ = ("_fired", "_frames", "_rid", "_task", "_timeout", "_timer", "_waiting", "head")
 
     def __init__(self, frames: AsyncIterator[Frame], deadline: float, timeout: float, rid: str) -> None:
         self._frames = frames
-        self._deadline = deadline
         self._timeout = timeout
         self._rid = rid
+        self._task = asyncio.current_task()
+        self._waiting = False
+        self._fired = False
+        self._timer = asyncio.get_running_loop().call_at(deadline, self._on_deadline)
         self.head = Head(200, "")
 
+    def _on_deadline(self) -> None:
+        self._fired = True
+        if self._waiting and self._task is not None:
+            self._task.cancel()
+
+    def _deadline_exceeded(self) -> DispatchFailed:
+        return DispatchFailed(_error(DeadlineExceeded(
+            f"request {self._rid} did not finish within {self._timeout:.3g}s", reason="REQUEST_TIMEOUT")))
+
     async def next(self) -> Frame | None:
+        if self._fired:
+            raise self._deadline_exceeded()
+        self._waiting = True
         try:
-            async with asyncio.timeout_at(self._deadline):
-                return await anext(self._frames)
+            return await anext(self._frames)
         except StopAsyncIteration:
             return None
-        except TimeoutError:
-            raise DispatchFailed(_error(DeadlineExceeded(
-                f"request {self._rid} did not finish within {self._timeout:.3g}s", reason="REQUEST_TIMEOUT"
-            ))) from None
+        except asyncio.CancelledError:
+            if self._fired and self._task is not None and self._task.uncancel() == 0:  # the deadline's cancel only
+                raise self._deadline_exceeded() from None
+            raise
         except Exception as exc:
             raise DispatchFailed(_error(exc)) from None
+        finally:
+            self._waiting = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         while (frame := await self.next()) is not None:
@@ -120,6 +140,7 @@ class _LocalStream:
                 yield frame
 
     async def aclose(self) -> None:
+        self._timer.cancel()
         # Closes the engine responses (the engines see the disconnect and abort).
         aclose = getattr(self._frames, "aclose", None)
         if aclose is not None:
