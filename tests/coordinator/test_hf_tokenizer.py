@@ -315,3 +315,27 @@ def test_piecewise_only_where_the_library_encodes_pieces_independently(model_dir
     normalized = {**spec, "normalizer": {"type": "NFC"},
                   "added_tokens": [{**spec["added_tokens"][0], "normalized": True}]}
     assert piecewise_added_tokens(normalized) is None
+
+
+# (template, vLLM's auto content format); tests/realengine checks these against vLLM's own function
+CONTENT_FORMATS = [
+    ("{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}", "openai"),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", "string"),
+    ("{% for t in tools %}{% for x in t.content %}{{ x }}{% endfor %}{% endfor %}"
+     "{% for m in messages %}{{ m.content }}{% endfor %}", "string"),
+    ("{% set msgs = messages[1:] %}{% for m in msgs %}{% for p in m.content %}{{ p.text }}{% endfor %}"
+     "{% endfor %}", "openai"),
+    ("{% macro show(c) %}{% for p in c %}{{ p.text }}{% endfor %}{% endmacro %}"
+     "{% for m in messages %}{{ show(m.content) }}{% endfor %}", "openai"),
+    ("{% macro show(c) %}{% for p in c %}{{ p }}{% endfor %}{% endmacro %}"
+     "{% for m in messages %}{{ show(m.role) }}{% endfor %}", "string"),
+    ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+     "{% for p in m.content | list %}{{ p.text }}{% endfor %}{% endif %}{% endfor %}", "openai"),
+    ("{% set content = messages[0].content %}{% for x in content %}{{ x }}{% endfor %}", "openai"),
+    ("{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}", "string"),
+]
+
+
+@pytest.mark.parametrize(("template", "fmt"), CONTENT_FORMATS)
+def test_content_format_detection_follows_vllms_rules(hf: HfTokenizer, template: str, fmt: str) -> None:
+    assert HfTokenizer(hf._tok, template, {}).content_format == fmt

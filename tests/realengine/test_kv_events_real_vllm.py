@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 
 from motor_common.kv_events import Flavour, vllm_event_hashes
-from motor_coordinator.hf_tokenizer import load_hf_tokenizer
+from motor_coordinator.hf_tokenizer import HfTokenizer, load_hf_tokenizer
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_subscriber import EventSource, KvEventSubscriber
 from motor_coordinator.prompt_tokens import PromptTokens
@@ -161,6 +161,9 @@ TEMPLATES = {
               "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] | trim + ' [/INST]' }}"
               "{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
               "{% endif %}{% endfor %}",
+    "generation": "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' %}{% generation %}"
+                  "{{ m.content }}{{ eos_token }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n"
+                  "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
     "ns": "{%- set ns = namespace(sys='') -%}\n{%- for m in messages -%}\n  {%- if m.role == 'system' -%}"
           "{%- set ns.sys = m.content -%}{%- endif -%}\n{%- endfor -%}\n{{ bos_token }}{{ ns.sys | tojson }}\n"
           "{% for m in messages if m.role != 'system' %}\n    <{{ m.role }}>{{ m.content }}</{{ m.role }}>\n"
@@ -213,3 +216,24 @@ def test_the_renderer_matches_transformers_apply_chat_template(tmp_path: Path) -
             errors += want is None
     # llama2 refuses a system message (raise_exception) in 3 cases: both sides give no ids
     assert errors == 3 and len(theirs) == len(TEMPLATES) * len(CASES)
+
+
+VLLM_SIDE = """
+import json, sys
+from vllm.renderers.hf import _detect_content_format
+print(json.dumps([_detect_content_format(t, default="string") for t in json.load(sys.stdin)]))
+"""
+
+
+def test_content_format_detection_matches_vllms() -> None:
+    from tests.coordinator.test_hf_tokenizer import CONTENT_FORMATS
+
+    templates = [t for t, _ in CONTENT_FORMATS] + [TEMPLATE, *TEMPLATES.values()]
+    run = subprocess.run([str(VENV / "bin" / "python"), "-c", VLLM_SIDE], input=json.dumps(templates),
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    hf = load_hf_tokenizer(str(MODEL_DIR))
+    ours = [HfTokenizer(hf._tok, t, {}).content_format for t in templates]
+    assert ours == theirs
+    assert theirs[: len(CONTENT_FORMATS)] == [f for _, f in CONTENT_FORMATS]

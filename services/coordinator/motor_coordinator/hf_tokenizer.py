@@ -87,21 +87,86 @@ def _pick_template(value: Any, where: Path) -> str | None:
 
 
 def detect_content_format(env: Any, source: str) -> ContentFormat:
-    """vLLM's ``--chat-template-content-format auto``: "openai" (content passed as a list of parts)
-    when the template loops over a message's content, else "string" (parts joined by newlines)."""
+    """vLLM's ``--chat-template-content-format auto`` (``vllm/renderers/hf.py``, same rules):
+    "openai" (content passed as a list of parts) when the template loops over a message's
+    content - directly, through a variable assigned from it, or through a macro parameter that
+    receives it -, else "string" (parts joined by newlines). A template whose analysis fails is
+    "string", as in vLLM."""
+    try:
+        return "openai" if _loops_over_content(env.parse(source)) else "string"
+    except Exception:
+        return "string"
+
+
+def _loops_over_content(root: Any) -> bool:
     from jinja2 import nodes
 
-    def is_content(n: Any) -> bool:
-        if isinstance(n, nodes.Name):
-            return bool(n.name == "content")
-        if isinstance(n, nodes.Getattr):
-            return bool(n.attr == "content")
-        if isinstance(n, nodes.Getitem):
-            return isinstance(n.arg, nodes.Const) and n.arg.value == "content"
-        return False
+    def is_var(n: Any, name: str) -> bool:
+        return isinstance(n, nodes.Name) and n.ctx == "load" and n.name == name
 
-    ast = env.parse(source)
-    return "openai" if any(is_content(loop.iter) for loop in ast.find_all(nodes.For)) else "string"
+    def is_attr(n: Any, name: str, key: str) -> bool:
+        if isinstance(n, nodes.Getitem):
+            return is_var(n.node, name) and isinstance(n.arg, nodes.Const) and n.arg.value == key
+        return isinstance(n, nodes.Getattr) and is_var(n.node, name) and n.attr == key
+
+    def reaches(n: Any, name: str, key: str | None = None) -> bool:
+        """*n* is the variable (or its *key*), maybe through filters, tests or a slice."""
+        if isinstance(n, nodes.Filter):
+            return n.node is not None and reaches(n.node, name, key)
+        if isinstance(n, nodes.Test):
+            return reaches(n.node, name, key)
+        if isinstance(n, nodes.Getitem) and isinstance(n.arg, nodes.Slice):
+            return reaches(n.node, name, key)
+        return is_attr(n, name, key) if key else is_var(n, name)
+
+    def target(loop: Any) -> str:
+        if not isinstance(loop.target, nodes.Name):
+            raise ValueError("a loop target that is not a name")  # vLLM: analysis fails
+        return str(loop.target.name)
+
+    # names holding the messages (assigned from them, transitively), then the loop variables over them
+    lists, todo = ["messages"], ["messages"]
+    while todo:
+        name = todo.pop(0)
+        for a in root.find_all(nodes.Assign):
+            if reaches(a.node, name):
+                if not isinstance(a.target, nodes.Name):
+                    raise ValueError("an assignment target that is not a name")
+                lists.append(a.target.name)
+                if a.target.name != name:
+                    todo.append(a.target.name)
+    items = [target(loop) for loop in root.find_all(nodes.For) if any(reaches(loop.iter, v) for v in lists)]
+    # macro parameters that receive a message's content, and the loops inside macros
+    params_of: dict[int, set[str]] = {}
+    in_macro: set[int] = set()
+    for macro in root.find_all(nodes.Macro):
+        names = [a.name for a in macro.args]
+        params: set[str] = set()
+        for call in root.find_all(nodes.Call):
+            if not (isinstance(call.node, nodes.Name) and call.node.name == macro.name):
+                continue
+            for i, arg in enumerate(call.args):
+                if i < len(names) and any(reaches(arg, v, "content") for v in items):
+                    params.add(names[i])
+            for kw in call.kwargs:
+                if kw.key in names and any(reaches(kw.value, v, "content") for v in items):
+                    params.add(kw.key)
+        for loop in macro.find_all(nodes.For):
+            in_macro.add(id(loop))
+            if params:
+                params_of[id(loop)] = params
+    for loop in root.find_all(nodes.For):
+        if any(reaches(loop.iter, v, "content") for v in items):
+            target(loop)
+            return True
+        it = loop.iter
+        if isinstance(it, nodes.Name) and it.name in params_of.get(id(loop), ()):
+            target(loop)
+            return True
+        if id(loop) not in in_macro and isinstance(it, nodes.Name) and it.name == "content":
+            target(loop)
+            return True
+    return False
 
 
 # Pre-tokenizers / normalizers that treat every piece between two added tokens on its own, so a
@@ -146,6 +211,26 @@ def piecewise_added_tokens(spec: Mapping[str, Any]) -> dict[str, int] | None:
     return out
 
 
+def _generation_tag() -> type:
+    """transformers' ``{% generation %}...{% endgeneration %}`` (marks assistant text for training
+    masks): rendered as its body, which is all it does when not tracking."""
+    import jinja2.ext
+    from jinja2 import nodes
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Any) -> str:
+            return str(caller())
+
+    return Generation
+
+
 class HfTokenizer:
     """A tokenizer.json plus chat template, encoding at most ``limit`` ids of a prompt.
 
@@ -187,7 +272,7 @@ class HfTokenizer:
                 return datetime.now().strftime(fmt)
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[jinja2.ext.loopcontrols])
+                                                extensions=[_generation_tag(), jinja2.ext.loopcontrols])
             env.filters["tojson"] = tojson
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = strftime_now
