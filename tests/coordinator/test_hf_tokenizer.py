@@ -339,3 +339,24 @@ CONTENT_FORMATS = [
 @pytest.mark.parametrize(("template", "fmt"), CONTENT_FORMATS)
 def test_content_format_detection_follows_vllms_rules(hf: HfTokenizer, template: str, fmt: str) -> None:
     assert HfTokenizer(hf._tok, template, {}).content_format == fmt
+
+
+def test_a_claude_code_attribution_line_in_the_system_prompt_is_dropped_as_vllm_does(hf: HfTokenizer) -> None:
+    def system(content: Any) -> str:
+        return hf.render_chat({"messages": [{"role": "system", "content": content}], "add_generation_prompt": False})
+
+    assert system("x-anthropic-billing-header: cch=1\nBe brief.") == system("Be brief.")
+    assert system([{"type": "text", "text": "x-anthropic-billing-header: cch=2"},
+                   {"type": "text", "text": "Be brief."}]) == system("Be brief.")
+    assert system("Be brief.\nx-anthropic-billing-header") != system("Be brief.")  # only at the start
+
+
+def test_continue_final_message_with_content_parts(tmp_path: Path) -> None:
+    tpl = ("{% for m in messages %}<{{ m.role }}>{% for p in m.content %}{{ p.text }}{% endfor %}</{{ m.role }}>"
+           "{% endfor %}")
+    hf = load_hf_tokenizer(str(make_tokenizer(tmp_path / "m", template=tpl)))
+    body = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon"}],
+            "add_generation_prompt": False, "continue_final_message": True}
+    assert hf.render_chat(body) == "<user>Hi</user><assistant>Once upon"
+    empty = {**body, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]}
+    assert chat(empty, hf) is None  # nothing to continue: transformers refuses it

@@ -68,6 +68,17 @@ CHAT_BODY = {"messages": [
     {"role": "user", "content": [{"type": "text", "text": "Tell me a story"},
                                  {"type": "text", "text": "about a robot."}]},
 ]}
+ODD_CHATS = [
+    # vLLM drops Claude Code's attribution line from system prompts
+    {"messages": [{"role": "system", "content": "x-anthropic-billing-header: cch=abc\nBe brief."},
+                  {"role": "user", "content": "Hello world"}]},
+    # an assistant turn left open; the request asks for special tokens on top of the template's
+    {"messages": [{"role": "user", "content": "Hello world"}, {"role": "assistant", "content": "Once upon"}],
+     "add_generation_prompt": False, "continue_final_message": True},
+    {"messages": [{"role": "user", "content": "Hello world"}], "add_special_tokens": True},
+    {"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": None},
+                  {"role": "user", "content": "world"}], "add_generation_prompt": False},
+]
 TEXT = ("Once upon a time there was a small engine that answered every question with random words. "
         "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
         "The controller registers nodes, assembles instances and keeps the fleet healthy.")
@@ -136,6 +147,11 @@ async def test_real_vllm_reports_the_block_hashes_motor_predicts() -> None:
             engine_text = (await post(real.url, "/tokenize", {"prompt": TEXT}))["tokens"]
             assert list(chat_ids) == engine_chat
             assert list(text_ids) == engine_text
+            for body in ODD_CHATS:  # each as vLLM renders it
+                ours = token_ids(parsed_request(CHAT, {"model": NAME, **body}))
+                assert ours is not None
+                theirs = (await post(real.url, "/tokenize", body))["tokens"]
+                assert list(ours) == theirs, body
             bos = 1
             assert chat_ids.count(bos) == 1 and chat_ids[0] == bos  # the template's, not added again
             assert text_ids[0] == bos  # completions text: the post-processor's

@@ -44,6 +44,7 @@ _UNSUPPORTED_CHAT = ("tools", "chat_template", "truncate_prompt_tokens", "mm_pro
 _RESERVED_KWARGS = frozenset({"chat_template", "tokenize", "messages", "tools", "documents",
                               "add_generation_prompt", "continue_final_message"})
 ContentFormat = Literal["string", "openai"]
+_BILLING_HEADER = "x-anthropic-billing-header"
 
 
 class Unsupported(Exception):
@@ -387,8 +388,12 @@ class HfTokenizer:
             if isinstance(content, str):
                 final = content
                 last["content"] = content + _CONTINUE_TAG
-            else:
-                raise Unsupported("continue_final_message on a list content")
+            else:  # parts (a copy, made by _message): the last text part is continued
+                texts = [p for p in (content or ()) if "text" in p]
+                if not texts:
+                    raise Unsupported("no text to continue")
+                final = texts[-1]["text"]
+                texts[-1]["text"] = final + _CONTINUE_TAG
         text: str = self._template.render(
             messages=conversation, tools=None, documents=documents, add_generation_prompt=add_gen,
             **{**self.special, **kwargs},
@@ -422,6 +427,15 @@ class HfTokenizer:
                 texts.append(part["text"])
         else:
             raise Unsupported("content of an unknown type")
+        if role == "system":  # vLLM drops Claude Code's per-request attribution line (and an empty rest)
+            kept = []
+            for t in texts:
+                if t.startswith(_BILLING_HEADER):
+                    t = t.partition("\n")[2]
+                    if not t:
+                        continue
+                kept.append(t)
+            texts = kept
         out: dict[str, Any] = {"role": role}
         if self.content_format == "openai":
             out["content"] = [{"type": "text", "text": t} for t in texts]
