@@ -661,6 +661,21 @@ class Dispatcher:
                 fate.trace.retry("union", "unreachable", failed, cand)
         raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
 
+    async def _open_whole(self, cand: Candidate, req: ParsedRequest, rid: str,
+                          fate: _Fate) -> tuple[aiohttp.ClientResponse | None, EngineCall, str]:
+        """Send the request as it is to *cand*'s engine (a pass-through or stored-response attempt)
+        under the first-byte watchdog: its response, or None and why it could not be reached (the
+        engine's failure recorded)."""
+        call = fate.trace.call(cand.instance.role.value, cand)
+        try:
+            resp = await self._attempt(cand, cand.instance.role.value, fate, self.client.open(
+                cand.endpoint, req.path, req.engine_body, rid, trace=call.carrier, method=req.method))
+        except EngineUnreachable as exc:
+            call.fail("unreachable")
+            self.scheduler.record_failure(cand.endpoint)
+            return None, call, str(exc)
+        return resp, call, ""
+
     async def _relay_whole(self, resp: aiohttp.ClientResponse, cand: Candidate, rid: str,
                            call: EngineCall) -> AsyncIterator[Frame]:
         """One engine's answer relayed as it is (a union or pass-through attempt): its head, then
@@ -708,16 +723,10 @@ class Dispatcher:
             cand = self.scheduler.pick_first(order, info, tried)
             if cand is None:
                 break
-            role = cand.instance.role.value
-            call = fate.trace.call(role, cand)
             async with self.scheduler.load_guard(cand):
-                try:
-                    resp = await self._attempt(cand, role, fate, self.client.open(
-                        cand.endpoint, req.path, req.engine_body, rid, trace=call.carrier, method=req.method))
-                except EngineUnreachable as exc:
-                    call.fail("unreachable")
-                    self.scheduler.record_failure(cand.endpoint)
-                    last = str(exc)
+                resp, call, failure = await self._open_whole(cand, req, rid, fate)
+                if resp is None:
+                    last = failure
                 else:
                     # a 5xx counts against the engine: nothing else took part in the answer
                     async for frame in self._remembering(req, cand, self._relay_whole(resp, cand, rid, call)):
@@ -780,16 +789,10 @@ class Dispatcher:
         last: _Answer | None = None
         unreachable = ""
         for cand in order:
-            role = cand.instance.role.value
-            call = fate.trace.call(role, cand)
             async with self.scheduler.load_guard(cand):
-                try:
-                    resp = await self._attempt(cand, role, fate, self.client.open(
-                        cand.endpoint, req.path, req.engine_body, rid, trace=call.carrier, method=req.method))
-                except EngineUnreachable as exc:
-                    call.fail("unreachable")
-                    self.scheduler.record_failure(cand.endpoint)
-                    unreachable = str(exc)
+                resp, call, failure = await self._open_whole(cand, req, rid, fate)
+                if resp is None:
+                    unreachable = failure
                     continue
                 if resp.status == 404:  # not stored here (or no such route on this engine)
                     try:
