@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -69,6 +70,18 @@ async def motor_cli(*args: str, env: dict[str, str], timeout: float = 30.0) -> t
     return int(proc.returncode or 0), out.decode(), err.decode()
 
 
+async def register_engines(coordinator: str, key_file: Path, model: str, engine: str,
+                           engines: Iterable[tuple[str, Proc]]) -> dict[str, str]:
+    """Register each (role, simulator) with the coordinator at *coordinator* through the real
+    ``motor register add``; returns the CLI environment used (coordinator, management key file)."""
+    env = {"MOTOR_COORDINATOR": coordinator, "MOTOR_MANAGEMENT_KEY_FILE": str(key_file)}
+    for role, sim in engines:
+        rc, out, err = await motor_cli("register", "add", "--role", role, "--model", model,
+                                       "--engine", engine, "--endpoint", endpoint_arg(sim), env=env)
+        assert rc == 0, f"register {role} on {coordinator} failed:\n{out}\n{err}"
+    return env
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module",
                         params=["vllm/gateway", "sglang/gateway", "vllm/co-located", "sglang/co-located"])
 async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
@@ -95,11 +108,8 @@ async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             completion_before = (r.status, r.headers.get("Retry-After"), await r.json())
 
         (logs / "cli.key").write_text(KEY)
-        env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
-        for role, sim in (("prefill", prefill), ("decode", decode)):
-            rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
-                                           "--engine", flavour, "--endpoint", endpoint_arg(sim), env=env)
-            assert rc == 0, f"register {role} failed:\n{out}\n{err}"
+        env = await register_engines(coordinator.address, logs / "cli.key", MODEL, flavour,
+                                     (("prefill", prefill), ("decode", decode)))
         await wait_for(lambda: _ready(front_url), timeout=20, what="front ready after registration")
         pd = AsyncOpenAI(base_url=f"{front_url}/v1", api_key="unused", max_retries=0)
         ref = AsyncOpenAI(base_url=f"{union.url}/v1", api_key="unused", max_retries=0)

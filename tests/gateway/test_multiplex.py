@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 
 from motor_gateway.config import GatewayConfig
-from tests.e2e.test_standalone import endpoint_arg, motor_cli
+from tests.e2e.test_standalone import register_engines
 from tests.gateway.fakes import fake_coordinator, running_gateway
 from tests.helpers import free_port, wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
@@ -70,11 +70,8 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
         coordinator = await es.enter_async_context(start_coordinator(
             logs, {"server": {"metrics_port": 0}}, management_key=KEY))
         (logs / "cli.key").write_text(KEY)
-        env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
-        for role, sim in (("prefill", prefill), ("decode", decode)):
-            rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
-                                           "--engine", "vllm", "--endpoint", endpoint_arg(sim), env=env)
-            assert rc == 0, f"register {role} failed:\n{out}\n{err}"
+        await register_engines(coordinator.address, logs / "cli.key", MODEL, "vllm",
+                               (("prefill", prefill), ("decode", decode)))
         mux = await es.enter_async_context(start_gateway(logs, [coordinator.address], name="gw-mux"))
         unary = await es.enter_async_context(start_gateway(
             logs, [coordinator.address], name="gw-unary", config={"multiplex": False}))
@@ -214,11 +211,8 @@ async def test_a_coordinator_that_dies_fails_the_requests_open_on_the_stream_and
 
 
 async def _register(coordinator: Proc, fleet: Fleet) -> None:
-    env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(fleet.logs / "cli.key")}
-    for role, sim in (("prefill", fleet.prefill), ("decode", fleet.decode)):
-        rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
-                                       "--engine", "vllm", "--endpoint", endpoint_arg(sim), env=env)
-        assert rc == 0, f"register {role} failed:\n{out}\n{err}"
+    await register_engines(coordinator.address, fleet.logs / "cli.key", MODEL, "vllm",
+                           (("prefill", fleet.prefill), ("decode", fleet.decode)))
 
 
 async def test_a_coordinator_without_dispatch_many_gets_dispatch_calls(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from tests.e2e.test_standalone import endpoint_arg, motor_cli
+from tests.e2e.test_standalone import register_engines
 from tests.helpers import wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
@@ -152,12 +152,8 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
                    # decode served a request would tie the two and make the choice round robin.
                    "dispatch": {"metrics_scrape_interval_sec": 0}}, management_key=KEY))
         (logs / "cli.key").write_text(KEY)
-        env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
-        for role, sims in (("prefill", prefills), ("decode", decodes)):
-            for sim in sims:
-                rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
-                                               "--engine", "vllm", "--endpoint", endpoint_arg(sim), env=env)
-                assert rc == 0, f"register {role} failed:\n{out}\n{err}"
+        await register_engines(coordinator.address, logs / "cli.key", MODEL, "vllm",
+                               [*(("prefill", s) for s in prefills), *(("decode", s) for s in decodes)])
         gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address], name="gw",
                                                              config={"workers": 2}))
         await wait_for(lambda: len(worker_pids(gateway)) == 2, timeout=30, what="two gateway workers")
