@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 
 from motor_gateway.mux import WINDOW_BYTES
-from tests.e2e.test_standalone import endpoint_arg, motor_cli
+from tests.e2e.test_standalone import register_engines
 from tests.helpers import wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
@@ -59,11 +59,8 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
         coordinator = await es.enter_async_context(start_coordinator(
             logs, {"server": {"metrics_port": 0}}, management_key=KEY))
         (logs / "cli.key").write_text(KEY)
-        env = {"MOTOR_COORDINATOR": coordinator.address, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
-        for role, sim in (("prefill", prefill), ("decode", decode)):
-            rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
-                                           "--engine", "vllm", "--endpoint", endpoint_arg(sim), env=env)
-            assert rc == 0, f"register {role} failed:\n{out}\n{err}"
+        await register_engines(coordinator.address, logs / "cli.key", MODEL, "vllm",
+                               (("prefill", prefill), ("decode", decode)))
         gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address]))
         await wait_for(lambda: _ready(gateway.url), timeout=30, what="gateway ready")
         yield Fleet(coordinator, gateway)
@@ -161,8 +158,9 @@ async def test_a_slow_reader_is_held_to_its_window_and_others_are_served(fleet: 
         for i in range(3):
             async with aiohttp.ClientSession() as s, s.post(fleet.gateway.url + "/v1/completions", json={
                     "model": MODEL, "prompt": f"meanwhile {i}", "max_tokens": 4}) as r:
-                assert r.status == 200
-                assert orjson.loads(await r.read())["choices"][0]["text"]
+                answer = await r.read()
+                assert r.status == 200, (r.status, answer)
+                assert orjson.loads(answer)["choices"][0]["text"]
         assert await _buffered(fleet) <= BOUND
         # Reading again: the whole answer arrives, event for event the fast reader's.
         body = await asyncio.wait_for(slow.chunked_body(), 60)

@@ -29,7 +29,7 @@ from openai import AsyncOpenAI
 
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
-from tests.e2e.test_standalone import endpoint_arg, motor_cli
+from tests.e2e.test_standalone import register_engines
 from tests.etcd_server import EtcdServer, etcd_server
 from tests.helpers import wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
@@ -124,11 +124,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
             logs, list(coords), config={"request_timeout_sec": 8}))
         (logs / "cli.key").write_text(KEY)
         for addr in coords:  # the instance set is pushed to both: the standby stays warm
-            env = {"MOTOR_COORDINATOR": addr, "MOTOR_MANAGEMENT_KEY_FILE": str(logs / "cli.key")}
-            for role, sim in (("prefill", prefill), ("decode", decode)):
-                rc, out, err = await motor_cli("register", "add", "--role", role, "--model", MODEL,
-                                               "--engine", "vllm", "--endpoint", endpoint_arg(sim), env=env)
-                assert rc == 0, f"register {role} on {addr} failed:\n{out}\n{err}"
+            await register_engines(addr, logs / "cli.key", MODEL, "vllm", (("prefill", prefill), ("decode", decode)))
         client = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0,
                              timeout=CLIENT_TIMEOUT)
         es.push_async_callback(client.close)
@@ -198,10 +194,20 @@ async def test_sigstop_master_fails_over_within_5s_and_the_old_master_returns_as
     finally:
         os.kill(cluster.coordinators[old].pid, signal.SIGCONT)
     resumed_at = time.monotonic()
-    await wait_for(lambda: cluster.readiness(old), timeout=10, what="old master answering")
-    view = await cluster.readiness(old)
-    assert view is not None and view.role == cpb.COORDINATOR_ROLE_STANDBY and not view.ready
-    assert view.reason == "Coordinator is not master"
+    # Resumed, the old master first reads its overdue lease as "master, isolated" (not ready, it
+    # refuses dispatch), then finds the lock taken and steps down: every answer until then is
+    # not ready, and it ends as standby.
+    views: list[cpb.GetReadinessResponse] = []
+
+    async def stepped_down() -> bool:
+        view = await cluster.readiness(old)
+        if view is not None:
+            views.append(view)
+        return view is not None and view.role == cpb.COORDINATOR_ROLE_STANDBY
+
+    await wait_for(stepped_down, timeout=15, what="the old master back as standby")
+    assert not any(v.ready for v in views), views
+    assert views[-1].reason == "Coordinator is not master"
     # Load keeps flowing after the resume; let it run a little, then stop.
     await wait_for(lambda: sum(r.ok and r.start > resumed_at for r in results) >= 20, timeout=15,
                    what="load after the resume")
