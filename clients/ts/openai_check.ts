@@ -79,6 +79,8 @@ async function main(): Promise<void> {
   const detok = await (await fetch(`${root}/detokenize`, { method: "POST", headers: auth,
                                                           body: JSON.stringify({ model, tokens: tok.tokens }) })).json();
   report("tokenize", { count: tok.count, prompt: detok.prompt });
+  const version = await fetch(`${root}/version`, { headers: auth });
+  report("version", { status: version.status, body: await version.json() });
 
   report("error.unknown_model", await apiError(() => client.completions.create({ model: "no-such-model", prompt: "x" })));
   report("error.engine", await apiError(() => client.completions.create({ model, prompt: "x", max_tokens: -3 })));

@@ -242,6 +242,7 @@ async def test_npm_openai_sdk_through_the_gateway(fleet: UpFleet) -> None:
     assert "Response with id 'resp_0000000000000000' not found." in unknown_response["message"]
     assert by["error.responses.delete"]["status"] == 405  # vLLM serves no DELETE
     assert by["tokenize"] == {"check": "tokenize", "count": 4, "prompt": "the sun is hot"}
+    assert by["version"] == {"check": "version", "status": 200, "body": {"version": "0.32.0"}}  # the engines' own
     card = by["models.card"]
     assert card["max_model_len"] and card["root"] and card["permission"] == 1, card
     unknown = by["error.unknown_model"]
