@@ -13,6 +13,7 @@ Needs ``scripts/real-engine-setup``; skips only when the venv is absent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -162,9 +163,56 @@ async def test_real_vllm_reports_the_block_hashes_motor_predicts() -> None:
                 predicted = vllm_event_hashes(list(ids), BS)
                 await wait_for(lambda p=predicted: index.prefix_lengths(NAME, p, ["real"])["real"] == len(p),
                                timeout=30, what="the hf prompt's blocks, as the coordinator hashes them")
+            await routes_by_events(Path(tmp), model, real.url, pub, rep)
         finally:
             await sub.close()
             _stop(real)
+
+
+async def routes_by_events(tmp: Path, model: Path, engine_url: str, pub: int, rep: int) -> None:
+    """End to end: a motor-coordinator (co-located front, kv_events, tokenizer hf) with the engine
+    registered as a union instance follows its events and routes the already-served chat as a
+    held prefix - with no ids (tokenizer none) it could only fall back to the ring."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from motor_cli.main import main as motor
+    from tests.procs import start_coordinator
+
+    key = "tok5-realengine-key"
+    cfg = {"scheduler": {"policy": "kv_events",
+                         "kv_events": {"tokenizer": "hf", "tokenizer_path": str(model), "block_size": BS}},
+           "http": {"port": 0}, "server": {"metrics_port": 0}}
+    async with start_coordinator(tmp / "coordinator", cfg, management_key=key) as coord:
+        url = f"http://127.0.0.1:{coord.ports['http']}"
+        metrics = f"http://127.0.0.1:{coord.ports['metrics']}/metrics"
+
+        async def metric(name: str) -> dict[str, float]:
+            async with aiohttp.ClientSession() as s, s.get(metrics) as r:
+                text = await r.text()
+            return {",".join(f"{k}={v}" for k, v in sorted(x.labels.items())): x.value
+                    for fam in text_string_to_metric_families(text) for x in fam.samples if x.name == name}
+
+        host, port = engine_url.removeprefix("http://").rsplit(":", 1)
+        assert await asyncio.to_thread(motor, ["register", "add", "--coordinator", coord.address, "--management-key-file",
+                      str(tmp / "coordinator" / "coordinator.key"), "--role", "union", "--model", NAME,
+                      "--engine", "vllm", "--no-health-check",
+                      "--endpoint", f"{host}:{port},kv_events={pub},kv_events_replay={rep}"]) == 0
+
+        async def caught_up() -> bool:
+            blocks = await metric("motor_coordinator_kv_index_blocks")
+            stale = await metric("motor_coordinator_kv_index_stale")
+            return bool(blocks) and min(blocks.values()) >= 4 and not any(stale.values())
+
+        try:
+            await wait_for(caught_up, timeout=60, what="the coordinator's index caught up with the engine")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}: blocks {await metric('motor_coordinator_kv_index_blocks')}, stale "
+                                 f"{await metric('motor_coordinator_kv_index_stale')}\n{coord.log()}") from exc
+        before = await metric("motor_coordinator_kv_events_decisions_total")
+        await post(url, "/v1/chat/completions", {**CHAT_BODY, "max_tokens": 1})
+        after = await metric("motor_coordinator_kv_events_decisions_total")
+        gained = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+        assert gained.get("decision=prefix") == 1, gained
 
 
 # --- the renderer against transformers' own apply_chat_template (the real venv's) ---------------
