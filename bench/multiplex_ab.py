@@ -13,41 +13,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import ZERO, start_engines, start_motor, tree_cpu
-from bench.loadgen import run_load
-from bench.run import make_body_factory
+from bench.ab import Results, measure, print_medians
+from bench.common import ZERO, start_engines, start_motor
 
 VARIANTS: dict[str, dict[str, Any]] = {"mux": dict(), "unary": dict(gateway_config={"multiplex": False}), "co": dict(co_located=True)}
 
 async def main(a: argparse.Namespace) -> None:
-    res: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    res: Results = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         async with start_engines(a.flavour, d, ZERO) as e:
             for rnd in range(a.rounds):
                 for v in a.variants:
                     async with start_motor(e, d, name=v, **VARIANTS[v]) as t:
-                        for c in a.conc:
-                            c0 = tree_cpu(t.pids)
-                            r = await run_load(t.name, t.url + "/v1/completions", make_body_factory(a.stream),
-                                               concurrency=c, requests=0, duration=a.seconds, warmup=20)
-                            n = len(r.samples)
-                            cpu = (tree_cpu(t.pids) - c0) / n * 1e6
-                            s = r.summary()
-                            res.setdefault((v, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
-                            print(f"round {rnd} {v:6} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f} "
-                                  f"cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
-    print("medians:")
-    for (v, c), xs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        print(f"  {v:6} c={c:<3} cpu/req {statistics.median(x[0] for x in xs):6.0f}us  "
-              f"rps {statistics.median(x[1] for x in xs):7.0f}  p50 {statistics.median(x[2] for x in xs):6.2f}ms")
+                        await measure(t, v, rnd, a.conc, a.stream, a.seconds, res)
+    print_medians(res)
+
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]

@@ -17,22 +17,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import ZERO, start_engines, start_motor, tree_cpu
-from bench.loadgen import run_load
-from bench.run import make_body_factory
+from bench.ab import Results, measure, print_medians
+from bench.common import ZERO, start_engines, start_motor
 
 _PACKAGES = ("common", "gateway", "services/coordinator")
 
 
 async def main(a: argparse.Namespace) -> None:
     base_path = os.pathsep.join(str(Path(a.base).resolve() / p) for p in _PACKAGES)
-    res: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+    res: Results = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         async with start_engines(a.flavour, d, ZERO) as e:
@@ -50,22 +48,10 @@ async def main(a: argparse.Namespace) -> None:
                         else:
                             os.environ["PYTHONPATH"] = saved
                     try:
-                        for c in a.conc:
-                            c0 = tree_cpu(t.pids)
-                            r = await run_load(t.name, t.url + "/v1/completions", make_body_factory(a.stream),
-                                               concurrency=c, requests=0, duration=a.seconds, warmup=20)
-                            n = len(r.samples)
-                            cpu = (tree_cpu(t.pids) - c0) / n * 1e6
-                            s = r.summary()
-                            res.setdefault((v, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
-                            print(f"round {rnd} {v:5} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f} "
-                                  f"cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
+                        await measure(t, v, rnd, a.conc, a.stream, a.seconds, res)
                     finally:
                         await motor.__aexit__(None, None, None)
-    print("medians:")
-    for (v, c), xs in sorted(res.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        print(f"  {v:5} c={c:<3} cpu/req {statistics.median(x[0] for x in xs):6.0f}us  "
-              f"rps {statistics.median(x[1] for x in xs):7.0f}  p50 {statistics.median(x[2] for x in xs):6.2f}ms")
+    print_medians(res)
 
 
 def _ints(text: str) -> list[int]:
