@@ -1,4 +1,5 @@
-"""The coordinator's co-located OpenAI front writes the same access-log line as the gateway."""
+"""The coordinator's co-located OpenAI front writes the same access-log line as the gateway, and
+its /metrics carries the coordinator's own state."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ async def test_colocated_front_logs_each_request(tmp_path: Path) -> None:
         assert fields["route"] == "/v1/completions" and fields["method"] == "POST"
         assert fields["status"] == str(status) and fields["model"] == "tiny" and fields["stream"] == "False"
         assert float(fields["latency_ms"]) > 0
+
+
+async def test_colocated_front_metrics_carry_the_coordinator_state_without_an_ops_port(tmp_path: Path) -> None:
+    """With no ``server.metrics_port`` the front's /metrics is the only one: the registry, election
+    and KV-index gauges must be there too, not only the request metrics."""
+    async with start_coordinator(tmp_path, {"http": {"port": 0}}) as c, aiohttp.ClientSession() as http:
+        assert c.ports.get("metrics") is None
+        async with http.get(f"http://127.0.0.1:{c.ports['http']}/metrics") as r:
+            assert r.status == 200
+            text = await r.text()
+        for name in ("motor_coordinator_registry_generation", "motor_coordinator_registry_instances",
+                     "motor_coordinator_election_role", "motor_coordinator_isolated"):
+            assert re.search(rf"^{name}(\{{[^}}]*\}})? ", text, re.M), name

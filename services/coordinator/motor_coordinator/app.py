@@ -220,9 +220,12 @@ class Coordinator:
         self.ops = ops_server(self.cfg.server, self._ops_readiness)
         if self.ops is not None:
             await self.ops.start()
+        h = self.cfg.http
+        if self.ops is not None or h.enabled:
+            # The registry, election and KV-index state, on every /metrics this process serves:
+            # the ops port's and the co-located front's (which may be the only one).
             self._collector = CoordinatorCollector(self)
             REGISTRY.register(self._collector)
-        h = self.cfg.http
         if h.enabled:
             assert h.port is not None
             self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=d.request_timeout_sec,
