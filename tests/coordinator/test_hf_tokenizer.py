@@ -16,7 +16,7 @@ from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, KvEventsConfig, SchedulerConfig
-from motor_coordinator.hf_tokenizer import HfTokenizer, load_hf_tokenizer
+from motor_coordinator.hf_tokenizer import HfTokenizer, load_hf_tokenizer, load_hf_tokenizers
 from motor_coordinator.prompt_tokens import PromptTokens, prompt_token_ids
 from motor_coordinator.request import CHAT, COMPLETIONS, parsed_request
 from tests.conftest import tool
@@ -212,10 +212,38 @@ def test_load_errors_name_the_key(tmp_path: Path) -> None:
 def test_the_keys_are_validated(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     for text, what in (("scheduler: {kv_events: {tokenizer: hf}}", "tokenizer_path must name"),
-                       ("scheduler: {kv_events: {tokenizer_path: /x}}", "only used with tokenizer 'hf'")):
+                       ("scheduler: {kv_events: {tokenizer_path: /x}}", "only used with tokenizer 'hf'"),
+                       ("scheduler: {kv_events: {tokenizer_paths: {m: /x}}}", "only used with tokenizer 'hf'"),
+                       ("scheduler: {kv_events: {tokenizer: hf, tokenizer_paths: {m: ''}}}", "maps a model name"),
+                       ("scheduler: {kv_events: {tokenizer: hf, tokenizer_paths: [/x]}}", "tokenizer_paths")):
         p.write_text(text)
         with pytest.raises(ConfigError, match=what):
             load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")
+
+
+def test_each_listed_model_gets_its_own_tokenizer_and_the_others_the_default_or_none(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    other = make_tokenizer(tmp_path / "other", template=(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"))
+    mine, theirs = load_hf_tokenizer(str(model_dir)), load_hf_tokenizer(str(other))
+    body = {"messages": MESSAGES}
+    want = {"a": mine.chat_ids(body, 64), "b": theirs.chat_ids(body, 64)}
+    assert want["a"] and want["b"] and want["a"] != want["b"]
+
+    def ids(tokens: PromptTokens, model: str) -> tuple[int, ...] | None:
+        return tokens(parsed_request(CHAT, {"model": model, **body}))
+
+    default, models = load_hf_tokenizers("", {"a": str(model_dir), "b": str(other)})
+    per_model = PromptTokens("hf", 64, hf=default, hf_models=models)
+    assert default is None and (ids(per_model, "a"), ids(per_model, "b")) == (want["a"], want["b"])
+    assert ids(per_model, "c") is None  # neither listed nor a default: the ring decides
+    default, models = load_hf_tokenizers(str(model_dir), {"b": str(other)})
+    with_default = PromptTokens("hf", 64, hf=default, hf_models=models)
+    assert [ids(with_default, m) for m in ("a", "b", "c")] == [want["a"], want["b"], want["a"]]
+    with pytest.raises(ConfigError, match=r"scheduler\.kv_events\.tokenizer_paths\.b: .*does not exist"):
+        load_hf_tokenizers(str(model_dir), {"b": str(tmp_path / "nope")})
 
 
 async def test_the_coordinator_loads_it_for_kv_events(model_dir: Path) -> None:
@@ -230,6 +258,18 @@ async def test_the_coordinator_loads_it_for_kv_events(model_dir: Path) -> None:
         await app.kv_events.close() if app.kv_events else None
     with pytest.raises(ValueError, match="HfTokenizer"):
         PromptTokens("hf", 10)
+
+
+async def test_the_coordinator_loads_the_per_model_tokenizers(model_dir: Path) -> None:
+    kv = KvEventsConfig(tokenizer="hf", tokenizer_paths={"m": str(model_dir)}, max_prompt_tokens=7)
+    app = Coordinator(CoordinatorConfig(scheduler=SchedulerConfig(policy="kv_events", kv_events=kv)))
+    try:
+        assert app.dispatcher.token_ids is not None
+        listed = app.dispatcher.token_ids(parsed_request(CHAT, {"model": "m", "messages": MESSAGES}))
+        assert listed == load_hf_tokenizer(str(model_dir)).chat_ids({"messages": MESSAGES}, 7)
+        assert app.dispatcher.token_ids(parsed_request(CHAT, {"model": "other", "messages": MESSAGES})) is None
+    finally:
+        await app.kv_events.close() if app.kv_events else None
 
 
 def _run_coordinator(tmp_path: Path, tokenizer_path: str, pythonpath: str | None = None,

@@ -26,7 +26,7 @@ from motor_coordinator.dispatch_service import DispatchServicer
 from motor_coordinator.dispatcher import Dispatcher
 from motor_coordinator.election import EtcdLeadership
 from motor_coordinator.engine_client import EngineClient
-from motor_coordinator.hf_tokenizer import load_hf_tokenizer
+from motor_coordinator.hf_tokenizer import load_hf_tokenizers
 from motor_coordinator.http_front import CoordinatorBackend, HttpFront
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_sources import event_sources
@@ -70,8 +70,9 @@ class Coordinator:
         token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None
         if cfg.scheduler.policy in NEEDS_KV_EVENTS:
             self.kv_events = KvEventSubscriber(self.kv_index, replay_timeout_s=kv.replay_timeout_sec)
-            hf = load_hf_tokenizer(kv.tokenizer_path) if kv.tokenizer == "hf" else None  # ConfigError: exit 2
-            token_ids = PromptTokens(kv.tokenizer, kv.max_prompt_tokens, hf=hf)
+            hf, hf_models = (load_hf_tokenizers(kv.tokenizer_path, kv.tokenizer_paths)  # ConfigError: exit 2
+                             if kv.tokenizer == "hf" else (None, {}))
+            token_ids = PromptTokens(kv.tokenizer, kv.max_prompt_tokens, hf=hf, hf_models=hf_models)
         self.policy = make_policy(cfg.scheduler, PolicyContext(self.kv_index))
         # Engine silence and breaker cool-downs are measured on a clock that stops while this
         # process is frozen or starved (stall_clock.py): waking up, it does not blame the engines.

@@ -36,6 +36,10 @@ class KvEventsConfig:
     # tokenizer "hf": the served model's local directory (tokenizer.json, tokenizer_config.json,
     # chat template), or its tokenizer.json. Read once at start-up; nothing is downloaded.
     tokenizer_path: str = ""
+    # tokenizer "hf" in a fleet of several models: model name -> that model's directory (or
+    # tokenizer.json). A listed model uses its own; the others use tokenizer_path, or, without
+    # one, get no ids (the ring decides for them).
+    tokenizer_paths: dict[str, str] = field(default_factory=dict)
     # The engines' --block-size (vLLM) / --page-size (SGLang), in tokens, until a model's engines
     # report theirs in a BlockStored event (then that one, per model).
     block_size: int = 16
@@ -62,11 +66,16 @@ class KvEventsConfig:
             raise ValueError("scheduler.kv_events.max_blocks_per_engine must be >= 1")
         if self.replay_timeout_sec <= 0:
             raise ValueError("scheduler.kv_events.replay_timeout_sec must be > 0")
-        if self.tokenizer == "hf" and not self.tokenizer_path:
+        if self.tokenizer == "hf" and not self.tokenizer_path and not self.tokenizer_paths:
             raise ValueError("scheduler.kv_events.tokenizer_path must name the model's tokenizer "
-                             "directory (or tokenizer.json) when tokenizer is 'hf'")
-        if self.tokenizer != "hf" and self.tokenizer_path:
-            raise ValueError("scheduler.kv_events.tokenizer_path is only used with tokenizer 'hf'")
+                             "directory (or tokenizer.json) when tokenizer is 'hf' (or tokenizer_paths "
+                             "each model's)")
+        if self.tokenizer != "hf" and (self.tokenizer_path or self.tokenizer_paths):
+            raise ValueError("scheduler.kv_events.tokenizer_path and tokenizer_paths are only used with tokenizer 'hf'")
+        for model, path in self.tokenizer_paths.items():
+            if not model or not path:
+                raise ValueError("scheduler.kv_events.tokenizer_paths maps a model name to its tokenizer "
+                                 f"directory; got {model!r}: {path!r}")
         if self.silence_timeout_sec < 0:
             raise ValueError("scheduler.kv_events.silence_timeout_sec must be >= 0 (0: never)")
 

@@ -66,17 +66,17 @@ def _token_text(value: Any) -> str | None:
     return None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path, key: str = KEY) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{KEY}: cannot read {path}: {exc}") from exc
+        raise ConfigError(f"{key}: cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
-        raise ConfigError(f"{KEY}: {path} must hold a JSON object")
+        raise ConfigError(f"{key}: {path} must hold a JSON object")
     return data
 
 
-def _pick_template(value: Any, where: Path) -> str | None:
+def _pick_template(value: Any, where: Path, key: str = KEY) -> str | None:
     """tokenizer_config.json's ``chat_template``: a string, or a list of named ones ("default")."""
     if value is None or isinstance(value, str):
         return value
@@ -84,7 +84,7 @@ def _pick_template(value: Any, where: Path) -> str | None:
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, Mapping)}
         tpl = named.get("default")
         return tpl if isinstance(tpl, str) else None
-    raise ConfigError(f"{KEY}: the chat_template in {where} is neither a string nor a list of named templates")
+    raise ConfigError(f"{key}: the chat_template in {where} is neither a string nor a list of named templates")
 
 
 def detect_content_format(env: Any, source: str) -> ContentFormat:
@@ -446,11 +446,11 @@ class HfTokenizer:
         return out
 
 
-def load_hf_tokenizer(path: str) -> HfTokenizer:
+def load_hf_tokenizer(path: str, key: str = KEY) -> HfTokenizer:
     """Load ``tokenizer.json`` (+ ``tokenizer_config.json``, ``special_tokens_map.json``,
     ``chat_template.jinja``/``chat_template.json`` when present) from a model directory, or from the
     directory of the tokenizer.json file *path* names. Local files only; a ConfigError naming the
-    key on any problem."""
+    key (*key*) on any problem."""
     try:
         import jinja2
         import jinja2.ext
@@ -458,26 +458,26 @@ def load_hf_tokenizer(path: str) -> HfTokenizer:
     except ImportError as exc:
         raise _missing_extra(exc) from exc
     if not path:
-        raise ConfigError(f"{KEY} must name a model directory or its tokenizer.json when tokenizer is 'hf'")
+        raise ConfigError(f"{key} must name a model directory or its tokenizer.json when tokenizer is 'hf'")
     p = Path(path)
     if p.is_dir():
         directory, file = p, p / "tokenizer.json"
     elif p.is_file():
         directory, file = p.parent, p
     else:
-        raise ConfigError(f"{KEY}: {path} does not exist")
+        raise ConfigError(f"{key}: {path} does not exist")
     if not file.is_file():
-        raise ConfigError(f"{KEY}: no tokenizer.json in {directory} (only fast tokenizers are supported)")
+        raise ConfigError(f"{key}: no tokenizer.json in {directory} (only fast tokenizers are supported)")
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as exc:  # the Rust library's own message (bad JSON, unknown model type, ...)
-        raise ConfigError(f"{KEY}: cannot load {file}: {exc}") from exc
-    added = piecewise_added_tokens(_read_json(file))
+        raise ConfigError(f"{key}: cannot load {file}: {exc}") from exc
+    added = piecewise_added_tokens(_read_json(file, key))
     cfg_file = directory / "tokenizer_config.json"
-    cfg = _read_json(cfg_file) if cfg_file.is_file() else {}
+    cfg = _read_json(cfg_file, key) if cfg_file.is_file() else {}
     special: dict[str, str] = {}
     stm = directory / "special_tokens_map.json"
-    for source in ((_read_json(stm) if stm.is_file() else {}), cfg):
+    for source in ((_read_json(stm, key) if stm.is_file() else {}), cfg):
         for name in SPECIAL_TOKENS:
             value = _token_text(source.get(name))
             if value is not None:
@@ -488,15 +488,15 @@ def load_hf_tokenizer(path: str) -> HfTokenizer:
         if jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")
         elif json_file.is_file():
-            template = _pick_template(_read_json(json_file).get("chat_template"), json_file)
+            template = _pick_template(_read_json(json_file, key).get("chat_template"), json_file, key)
         else:
-            template = _pick_template(cfg.get("chat_template"), cfg_file)
+            template = _pick_template(cfg.get("chat_template"), cfg_file, key)
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{KEY}: cannot read the chat template in {directory}: {exc}") from exc
+        raise ConfigError(f"{key}: cannot read the chat template in {directory}: {exc}") from exc
     try:
         return HfTokenizer(tok, template, special, added)
     except jinja2.TemplateError as exc:
-        raise ConfigError(f"{KEY}: the chat template in {directory} does not compile: {exc}") from exc
+        raise ConfigError(f"{key}: the chat template in {directory} does not compile: {exc}") from exc
 
 
 def first_text(prompt: Any) -> str | None:
@@ -504,3 +504,12 @@ def first_text(prompt: Any) -> str | None:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         prompt = prompt[0]
     return prompt if isinstance(prompt, str) else None
+
+
+def load_hf_tokenizers(path: str, per_model: Mapping[str, str]) -> tuple[HfTokenizer | None, dict[str, HfTokenizer]]:
+    """``tokenizer_path`` (every model's, unless listed; "" = none) and ``tokenizer_paths``
+    (model -> its own), loaded; a ConfigError names the key of the one that failed."""
+    default = load_hf_tokenizer(path) if path else None
+    models = {model: load_hf_tokenizer(p, f"scheduler.kv_events.tokenizer_paths.{model}")
+              for model, p in per_model.items()}
+    return default, models

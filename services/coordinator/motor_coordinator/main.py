@@ -23,7 +23,7 @@ from motor_common.version import add_version_flag
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
 from motor_coordinator.election import EtcdLeadership
-from motor_coordinator.hf_tokenizer import load_hf_tokenizer
+from motor_coordinator.hf_tokenizer import load_hf_tokenizers
 
 log = logging.getLogger("motor_coordinator")
 
@@ -128,7 +128,7 @@ def load_checked(args: argparse.Namespace) -> CoordinatorConfig:
     cfg = load(args)
     kv = cfg.scheduler.kv_events
     if kv.tokenizer == "hf":
-        load_hf_tokenizer(kv.tokenizer_path)
+        load_hf_tokenizers(kv.tokenizer_path, kv.tokenizer_paths)
     return cfg
 
 

@@ -87,19 +87,21 @@ class PromptTokens:
     MAX_CACHED_CHARS = 64 * 1024  # longer messages are tokenized every time, never kept
 
     def __init__(
-        self, tokenizer: TokenizerName, limit: int, cache_entries: int = 4096, hf: HfTokenizer | None = None
+        self, tokenizer: TokenizerName, limit: int, cache_entries: int = 4096, hf: HfTokenizer | None = None,
+        hf_models: Mapping[str, HfTokenizer] | None = None,
     ) -> None:
-        if tokenizer == "hf" and hf is None:
+        if tokenizer == "hf" and hf is None and not hf_models:
             raise ValueError("the hf tokenizer needs a loaded HfTokenizer")
         self.tokenizer: TokenizerName = tokenizer
-        self.hf = hf
+        self.hf = hf  # every model's, unless hf_models names the request's model
+        self.hf_models: Mapping[str, HfTokenizer] = hf_models or {}
         self.limit = limit
         self.cache_entries = cache_entries
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     def __call__(self, req: ParsedRequest) -> tuple[int, ...] | None:
         if req.api != CHAT or self.tokenizer != "simulator":
-            return prompt_token_ids(req, self.tokenizer, self.limit, self.hf)
+            return prompt_token_ids(req, self.tokenizer, self.limit, self.hf_models.get(req.model, self.hf))
         body = req.body
         cont = bool(body.get("continue_final_message", False))
         messages = body.get("messages")
