@@ -44,6 +44,7 @@ from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
 from motor_coordinator.request import ParsedRequest
 from motor_coordinator.state_metrics import CoordinatorCollector
+from motor_coordinator.tokenize_offload import TokenizeOffload
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +69,15 @@ class Coordinator:
         # Only a policy that routes by KV events subscribes to the engines' event streams.
         self.kv_events: KvEventSubscriber | None = None
         token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None
+        # tokenizer hf: long prompts are encoded in a worker thread (tokenize_offload.py)
+        self.tokenize_offload: TokenizeOffload | None = None
         if cfg.scheduler.policy in NEEDS_KV_EVENTS:
             self.kv_events = KvEventSubscriber(self.kv_index, replay_timeout_s=kv.replay_timeout_sec)
             hf, hf_models = (load_hf_tokenizers(kv.tokenizer_path, kv.tokenizer_paths)  # ConfigError: exit 2
                              if kv.tokenizer == "hf" else (None, {}))
             token_ids = PromptTokens(kv.tokenizer, kv.max_prompt_tokens, hf=hf, hf_models=hf_models)
+            if kv.tokenizer == "hf":
+                self.tokenize_offload = TokenizeOffload()
         self.policy = make_policy(cfg.scheduler, PolicyContext(self.kv_index))
         # Engine silence and breaker cool-downs are measured on a clock that stops while this
         # process is frozen or starved (stall_clock.py): waking up, it does not blame the engines.
@@ -86,7 +91,7 @@ class Coordinator:
         self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec)
         self.dispatcher = Dispatcher(
             self.scheduler, self.client, default_adapters(), d, prefix_chars=cfg.scheduler.prefix_chars,
-            token_ids=token_ids,
+            token_ids=token_ids, tokenize_offload=self.tokenize_offload,
         )
         self.monitor = Monitor(
             self.scheduler, self.client,
@@ -264,6 +269,8 @@ class Coordinator:
         await self.tasks.close()
         if self.kv_events is not None:
             await self.kv_events.close()
+        if self.tokenize_offload is not None:
+            self.tokenize_offload.close()
         await self.precision.close()
         if self.ops is not None:
             await self.ops.stop()

@@ -61,6 +61,7 @@ from motor_coordinator.response_homes import (
     response_id_of,
 )
 from motor_coordinator.scheduler import EndpointKey, Route, Scheduler, endpoint_key
+from motor_coordinator.tokenize_offload import TokenizeOffload
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -145,10 +146,13 @@ class Dispatcher:
         *,
         prefix_chars: int = 256,
         token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None,
+        tokenize_offload: TokenizeOffload | None = None,
     ) -> None:
         self.scheduler = scheduler
         # The prompt's token ids for policies that hash them (kv_events); None: not computed.
         self.token_ids = token_ids
+        # Where long prompts are tokenized (a worker thread); None: always on the event loop.
+        self.tokenize_offload = tokenize_offload
         self.client = client
         self.adapters = adapters
         self.cfg = cfg
@@ -200,7 +204,7 @@ class Dispatcher:
                 fate.parole = None
 
     async def _once(self, req: ParsedRequest, request_id: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
-        ids = self.token_ids(req) if self.token_ids is not None else None
+        ids = await self._prompt_ids(req)
         info = RequestInfo(next(self._seq), req.model, prompt_prefix(req, self.prefix_chars), ids)
         route = self.scheduler.route(info)
         if route.union is not None:
@@ -211,6 +215,13 @@ class Dispatcher:
             stream = self._sequential(req, route, info, request_id, fate)
         async for frame in stream:
             yield frame
+
+    async def _prompt_ids(self, req: ParsedRequest) -> tuple[int, ...] | None:
+        if self.token_ids is None:
+            return None
+        if self.tokenize_offload is not None and self.tokenize_offload.wants(req):
+            return await self.tokenize_offload.run(self.token_ids, req)
+        return self.token_ids(req)
 
     async def _migrating(self, req: ParsedRequest, rid: str, fate: _Fate) -> AsyncGenerator[Frame, None]:
         """:meth:`_once`, continued on another engine when its engine dies mid-answer."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from datetime import datetime
@@ -255,6 +256,7 @@ class HfTokenizer:
         self._split = (re.compile("|".join(re.escape(c) for c in sorted(self._added, key=len, reverse=True)))
                        if self._added else None)
         self._cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self.cache_entries = cache_entries
         self.template_source = template_source
         self.content_format: ContentFormat = "string"
@@ -313,16 +315,20 @@ class HfTokenizer:
         yield text[pos:], None
 
     def _piece_ids(self, piece: str, need: int) -> tuple[int, ...]:
-        hit = self._cache.get(piece)
-        if hit is not None:
-            self._cache.move_to_end(piece)
-            return hit
+        # The event loop and the tokenize thread (tokenize_offload.py) share the cache: its
+        # updates are locked, the encoding (which releases the GIL) is not.
+        with self._cache_lock:
+            hit = self._cache.get(piece)
+            if hit is not None:
+                self._cache.move_to_end(piece)
+                return hit
         if len(piece) > self.MAX_CACHED_CHARS:
             return self._encode_prefix(piece, False, need)
         ids = tuple(self._tok.encode(piece, add_special_tokens=False).ids)
-        self._cache[piece] = ids
-        if len(self._cache) > self.cache_entries:
-            self._cache.popitem(last=False)
+        with self._cache_lock:
+            self._cache[piece] = ids
+            if len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
         return ids
 
     def _encode_prefix(self, text: str, add_special_tokens: bool, limit: int) -> tuple[int, ...]:
