@@ -60,3 +60,15 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+async def http_ok(url: str, path: str = "/ready") -> bool:
+    """True when ``GET url+path`` answers 200 within 2 s (a wait_for condition for a front's
+    readiness); a refused or slow connection is False."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url + path, timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False

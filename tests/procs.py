@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
 from tests.conftest import tool
 from tests.helpers import free_port, kill_group, wait_for
 
@@ -341,3 +342,9 @@ async def start_controller(
     argv = [tool("motor-controller"), "--config", str(cfg_path), "--ports-file", str(ports_path), *extra_args]
     async with running(name, argv, log_dir, ready=ports_file_ready(ports_path)) as proc:
         yield proc
+
+
+def sim_instance(iid: int, role: Role, model: str, sim: Proc) -> Instance:
+    """An AVAILABLE vLLM instance of one endpoint: the simulator *sim* (for RegisterInstances)."""
+    return Instance(iid, role, f"job-{iid}", model, EngineType.VLLM, (Endpoint(0, "127.0.0.1", sim.port),),
+                    InstanceStatus.AVAILABLE)

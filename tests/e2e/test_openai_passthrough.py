@@ -17,10 +17,10 @@ import openai
 import pytest
 import pytest_asyncio
 
-from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_common.domain import Role
 from tests.coordinator.grpc_util import KEY, Stubs
 from tests.helpers import free_port, wait_for
-from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
+from tests.procs import Proc, sim_instance, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="module")]
 
@@ -34,11 +34,6 @@ class Fleet:
     prefill: Proc
     decode: Proc
     emb: Proc
-
-
-def _inst(iid: int, role: Role, model: str, sim: Proc) -> Instance:
-    return Instance(iid, role, f"job-{iid}", model, EngineType.VLLM, (Endpoint(0, "127.0.0.1", sim.port),),
-                    InstanceStatus.AVAILABLE)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["gateway", "colocated"])
@@ -57,8 +52,8 @@ async def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             tmp, management_key=KEY, extra_args=["--http-port", str(http_port)] if colocated else []))
         stubs = Stubs(coord.address)
         st.push_async_callback(stubs.close)
-        await stubs.set(_inst(1, Role.PREFILL, CHAT_MODEL, p), _inst(2, Role.DECODE, CHAT_MODEL, d),
-                        _inst(3, Role.UNION, EMB_MODEL, e))
+        await stubs.set(sim_instance(1, Role.PREFILL, CHAT_MODEL, p), sim_instance(2, Role.DECODE, CHAT_MODEL, d),
+                        sim_instance(3, Role.UNION, EMB_MODEL, e))
         if colocated:
             yield Fleet(f"http://127.0.0.1:{http_port}", p, d, e)
         else:

@@ -19,10 +19,10 @@ import openai
 import pytest
 import pytest_asyncio
 
-from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
+from motor_common.domain import Role
 from tests.coordinator.grpc_util import KEY, Stubs
 from tests.helpers import free_port
-from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
+from tests.procs import Proc, sim_instance, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="module")]
 
@@ -34,11 +34,6 @@ STORE = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 class Fleet:
     url: str
     decodes: list[Proc]
-
-
-def _inst(iid: int, role: Role, sim: Proc) -> Instance:
-    return Instance(iid, role, f"job-{iid}", MODEL, EngineType.VLLM, (Endpoint(0, "127.0.0.1", sim.port),),
-                    InstanceStatus.AVAILABLE)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=["gateway", "colocated"])
@@ -56,7 +51,8 @@ async def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             tmp, management_key=KEY, extra_args=["--http-port", str(http_port)] if colocated else []))
         stubs = Stubs(coord.address)
         st.push_async_callback(stubs.close)
-        await stubs.set(_inst(1, Role.PREFILL, p), _inst(2, Role.DECODE, d1), _inst(3, Role.DECODE, d2))
+        await stubs.set(sim_instance(1, Role.PREFILL, MODEL, p), sim_instance(2, Role.DECODE, MODEL, d1),
+                        sim_instance(3, Role.DECODE, MODEL, d2))
         if colocated:
             yield Fleet(f"http://127.0.0.1:{http_port}", [d1, d2])
         else:

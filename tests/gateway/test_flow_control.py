@@ -25,7 +25,7 @@ import pytest_asyncio
 
 from motor_gateway.mux import WINDOW_BYTES
 from tests.e2e.test_standalone import register_engines
-from tests.helpers import wait_for
+from tests.helpers import http_ok, wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
@@ -62,16 +62,8 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
         await register_engines(coordinator.address, logs / "cli.key", MODEL, "vllm",
                                (("prefill", prefill), ("decode", decode)))
         gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address]))
-        await wait_for(lambda: _ready(gateway.url), timeout=30, what="gateway ready")
+        await wait_for(lambda: http_ok(gateway.url), timeout=30, what="gateway ready")
         yield Fleet(coordinator, gateway)
-
-
-async def _ready(url: str) -> bool:
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return r.status == 200
-    except (aiohttp.ClientError, TimeoutError):
-        return False
 
 
 async def _gauge(url: str, name: str) -> float:

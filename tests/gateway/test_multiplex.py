@@ -27,7 +27,7 @@ import pytest_asyncio
 from motor_gateway.config import GatewayConfig
 from tests.e2e.test_standalone import register_engines
 from tests.gateway.fakes import fake_coordinator, running_gateway
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, http_ok, wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
@@ -76,16 +76,8 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
         unary = await es.enter_async_context(start_gateway(
             logs, [coordinator.address], name="gw-unary", config={"multiplex": False}))
         for gw in (mux, unary):
-            await wait_for(lambda gw=gw: _ready(gw.url), timeout=30, what=f"{gw.name} ready")
+            await wait_for(lambda gw=gw: http_ok(gw.url), timeout=30, what=f"{gw.name} ready")
         yield Fleet(coordinator, mux, unary, logs, prefill, decode)
-
-
-async def _ready(url: str) -> bool:
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return r.status == 200
-    except (aiohttp.ClientError, TimeoutError):
-        return False
 
 
 async def _post(url: str, path: str, body: dict[str, object]) -> tuple[int, bytes]:
@@ -179,7 +171,7 @@ async def test_a_coordinator_that_dies_fails_the_requests_open_on_the_stream_and
             logs, management_key=KEY, name="coord-restart", extra_args=args))
         await _register(coordinator, fleet)
         gateway = await es.enter_async_context(start_gateway(logs, [coordinator.address], name="gw-restart"))
-        await wait_for(lambda: _ready(gateway.url), timeout=30, what="gateway ready")
+        await wait_for(lambda: http_ok(gateway.url), timeout=30, what="gateway ready")
         body = {"model": MODEL, "prompt": "long", "max_tokens": 5000, "stream": True}
         async with aiohttp.ClientSession() as s, s.post(gateway.url + "/v1/completions", json=body) as r:
             assert r.status == 200
