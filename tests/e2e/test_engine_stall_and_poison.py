@@ -270,8 +270,12 @@ async def test_a_request_hung_along_with_a_poison_is_served_and_only_the_poison_
         assert poison[0] == "400 poison_request_suspected", poison
         assert len(hung) == 2 and f.p1.name in hung, hung
         suspects = {o: await f.metric("motor_coordinator_poison_suspects_total", model=MODEL, outcome=o)
-                    for o in ("paroled", "cleared", "convicted", "refused")}
-        assert suspects == {"paroled": 2, "cleared": 1, "convicted": 1, "refused": 0}, suspects
+                    for o in ("paroled", "cleared", "convicted", "exonerated", "refused")}
+        # both hit p1's first-byte deadline within the same moment, so either goes on parole first:
+        # the innocent (answered elsewhere: cleared; then the poison goes and is convicted) or the
+        # poison (convicted at once; the innocent is freed as its victim without parole)
+        assert suspects in ({"paroled": 2, "cleared": 1, "convicted": 1, "exonerated": 0, "refused": 0},
+                            {"paroled": 1, "cleared": 0, "convicted": 1, "exonerated": 1, "refused": 0}), suspects
         assert await f.metric("motor_coordinator_poison_requests_total", model=MODEL) == 1
         out, _ = await timed(c, "still served")
         assert out.startswith("ok: "), out
