@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from motor_coordinator.hf_tokenizer import load_hf_tokenizer
+from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizer
 from motor_coordinator.prompt_tokens import PromptTokens
 from motor_coordinator.request import CHAT, COMPLETIONS, ParsedRequest, parsed_request
 
@@ -83,7 +83,7 @@ def timed(fn: PromptTokens, make: Callable[[int], ParsedRequest], n: int, cold: 
         t0, c0 = time.perf_counter(), time.process_time()
         for req in reqs:
             if cold and fn.hf is not None:
-                fn.hf._cache.clear()
+                fn.hf.clear_cache()
             fn(req)
         wall.append((time.perf_counter() - t0) / n * 1e6)
         cpu.append((time.process_time() - c0) / n * 1e6)

@@ -16,7 +16,8 @@ from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, KvEventsConfig, SchedulerConfig
-from motor_coordinator.hf_tokenizer import HfTokenizer, load_hf_tokenizer, load_hf_tokenizers
+from motor_coordinator.hf_tokenizer import HfTokenizer
+from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizer, load_hf_tokenizers
 from motor_coordinator.prompt_tokens import PromptTokens, prompt_token_ids
 from motor_coordinator.request import CHAT, COMPLETIONS, parsed_request
 from tests.conftest import tool
@@ -342,7 +343,7 @@ def test_chat_text_is_encoded_piece_by_piece_between_added_tokens_exactly(model_
 
 
 def test_piecewise_only_where_the_library_encodes_pieces_independently(model_dir: Path) -> None:
-    from motor_coordinator.hf_tokenizer import piecewise_added_tokens
+    from motor_coordinator.hf_encoder import piecewise_added_tokens
 
     spec = json.loads((model_dir / "tokenizer.json").read_text())
     assert piecewise_added_tokens(spec) == {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}

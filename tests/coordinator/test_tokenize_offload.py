@@ -13,7 +13,7 @@ import pytest
 
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, KvEventsConfig, SchedulerConfig
-from motor_coordinator.hf_tokenizer import load_hf_tokenizer
+from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizer
 from motor_coordinator.request import CHAT, COMPLETIONS, ParsedRequest, parsed_request
 from motor_coordinator.tokenize_offload import OFFLOAD_CHARS, TokenizeOffload, prompt_chars
 

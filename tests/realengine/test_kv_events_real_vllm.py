@@ -26,7 +26,8 @@ from typing import Any
 import aiohttp
 
 from motor_common.kv_events import Flavour, vllm_event_hashes
-from motor_coordinator.hf_tokenizer import HfTokenizer, load_hf_tokenizer
+from motor_coordinator.hf_tokenizer import HfTokenizer
+from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizer
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_subscriber import EventSource, KvEventSubscriber
 from motor_coordinator.prompt_tokens import PromptTokens

@@ -26,7 +26,7 @@ from motor_coordinator.dispatch_service import DispatchServicer
 from motor_coordinator.dispatcher import Dispatcher
 from motor_coordinator.election import EtcdLeadership
 from motor_coordinator.engine_client import EngineClient
-from motor_coordinator.hf_tokenizer import load_hf_tokenizers
+from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizers
 from motor_coordinator.http_front import CoordinatorBackend, HttpFront
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_sources import event_sources

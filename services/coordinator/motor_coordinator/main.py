@@ -23,7 +23,7 @@ from motor_common.version import add_version_flag
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import ENV_PREFIX, CoordinatorConfig
 from motor_coordinator.election import EtcdLeadership
-from motor_coordinator.hf_tokenizer import load_hf_tokenizers
+from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizers
 
 log = logging.getLogger("motor_coordinator")
 
