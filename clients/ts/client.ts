@@ -12,6 +12,7 @@ import protobuf from "protobufjs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
+// snippet: load
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 const LOAD = {
   keepCase: true, // field names as in the .proto (instance_id, not instanceId)
@@ -30,20 +31,29 @@ const defs = protoLoader.loadSync(
   LOAD,
 );
 const pkg = grpc.loadPackageDefinition(defs) as any;
+// end snippet
 
 type Tls = { ca_file: string; cert_file: string; key_file: string };
 type Fleet = {
   controller: string; coordinators: string[]; management_key_file: string; inference_key_file: string; tls: Tls | null;
 };
 const fleet: Fleet = JSON.parse(readFileSync(process.argv[2], "utf8"));
+// snippet: metadata
+// Management calls carry the operator key as metadata.
 const key = readFileSync(fleet.management_key_file, "utf8").trim();
 const meta = new grpc.Metadata();
 meta.set("x-motor-management-key", key);
+// end snippet
+// snippet: channel
 // plaintext, or (motor up --tls) TLS with the fleet CA and the client certificate mutual TLS asks for
+// (createSsl takes the CA, then the private key, then the certificate chain)
 const creds = fleet.tls
   ? grpc.credentials.createSsl(readFileSync(fleet.tls.ca_file), readFileSync(fleet.tls.key_file),
       readFileSync(fleet.tls.cert_file))
   : grpc.credentials.createInsecure();
+// end snippet
+// snippet: unary
+// A unary call as a promise, with a deadline (every call has one).
 const deadline = () => new Date(Date.now() + 10_000);
 
 function unary<T>(client: any, method: string, request: object, md = meta): Promise<T> {
@@ -53,7 +63,9 @@ function unary<T>(client: any, method: string, request: object, md = meta): Prom
     ),
   );
 }
+// end snippet
 
+// snippet: reason
 // google.rpc.Status from the grpc-status-details-bin trailer, decoded with protobufjs (which
 // proto-loader uses underneath) from the vendored third_party/googleapis protos; its ErrorInfo.reason.
 const rpc = new protobuf.Root();
@@ -78,6 +90,7 @@ function errorInfoReason(err: grpc.ServiceError): string {
   }
   return "";
 }
+// end snippet
 
 function report(check: string, detail: object): void {
   console.log(JSON.stringify({ check, ...detail }));
@@ -92,13 +105,16 @@ async function main(): Promise<void> {
   const managed = await unary<{ instances: { instance: { id: string } }[] }>(ctl, "ListInstances", {});
   report("controller.ListInstances", { ids: managed.instances.map((m) => m.instance.id) });
 
+  // snippet: registry
   const coord = new pkg.motor.coordinator.v1.InstanceRegistryService(fleet.coordinators[0], creds);
   const listed = await unary<{ instances: { id: string; role: string }[] }>(coord, "ListInstances", {});
-  const id = listed.instances[0].id;
+  const id = listed.instances[0].id; // a decimal string (longs: String), passed back unchanged
   const got = await unary<{ instance: { id: string; role: string } }>(coord, "GetInstance", { instance_id: id });
   if (got.instance.id !== id) throw new Error(`GetInstance(${id}) answered ${got.instance.id}`);
   report("coordinator.GetInstance", { id, role: got.instance.role, listed: listed.instances.length });
+  // end snippet
 
+  // snippet: dispatch
   const dispatch = new pkg.motor.coordinator.v1.DispatchService(fleet.coordinators[0], creds);
   const body = Buffer.from(JSON.stringify({ model: "tiny", prompt: "Hello", max_tokens: 4, stream: true }));
   const frames: any[] = await new Promise((resolve, reject) => {
@@ -118,6 +134,7 @@ async function main(): Promise<void> {
   const head = frames[0].head;
   const text = frames.slice(1).map((f) => Buffer.from(f.chunk).toString()).join("");
   report("coordinator.Dispatch", { http_status: head.http_status, frames: frames.length, done: text.includes("[DONE]") });
+  // end snippet
 
   try {
     await unary(coord, "GetInstance", { instance_id: "9007199254740991" });

@@ -52,6 +52,7 @@ func fail(err error) {
 	os.Exit(1)
 }
 
+// snippet: channel
 // dial: plaintext, or (motor up --tls) TLS with the fleet CA and the client certificate mutual TLS asks for.
 func dial(address string, files *tlsFiles) *grpc.ClientConn {
 	security := grpc.WithInsecure()
@@ -75,6 +76,9 @@ func dial(address string, files *tlsFiles) *grpc.ClientConn {
 	return conn
 }
 
+// end snippet
+
+// snippet: reason
 // reason returns the google.rpc.ErrorInfo reason carried in a gRPC error's details.
 func reason(err error) string {
 	for _, d := range status.Convert(err).Details() {
@@ -85,6 +89,8 @@ func reason(err error) string {
 	return ""
 }
 
+// end snippet
+
 func main() {
 	raw, err := os.ReadFile(os.Args[1])
 	if err != nil {
@@ -94,6 +100,8 @@ func main() {
 	if err := json.Unmarshal(raw, &f); err != nil {
 		fail(err)
 	}
+	// snippet: metadata
+	// Management calls carry the operator key as metadata; base holds the deadline of every call.
 	key, err := os.ReadFile(f.ManagementKeyFile)
 	if err != nil {
 		fail(err)
@@ -101,6 +109,7 @@ func main() {
 	base, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	admin := metadata.AppendToOutgoingContext(base, "x-motor-management-key", strings.TrimSpace(string(key)))
+	// end snippet
 
 	ctlConn := dial(f.Controller, f.TLS)
 	h, err := healthpb.NewHealthClient(ctlConn).Check(base, &healthpb.HealthCheckRequest{})
@@ -119,6 +128,7 @@ func main() {
 	}
 	report("controller.ListInstances", map[string]any{"ids": ids})
 
+	// snippet: registry
 	coordConn := dial(f.Coordinators[0], f.TLS)
 	registry := coordinatorv1.NewInstanceRegistryServiceClient(coordConn)
 	listed, err := registry.ListInstances(admin, &coordinatorv1.ListInstancesRequest{})
@@ -134,7 +144,9 @@ func main() {
 		fail(fmt.Errorf("GetInstance(%d) answered %d", id, got.Instance.Id))
 	}
 	report("coordinator.GetInstance", map[string]any{"id": fmt.Sprint(id), "role": got.Instance.Role.String(), "listed": len(listed.Instances)})
+	// end snippet
 
+	// snippet: dispatch
 	// DispatchService takes an inference key, not the management (operator) key.
 	inferenceKey, err := os.ReadFile(f.InferenceKeyFile)
 	if err != nil {
@@ -166,6 +178,7 @@ func main() {
 		}
 	}
 	report("coordinator.Dispatch", map[string]any{"http_status": httpStatus, "frames": frames, "done": strings.Contains(text, "[DONE]")})
+	// end snippet
 
 	_, err = registry.GetInstance(admin, &coordinatorv1.GetInstanceRequest{InstanceId: 1<<53 - 1})
 	if err == nil {
