@@ -13,6 +13,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 // snippet: load
+// The repository's root (this file runs as clients/ts/dist/client.js): protos/ and third_party/ are read from there.
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 const LOAD = {
   keepCase: true, // field names as in the .proto (instance_id, not instanceId)
