@@ -195,14 +195,16 @@ async def running(
     try:
 
         async def check() -> Any:
-            if not proc.alive():
-                raise RuntimeError(f"{name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
-            return await asyncio.to_thread(ready, proc)
+            # an exit ends the wait (wait_for counts a raised error as "not yet" and would sit out
+            # the whole deadline) and is reported just below
+            return not proc.alive() or await asyncio.to_thread(ready, proc)
 
         try:
             await wait_for(check, timeout=deadline, what=f"{name} to become ready")
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}\n--- {name} log ---\n{proc.log()[-3000:]}") from None
+        if not proc.alive():
+            raise RuntimeError(f"{name} exited with {proc.popen.returncode}:\n{proc.log()[-3000:]}")
         yield proc
     finally:
         await _stop_group(proc, grace)
