@@ -12,15 +12,17 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.loadgen import Sample, one_request  # noqa: E402
+from motor_common.ports import scan_free_port  # noqa: E402
 from tests.conftest import tool  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
 from tests.procs import Proc, running, start_coordinator, start_gateway, start_simulator  # noqa: E402
@@ -38,6 +41,7 @@ MODEL = "bench"
 ROUTERS_VENV = ROOT / ".bench" / "routers-venv"
 REALISTIC: tuple[str, ...] = ()  # the simulator's default cost model (2 ms + 0.05 ms/token prefill, 5 ms/token decode)
 ZERO: tuple[str, ...] = ("--sim-zero-latency",)
+T = TypeVar("T")
 
 
 def ensure_routers_venv() -> Path:
@@ -65,34 +69,90 @@ class Engines:
         return text
 
 
+# A fleet's KV-event ports lie outside the kernel's ephemeral range: no free_port() pick (the
+# engines' own HTTP, side-channel and bootstrap ports, another program's) and no outgoing connection
+# can take one between its choice and the engine's bind. They are scanned from a random start in
+# this range (two fleets on one machine rarely scan the same ports) and never repeat within a fleet.
+KV_EVENTS_PORTS_FROM = (20000, 30000)
+START_ATTEMPTS = 3  # a program (engine, router) whose port was taken anyway is started again with fresh ports
+_IN_USE = re.compile(r"already in use|EADDRINUSE|os error 98", re.IGNORECASE)
+
+
+def kv_event_ports(taken: set[int]) -> dict[str, int]:
+    """An engine's KV-event publisher and replay ports (``Proc.extra`` keys), bindable now, outside
+    the ephemeral range and not in *taken* (the fleet's ports so far), which they are added to."""
+    ports: dict[str, int] = {}
+    start = random.randrange(*KV_EVENTS_PORTS_FROM)
+    for key in ("kv_events_port", "kv_events_replay_port"):
+        ports[key] = start = scan_free_port("0.0.0.0", start, taken)  # the engine binds tcp://*
+        taken.add(start)
+    return ports
+
+
+def port_taken(exc: BaseException) -> bool:
+    """Whether a start-up failed because a port was taken before the program bound it (the
+    program's log, which ``tests/procs.running`` puts in the error: "Address already in use")."""
+    return isinstance(exc, (RuntimeError, TimeoutError)) and _IN_USE.search(str(exc)) is not None
+
+
+async def start_until_bound(es: AsyncExitStack, name: str, start: Callable[[], AbstractAsyncContextManager[T]],
+                            attempts: int = START_ATTEMPTS) -> T:
+    """``start()`` entered on *es*; when it fails because a port was taken meanwhile, ``start()``
+    again (it picks fresh ports on each call), at most *attempts* times, then a RuntimeError
+    saying so. Any other failure is raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await es.enter_async_context(start())
+        except (RuntimeError, TimeoutError) as exc:
+            if not port_taken(exc):
+                raise
+            if attempt == attempts:
+                raise RuntimeError(
+                    f"{name}: a port it was given was taken before it could bind it, {attempts} times with "
+                    f"fresh ports each time (is something on this machine binding ports in bulk?); "
+                    f"the last attempt: {exc}") from exc
+            print(f"  {name}: a port was taken before it bound it; starting it again with fresh ports",
+                  file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _kv_events_args(flavour: str, ports: dict[str, int]) -> list[str]:
+    cfg: dict[str, Any] = {"publisher": "zmq", "endpoint": f"tcp://*:{ports['kv_events_port']}",
+                           "replay_endpoint": f"tcp://*:{ports['kv_events_replay_port']}", "topic": "kv-events"}
+    if flavour == "vllm":
+        cfg["enable_kv_cache_events"] = True
+    return ["--kv-events-config", json.dumps(cfg)]
+
+
 @asynccontextmanager
 async def start_engines(flavour: str, log_dir: Path, sim_args: Sequence[str], *, prefills: int = 1,
                         decodes: int = 1, prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
                         kv_events: bool = False) -> AsyncIterator[Engines]:
     """*kv_events*: prefill engines publish KV-cache events (the engine's own ``--kv-events-config``
-    on free ports, in ``Proc.extra`` and announced by :meth:`Engines.endpoint_arg`)."""
+    on :func:`kv_event_ports`, in ``Proc.extra`` and announced by :meth:`Engines.endpoint_arg`).
+    An engine that loses a port to another process before binding it is started again, alone
+    (:func:`start_until_bound`)."""
     cap = ["--max-num-seqs", "512"] if flavour == "vllm" else ["--max-running-requests", "512"]
-    async with AsyncExitStack() as es:
-        ps = []
-        for i in range(prefills):
-            events: list[str] = []
-            ports: dict[str, int] = {}
-            if kv_events:
-                ports = {"kv_events_port": free_port(), "kv_events_replay_port": free_port()}
-                cfg: dict[str, Any] = {"publisher": "zmq", "endpoint": f"tcp://*:{ports['kv_events_port']}",
-                                       "replay_endpoint": f"tcp://*:{ports['kv_events_replay_port']}",
-                                       "topic": "kv-events"}
-                if flavour == "vllm":
-                    cfg["enable_kv_cache_events"] = True
-                events = ["--kv-events-config", json.dumps(cfg)]
-            p = await es.enter_async_context(start_simulator(
-                flavour, "prefill", log_dir, model=MODEL, extra_args=[*cap, *sim_args, *prefill_args, *events],
-                name=f"{flavour}-p{i}"))
+    taken: set[int] = set()
+
+    @asynccontextmanager
+    async def prefill(name: str) -> AsyncIterator[Proc]:
+        ports = kv_event_ports(taken) if kv_events else {}
+        events = _kv_events_args(flavour, ports) if kv_events else []
+        async with start_simulator(flavour, "prefill", log_dir, model=MODEL, name=name,
+                                   extra_args=[*cap, *sim_args, *prefill_args, *events]) as p:
             p.extra.update(ports)
-            ps.append(p)
-        ds = [await es.enter_async_context(start_simulator(
-            flavour, "decode", log_dir, model=MODEL, extra_args=[*cap, *sim_args, *decode_args],
-            name=f"{flavour}-d{i}")) for i in range(decodes)]
+            yield p
+
+    def decode(name: str) -> AbstractAsyncContextManager[Proc]:
+        return start_simulator(flavour, "decode", log_dir, model=MODEL, name=name,
+                               extra_args=[*cap, *sim_args, *decode_args])
+
+    async with AsyncExitStack() as es:
+        ps = [await start_until_bound(es, f"{flavour}-p{i}", partial(prefill, f"{flavour}-p{i}"))
+              for i in range(prefills)]
+        ds = [await start_until_bound(es, f"{flavour}-d{i}", partial(decode, f"{flavour}-d{i}"))
+              for i in range(decodes)]
         yield Engines(flavour, ps, ds)
 
 
@@ -103,6 +163,7 @@ class Target:
     url: str  # base URL the load generator posts to ("" for the direct client)
     pids: list[int] = field(default_factory=list)  # router process trees measured for CPU
     direct: Engines | None = None  # set for the direct (client-side hand-off) baseline
+    metrics_url: str = ""  # Motor's coordinator /metrics, when its config sets server.metrics_port (0: any)
 
     def sender(self, timeout: float = 60.0) -> Any:
         if self.direct is None:
@@ -227,24 +288,30 @@ async def start_motor(engines: Engines, log_dir: Path, *, policy: str | None = N
             if time.monotonic() > deadline:
                 raise TimeoutError(f"motor gateway not serving:\n{gw.log()[-2000:]}")
             await asyncio.sleep(0.1)
+        metrics = coord.ports.get("metrics")  # the port it bound (server.metrics_port 0: the kernel's pick)
         yield Target(name or ("motor (co-located)" if co_located else "motor"), gw.url,
-                     [coord.pid] if co_located else [coord.pid, gw.pid])
+                     [coord.pid] if co_located else [coord.pid, gw.pid],
+                     metrics_url=f"http://127.0.0.1:{metrics}/metrics" if metrics else "")
 
 
 @asynccontextmanager
 async def start_vllm_router(engines: Engines, log_dir: Path, policy: str) -> AsyncIterator[Target]:
     venv = ensure_routers_venv()
-    port = free_port()
-    # its Prometheus exporter's own port (default 29000: two routers at once, or another run's, clash)
-    argv = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--vllm-pd-disaggregation", "--policy", policy]
-    for p in engines.prefills:
-        argv += ["--prefill", p.url]
-    for d in engines.decodes:
-        argv += ["--decode", d.url]
-    async with running(f"vllm-router-{policy}", argv, log_dir, ready=_serves_completions(port),
-                       deadline=60) as proc:
+
+    def launch() -> AbstractAsyncContextManager[Proc]:  # fresh ports on every call
+        port = free_port()
+        # its Prometheus exporter's own port (default 29000: two routers at once, or another run's, clash)
+        argv = [str(venv / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                "--vllm-pd-disaggregation", "--policy", policy]
+        for p in engines.prefills:
+            argv += ["--prefill", p.url]
+        for d in engines.decodes:
+            argv += ["--decode", d.url]
+        return running(f"vllm-router-{policy}", argv, log_dir, ready=_serves_completions(port), deadline=60)
+
+    async with AsyncExitStack() as es:
+        proc = await start_until_bound(es, f"vllm-router-{policy}", launch)
         yield Target(f"vllm-router/{policy}", proc.url, [proc.pid])
 
 
@@ -252,16 +319,20 @@ async def start_vllm_router(engines: Engines, log_dir: Path, policy: str) -> Asy
 async def start_sglang_router(engines: Engines, log_dir: Path, policy: str = "cache_aware"
                               ) -> AsyncIterator[Target]:
     venv = ensure_routers_venv()
-    port = free_port()
-    argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-            "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--pd-disaggregation", "--policy", policy]
-    for p in engines.prefills:
-        argv += ["--prefill", p.url, str(p.extra["bootstrap_port"])]
-    for d in engines.decodes:
-        argv += ["--decode", d.url]
-    async with running(f"sglang-router-{policy}", argv, log_dir, ready=_serves_completions(port),
-                       deadline=60) as proc:
+
+    def launch() -> AbstractAsyncContextManager[Proc]:  # fresh ports on every call
+        port = free_port()
+        argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                "--pd-disaggregation", "--policy", policy]
+        for p in engines.prefills:
+            argv += ["--prefill", p.url, str(p.extra["bootstrap_port"])]
+        for d in engines.decodes:
+            argv += ["--decode", d.url]
+        return running(f"sglang-router-{policy}", argv, log_dir, ready=_serves_completions(port), deadline=60)
+
+    async with AsyncExitStack() as es:
+        proc = await start_until_bound(es, f"sglang-router-{policy}", launch)
         yield Target(f"sglang-router/{policy}", proc.url, [proc.pid])
 
 

@@ -57,7 +57,6 @@ from bench.common import (
     start_vllm_router,
 )
 from bench.loadgen import RunResult, one_request, run_load
-from tests.helpers import free_port
 
 WORDS = ("fleet engine prefill decode cache token route policy latency budget queue replica shard "
          "tensor batch stream window memory block schedule balance").split()
@@ -187,8 +186,7 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
             flavour, d, REALISTIC, prefills=args.prefills, decodes=args.decodes,
             prefill_args=[*sim, "--sim-num-kv-blocks", str(args.prefill_kv_blocks)],
             decode_args=[*sim, "--sim-num-kv-blocks", str(args.decode_kv_blocks)], kv_events=True))
-        mport = free_port()  # after the engines took theirs
-        target = await es.enter_async_context(starter(engines, d, mport))
+        target = await es.enter_async_context(starter(engines, d))
         before = prefill_counts(engines)  # the readiness probes' own prompts
         url = target.url + "/v1/chat/completions"
         lag = 0.0
@@ -198,7 +196,7 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
             res = await run_load(name, url, lambda i: reqs[i] if i >= 0 else reqs[0],
                                  concurrency=args.concurrency, requests=len(reqs), warmup=0, timeout=120)
         after = prefill_counts(engines)
-        profile = coordinator_profile(f"http://127.0.0.1:{mport}/metrics") if name.startswith("motor") else {}
+        profile = coordinator_profile(target.metrics_url) if target.metrics_url else {}
     hits = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     queries = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     computed = [(a[1] - b[1]) - (a[0] - b[0]) for a, b in zip(after, before, strict=True)]
@@ -217,9 +215,9 @@ async def one(flavour: str, name: str, starter: Callable[..., Any], reqs: list[d
 
 
 def _motor(config: dict[str, Any] | None = None, **kw: Any) -> Callable[..., Any]:
-    def start(e: Engines, d: Path, mport: int) -> Any:
+    def start(e: Engines, d: Path) -> Any:
         cfg = json.loads(json.dumps(config or {}))
-        cfg.setdefault("server", {})["metrics_port"] = mport
+        cfg.setdefault("server", {})["metrics_port"] = 0  # the coordinator binds any port, reports it
         return start_motor(e, d, config=cfg, **kw)
     return start
 
@@ -232,11 +230,11 @@ def setups(only: str | None) -> list[tuple[str, str, Callable[..., Any]]]:
         ("vllm", "motor/prefix_aware", _motor(policy="prefix_aware")),
         ("vllm", "motor/kv_events", _motor(kv)),
         ("vllm", "motor/kv_events co-located", _motor(kv, co_located=True)),
-        ("vllm", "vllm-router/round_robin", lambda e, d, m: start_vllm_router(e, d, "round_robin")),
-        ("vllm", "vllm-router/cache_aware", lambda e, d, m: start_vllm_router(e, d, "cache_aware")),
+        ("vllm", "vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin")),
+        ("vllm", "vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
         ("sglang", "motor/kv_events co-located", _motor(kv, co_located=True)),
-        ("sglang", "sglang-router/round_robin", lambda e, d, m: start_sglang_router(e, d, "round_robin")),
-        ("sglang", "sglang-router/cache_aware", lambda e, d, m: start_sglang_router(e, d, "cache_aware")),
+        ("sglang", "sglang-router/round_robin", lambda e, d: start_sglang_router(e, d, "round_robin")),
+        ("sglang", "sglang-router/cache_aware", lambda e, d: start_sglang_router(e, d, "cache_aware")),
     ]
     return [s for s in out if only is None or re.search(only, f"{s[0]} {s[1]}")]
 
@@ -257,11 +255,7 @@ async def amain(args: argparse.Namespace) -> None:
         for rnd in range(args.rounds):  # interleaved: every router once per round
             for rate in rates:
                 for flavour, name, starter in setups(args.only):
-                    try:
-                        row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
-                    except (TimeoutError, RuntimeError) as exc:  # a port taken meanwhile (shared box): once more
-                        print(f"  {name}: start-up failed ({str(exc)[:200]!r}); again", flush=True)
-                        row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
+                    row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
                     row["round"] = rnd
                     rows.append(row)
                     print(f"  { {k: v for k, v in row.items() if k != 'ttfts_ms'} }", flush=True)
