@@ -1,5 +1,6 @@
 """A chat request -> the text of a Hugging Face chat template, rendered the way transformers'
-``apply_chat_template`` renders it for vLLM (pure: no I/O; the template source is passed in).
+``apply_chat_template`` renders it for vLLM (pure: no I/O - the template source is passed in; only
+``strftime_now`` reads the clock).
 
 - a jinja2 ``ImmutableSandboxedEnvironment`` with ``trim_blocks``/``lstrip_blocks`` and
   ``loopcontrols``, the ``raise_exception``/``strftime_now`` globals, a ``tojson`` filter that does

@@ -40,7 +40,7 @@ class HfTokenizer:
 
     def __init__(self, tokenizer: Any, template_source: str | None, special: Mapping[str, str],
                  added: Mapping[str, int] | None = None, cache_entries: int = 4096) -> None:
-        self._tok = tokenizer
+        self._tok = tokenizer  # the library's Tokenizer (tests build other templates' HfTokenizer on it)
         self.special = dict(special)
         self.template_source = template_source
         self._encoder = PieceEncoder(tokenizer, added, cache_entries)
