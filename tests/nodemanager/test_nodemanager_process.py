@@ -217,9 +217,14 @@ async def test_start_pause_restart_and_stop_node_leave_no_process_behind(
         # StopNode: engines gone, process exits with the reschedule code, ports free
         engines = family(list(restarted.pids))
         await admin.call("StopNode", pb.StopNodeRequest(reason="test"))
+        # the answer arrived, so the process answered before it terminated itself; it exits
+        # stop_exit_delay_sec (0.1 s) later, which a loaded box can let pass before the next line
+        # runs, so its liveness now is no invariant: its exit code and its log are
         assert all(gone(p) for p in engines)  # engines stopped before the answer (seed order)
-        assert nm.proc.poll() is None  # ...and the process terminates itself only after answering
         assert await exited(nm, 20) == EXIT_RESCHEDULE
+        log = nm.log_text()
+        answered = log.index("management NodeManagerService/StopNode")
+        assert log.index("StopNode: engines stopped, exiting in") < answered < log.index("exiting: StopNode: test")
         assert all(port_free(e.business_port) for e in spec.endpoints)
     finally:
         await admin.close()
