@@ -1,6 +1,7 @@
 """Plan of a local fleet for ``motor up``: pure data, no processes, no I/O.
 
-A :class:`FleetPlan` names every program of the fleet (coordinator(s), controller, gateway, one
+A :class:`FleetPlan` names every program of the fleet (coordinator(s), controller, gateway — none
+when the coordinator serves the OpenAI front itself, :mod:`motor_cli.topology` — and one
 nodemanager per node) with its argv and its configuration as plain data; ``motor up`` writes the
 configurations to files and runs the programs. Keeping the plan pure makes it testable and lets
 an operator see exactly what would run (``motor up --dry-run``).
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from motor_cli.topology import Topology, check_topology, front_section
 from motor_common.errors import ConfigError
 from motor_common.ports import host_port
 
@@ -29,6 +31,7 @@ class FleetOptions:
     engine: Literal["vllm", "sglang"] = "vllm"
     model: str = "tiny"
     host: str = "127.0.0.1"
+    # The OpenAI front's port: the gateway's, or the coordinator's with co_located.
     gateway_port: int = 8000
     # Gateway worker processes on the one port (gateway config `workers`, docs/operations.md).
     gateway_workers: int = 1
@@ -51,6 +54,8 @@ class FleetOptions:
     tls: bool = False
     # Per-program overrides from --config (deep-merged into the generated configuration).
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # No gateway: the coordinator serves the OpenAI front on gateway_port (motor_cli.topology).
+    co_located: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.gateway_workers <= 256:
@@ -66,6 +71,12 @@ class FleetOptions:
             raise ConfigError(
                 f"unknown fleet config section(s) {', '.join(sorted(unknown))}; known: {', '.join(FLEET_SECTIONS)}"
             )
+        check_topology(self.topology, coordinators=len(self.coordinator_ports), gateway_workers=self.gateway_workers,
+                       overrides=self.overrides)
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(self.co_located)
 
     @property
     def node_count(self) -> int:
@@ -95,7 +106,12 @@ class FleetPlan:
         return [p for p in self.programs if p.kind == kind]
 
     @property
+    def topology(self) -> Topology:
+        return self.options.topology
+
+    @property
     def gateway_url(self) -> str:
+        """The OpenAI front's URL (the gateway's, or the co-located coordinator's)."""
         scheme = "https" if self.options.tls else "http"
         return f"{scheme}://{host_port(self.options.host, self.options.gateway_port)}"
 
@@ -223,8 +239,9 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
 
     coord_names = ["coordinator" if len(opts.coordinator_ports) == 1 else f"coordinator-{i}"
                    for i in range(len(opts.coordinator_ports))]
+    gateways = [] if opts.co_located else [("gateway", "gateway")]
     keys = fleet_keys(opts, [(n, "coordinator") for n in coord_names] + [("controller", "controller")]
-                      + [(n, "nodemanager") for n, _ in node_names(opts)] + [("gateway", "gateway")])
+                      + [(n, "nodemanager") for n, _ in node_names(opts)] + gateways)
     coord_addrs = [host_port(opts.host, p) for p in opts.coordinator_ports]
     for i, (name, port) in enumerate(zip(coord_names, opts.coordinator_ports, strict=True)):
         cfg: dict[str, Any] = {
@@ -237,6 +254,9 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             cfg["ha"] = {"etcd_endpoints": [opts.etcd_endpoint], "election_key": f"{HA_PREFIX}/coordinator/leader",
                          "advertise_address": coord_addrs[i]}  # fmt: skip
             cfg["controller_address"] = host_port(opts.host, opts.controller_port)
+        if opts.co_located:  # the OpenAI front in this process, on the port the gateway would have used
+            https = {k: v for k, v in tls(name, mutual=False).items() if k != "ca_file"} if opts.tls else None
+            cfg["http"] = front_section(opts.host, opts.gateway_port, https)
         program(name, "coordinator", "motor-coordinator", cfg, port)
 
     store: dict[str, Any] = {"backend": "embedded", "path": str(sd / "controller.db")}
@@ -288,6 +308,8 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             role,
         )
 
+    if opts.co_located:
+        return FleetPlan(opts, tuple(programs), keys)
     gateway: dict[str, Any] = {"host": opts.host, "port": opts.gateway_port, "coordinators": coord_addrs,
                                "coordinator_key_file": str(keys.own["gateway"]), "log": {"format": "text"}}
     if opts.gateway_workers > 1:

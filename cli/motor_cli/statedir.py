@@ -83,7 +83,8 @@ def _already_running(state_dir: Path, fd: int) -> str:
     if pid:
         where.append(f"motor up pid {pid}")
     if fleet is not None and fleet.data.get("gateway_url"):
-        where.append(f"gateway {fleet.data['gateway_url']}")
+        co_located = (fleet.data.get("topology") or {}).get("name") == "co-located"
+        where.append(f"{'OpenAI front' if co_located else 'gateway'} {fleet.data['gateway_url']}")
         if not fleet.data.get("ready"):
             where.append("still starting")
     detail = f" ({', '.join(where)})" if where else ""

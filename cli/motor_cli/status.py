@@ -176,14 +176,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {view.error}", file=sys.stderr)
         return EXIT_FAILED
     # the fleet's programs and their ops URLs, when the controller asked is the `motor up` fleet's
-    programs = ops_urls(args.state_dir) if args.controller is None and not os.environ.get("MOTOR_CONTROLLER") else {}
+    ours = args.controller is None and not os.environ.get("MOTOR_CONTROLLER")
+    programs = ops_urls(args.state_dir) if ours else {}
+    shape = topology(args.state_dir) if ours else None
     if args.json:
         print(json.dumps({"controller": {"acting": view.acting, "store_unavailable": view.store_unavailable,
                                          "isolation": view.isolation},
                           "nodes": view.nodes, "instances": view.instances,
-                          "programs": programs}, indent=2))
+                          "programs": programs, "topology": shape}, indent=2))
         return 0
     print(format_line(view))
+    if shape is not None:
+        print(f"topology: {shape['description']}; OpenAI front {shape['url']}/v1")
     print()
     print(
         output.grid(
@@ -236,3 +240,16 @@ def ops_urls(state_dir: str) -> dict[str, dict[str, str | None]]:
         out[str(name)] = {"kind": str(prog.get("kind", "")),
                           **{ep: f"{base}/{ep}" if base else None for ep in ("metrics", "health", "ready")}}
     return out
+
+
+def topology(state_dir: str) -> dict[str, str] | None:
+    """Which program serves the OpenAI front of the running `motor up` fleet in *state_dir*, and
+    where: ``name`` (gateway / co-located), ``front`` (the program), ``description``, ``url``."""
+    fleet = target.running_fleet(state_dir)
+    if fleet is None or not fleet.alive:
+        return None
+    shape = fleet.data.get("topology")
+    if not isinstance(shape, dict):
+        return None
+    return {**{k: str(shape.get(k, "")) for k in ("name", "front", "description")},
+            "url": str(fleet.data.get("gateway_url", ""))}

@@ -2,11 +2,12 @@
 
   motor up                            # 1 prefill + 1 decode node, simulated vLLM engines
   motor up --prefill 2 --decode 1 --engine sglang
+  motor up --co-located               # no gateway: the coordinator serves the OpenAI front itself
   motor up --config fleet.yaml        # per-program overrides, e.g. real engines on a GPU machine
   motor up --config fleet.yaml --dry-run   # validate the config and show what would run
 
 Starts the coordinator, the controller, one nodemanager per node (each launches its engines) and
-the gateway, shows progress while the engines come up, prints the gateway URL and a curl to paste,
+the gateway (none with --co-located: motor_cli.topology), shows progress while the engines come up, prints the gateway URL and a curl to paste,
 then prints a status line whenever something changes. Like a kubelet, it restarts a program that
 exits (a nodemanager that terminates itself for rescheduling comes back and re-registers); a
 program that rejects its configuration (exit 2) is not restarted: motor up stops and says why.
@@ -51,6 +52,7 @@ from motor_cli import config_errors, statedir
 from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
 from motor_cli.leftovers import become_subreaper, kill_leftovers, reap_adopted
 from motor_cli.status import FleetView, fetch_view, format_line
+from motor_cli.topology import Topology
 from motor_common.config import read_config_file
 from motor_common.errors import ConfigError, FailedPrecondition, MotorError
 from motor_common.ports import (
@@ -81,7 +83,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="engine protocol (default vllm)")
     parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
     parser.add_argument("--host", default="127.0.0.1", help="address every program listens on")
-    parser.add_argument("--port", type=int, default=None, help="gateway HTTP port (default 8000, or a free one if busy)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="OpenAI front port: the gateway's, or the coordinator's with --co-located "
+                             "(default 8000, or a free one if busy)")
+    parser.add_argument("--co-located", action="store_true",
+                        help="no gateway: the coordinator serves the OpenAI front itself, on --port "
+                             "(less CPU per request; not with --ha or --gateway-workers; docs/coordinator.md)")
     parser.add_argument("--gateway-workers", type=int, default=1, metavar="N",
                         help="gateway worker processes on the one port, supervised (default 1; docs/operations.md)")
     parser.add_argument("--state-dir", default=".motor/up", help="configs, logs, store and key (default .motor/up)")
@@ -118,7 +125,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
     overrides: dict[str, Any] = read_config_file(args.config) if args.config else {}
     host = args.host
     taken: set[int] = set()
-    gateway = _pick(host, args.port, GATEWAY_HTTP, "gateway", taken)
+    gateway = _pick(host, args.port, GATEWAY_HTTP, Topology(args.co_located).front_label, taken)
     coordinators = tuple(_pick(host, None, COORDINATOR_GRPC, "coordinator", taken) for _ in range(2 if args.ha else 1))
     controller = _pick(host, None, CONTROLLER_GRPC, "controller", taken)
     nodes = args.prefill + args.decode + args.union
@@ -140,6 +147,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         kv_events=args.kv_events,
         overrides=overrides,
         tls=args.tls,
+        co_located=args.co_located,
     )
 
 
@@ -326,7 +334,9 @@ def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
     data = {
         "pid": os.getpid(),
         "ready": ready,
-        "gateway_url": plan.gateway_url,
+        "gateway_url": plan.gateway_url,  # the OpenAI front, whichever program serves it
+        "topology": {"name": plan.topology.name, "front": plan.topology.front_program,
+                     "description": plan.topology.description},
         "controller": plan.controller_address,
         "coordinators": plan.coordinator_addresses,
         "management_key_file": str(opts.key_file.resolve()),  # the operator's key (the CLI's)
@@ -400,6 +410,7 @@ def _banner(plan: FleetPlan) -> str:
         [
             "",
             f"Motor is up: {nodes} ({o.engine} protocol, {_engine_kind(plan)} engines)",
+            f"  OpenAI front {url}/v1  (served by the coordinator; no gateway)" if o.co_located else
             f"  gateway      {url}/v1",
             f"  coordinator  {', '.join(plan.coordinator_addresses)}",
             f"  controller   {plan.controller_address}",
@@ -496,7 +507,7 @@ async def _wait_ready(
         view = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
         ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
         fleet = format_line(view) if view.ok else "controller starting"
-        line = f"  waiting: {fleet}; gateway {'ready' if ok else 'not ready: ' + why}"
+        line = f"  waiting: {fleet}; {plan.topology.front_label} {'ready' if ok else 'not ready: ' + why}"
         if line != last:
             _say(line)
             last = line
@@ -524,7 +535,7 @@ async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, 
         sup.events.clear()
         view: FleetView = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
         ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
-        line = f"{format_line(view)}; gateway {'ready' if ok else 'NOT ready: ' + why}"
+        line = f"{format_line(view)}; {plan.topology.front_label} {'ready' if ok else 'NOT ready: ' + why}"
         if line != last or time.monotonic() - last_print > 60:
             _say(f"[{time.strftime('%H:%M:%S')}] {line}")
             last, last_print = line, time.monotonic()

@@ -133,3 +133,35 @@ def test_each_program_presents_its_own_key_and_accepts_only_its_roles() -> None:
     assert keys.named("operators") == {"controller": Path("/s/keys/controller.key")}
     assert set(keys.named("nodes")) == {"coordinator", "prefill-0", "decode-0"}
     assert keys.named("inference") == {"gateway": Path("/s/keys/gateway.key")}
+
+
+def test_co_located_plan_has_no_gateway_and_the_coordinator_serves_the_front_on_its_port() -> None:
+    plan = plan_fleet(opts(co_located=True, gateway_port=8123), Path("/b"))
+    assert [p.kind for p in plan.programs] == ["coordinator", "controller", "nodemanager", "nodemanager"]
+    assert plan.of_kind("coordinator")[0].config["http"] == {"host": "127.0.0.1", "port": 8123}
+    assert plan.gateway_url == "http://127.0.0.1:8123"
+    assert (plan.topology.name, plan.topology.front_program) == ("co-located", "coordinator")
+    assert "gateway" not in plan.keys.own and plan.keys.named("inference") == {}
+    assert "http" not in plan_fleet(opts(), Path("/b")).of_kind("coordinator")[0].config
+
+
+def test_co_located_front_serves_https_with_the_coordinators_certificate_under_tls() -> None:
+    http = plan_fleet(opts(co_located=True, tls=True), Path("/b")).of_kind("coordinator")[0].config["http"]
+    assert http["tls"] == {"cert_file": "/s/tls/coordinator.pem", "key_file": "/s/tls/coordinator.key",
+                           "require_client_cert": False}
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"coordinator_ports": (9100, 9101)}, "--co-located and --ha do not combine: with two coordinators only the "
+                                          "gateway fails over between them"),
+    ({"gateway_workers": 2}, "--co-located and --gateway-workers 2 do not combine: there is no gateway process"),
+    ({"overrides": {"gateway": {"workers": 2}}}, "the fleet config's `gateway` section does nothing with --co-located"),
+    ({"overrides": {"coordinator": {"http": {"port": 1}}}}, "coordinator.http.port is set by `motor up --co-located` "
+                                                            "(from --port)"),
+    ({"overrides": {"coordinator": {"http": {"host": "::"}}}}, "coordinator.http.host is set by"),
+])
+def test_what_does_not_combine_with_co_located_is_refused(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        opts(co_located=True, **kw)
+    assert message in refused.value.message
+    opts(**kw)  # the same options with the gateway are fine
