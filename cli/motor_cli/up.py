@@ -458,7 +458,8 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file:
         for spec in order:
             child = Child(spec, logs / f"{spec.name}.log")
             sup.start(child)
-            _say(f"  started {spec.name:<14} pid {child.pid:<7} port {spec.port}")
+            front = f" (OpenAI front on {opts.gateway_port})" if opts.co_located and spec.kind == "coordinator" else ""
+            _say(f"  started {spec.name:<14} pid {child.pid:<7} port {spec.port}{front}")
         _write_fleet_file(plan, sup, ready=False)
         async with aiohttp.ClientSession() as http:
             ready = await _wait_ready(plan, sup, http, key, stop, timeout, picking)

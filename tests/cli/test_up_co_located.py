@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import openai
@@ -23,6 +24,8 @@ from tests.cli.test_first_hour import run
 from tests.conftest import tool
 from tests.helpers import wait_for
 from tests.motor_up import UpFleet, motor_up
+
+T = TypeVar("T")
 
 
 def _programs(up: UpFleet) -> list[str]:
@@ -45,6 +48,10 @@ def _metric(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+async def _reached(value: Awaitable[T], want: T) -> bool:
+    return await value == want
+
+
 def _status(state: Path, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([tool("motor"), "status", "--state-dir", str(state), *more],
                           capture_output=True, text=True, timeout=30, check=True)
@@ -65,7 +72,10 @@ async def test_co_located_fleet_serves_the_openai_sdk_without_a_gateway(tmp_path
         assert info["topology"]["name"] == "co-located" and info["topology"]["front"] == "coordinator"
         coordinator_ports = json.loads((up.state / "coordinator.ports.json").read_text())
         assert coordinator_ports["http"] == port
-        assert "no gateway" in up.log.read_text() and f"OpenAI front {url}/v1" in up.log.read_text()
+        said = up.log.read_text()
+        assert f"OpenAI front {url}/v1  (served by the coordinator; no gateway)" in said, said
+        assert f"port {info['programs']['coordinator']['port']} (OpenAI front on {port})" in said, said
+        assert "gateway ready" not in said and "started gateway" not in said, said
 
         view = json.loads(_status(up.state, "--json").stdout)
         assert view["topology"] == {"name": "co-located", "front": "coordinator", "url": url,
@@ -91,14 +101,26 @@ async def test_co_located_fleet_serves_the_openai_sdk_without_a_gateway(tmp_path
             chunks = [c async for c in stream]
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason == "length"
-        # PD: each request went through the prefill engine, then the decode engine.
-        after = {role: await _sim_finished(ep) for role, ep in engines.items()}
-        assert after == {role: n + 2 for role, n in before.items()}
+        # PD: each request went through the prefill engine, then the decode engine (an engine counts
+        # a request when its generator ends, which may be just after the client's last byte).
+        async def finished() -> dict[str, int]:
+            return {role: await _sim_finished(ep) for role, ep in engines.items()}
+
+        want = {role: n + 2 for role, n in before.items()}
+        await wait_for(lambda: _reached(finished(), want), timeout=10, what="both engines count both requests")
+        assert await finished() == want
 
         health, ready = await _get(url + "/health"), await _get(url + "/ready")
         assert health[0] == 200 and ready[0] == 200, (health, ready)
-        status, metrics = await _get(url + "/metrics")
-        assert status == 200 and _metric(metrics, served) == counted + 2
+        # The front counts a request once its handler returns (just after the last byte).
+        async def scraped() -> float:
+            status, metrics = await _get(url + "/metrics")
+            assert status == 200, metrics
+            return _metric(metrics, served)
+
+        await wait_for(lambda: _reached(scraped(), counted + 2), timeout=10, what="the front counts both requests")
+        assert await scraped() == counted + 2
+        _, metrics = await _get(url + "/metrics")
         assert "motor_coordinator_" in metrics  # the coordinator's own state on the same scrape
 
         pids = [p.pid for p in psutil.Process(up.proc.pid).children(recursive=True)]
