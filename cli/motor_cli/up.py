@@ -581,6 +581,7 @@ def _check_configs(plan: FleetPlan, user_file: str | None) -> list[str]:
 
 
 def _dry_run(plan: FleetPlan, user_file: str | None, extra: str = "") -> int:
+    print(f"# topology: {plan.topology.description}")
     if extra:
         print(extra)
     for spec in plan.programs:

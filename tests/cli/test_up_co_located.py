@@ -189,3 +189,14 @@ def test_what_does_not_combine_is_refused_with_exit_2_and_starts_nothing(
     done = run(argv, tmp_path)  # asserts that no process was left behind
     assert (done.returncode, done.stderr.strip(), done.stdout) == (2, message, "")
     assert not (tmp_path / ".motor").exists()
+
+
+def test_dry_run_shows_the_topology_and_the_coordinator_accepts_its_front(tmp_path: Path) -> None:
+    done = run(["motor", "up", "--co-located", "--tls", "--port", "0", "--dry-run"], tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("# topology: co-located: the coordinator serves the OpenAI front itself "
+                          "(no gateway process)\n"), out[:300]
+    assert "# gateway:" not in out and "motor-gateway" not in out
+    assert "require_client_cert: false" in out.split("# controller:")[0].split("\nhttp:\n", 1)[1]
+    assert "# every program accepted its configuration (4 checked with --check-config)" in out
