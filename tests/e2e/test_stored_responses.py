@@ -47,8 +47,13 @@ async def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
             st.enter_async_context(start_simulator("vllm", "prefill", tmp, model=MODEL, env=STORE)),
             st.enter_async_context(start_simulator("vllm", "decode", tmp, model=MODEL, env=STORE)),
             st.enter_async_context(start_simulator("vllm", "decode", tmp, model=MODEL, env=STORE)))
+        # round_robin: consecutive creates alternate between the two decodes whatever the box's
+        # load. The default least_load scores each decode by its last scraped load and KV usage,
+        # so which one a request lands on depends on when the scrapes fell (seen under load:
+        # 3 of 4 responses on one decode, both streamed ones on the same decode)
         coord = await st.enter_async_context(start_coordinator(
-            tmp, management_key=KEY, extra_args=["--http-port", str(http_port)] if colocated else []))
+            tmp, {"scheduler": {"policy": "round_robin"}}, management_key=KEY,
+            extra_args=["--http-port", str(http_port)] if colocated else []))
         stubs = Stubs(coord.address)
         st.push_async_callback(stubs.close)
         await stubs.set(sim_instance(1, Role.PREFILL, MODEL, p), sim_instance(2, Role.DECODE, MODEL, d1),
