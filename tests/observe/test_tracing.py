@@ -13,7 +13,6 @@ import os
 import secrets
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -338,16 +337,16 @@ async def test_an_unreachable_collector_does_not_hold_a_stopping_program(tmp_pat
     """Spans waiting for a collector that never answers are given up after a few seconds at
     shutdown (the exporter itself would retry for export_timeout_sec, the SDK wait 30 s)."""
     dead = free_port()
-    tracing = {"enabled": True, "otlp_endpoint": f"http://127.0.0.1:{dead}", "export_timeout_sec": 30}
+    tracing = {"enabled": True, "otlp_endpoint": f"http://127.0.0.1:{dead}", "export_timeout_sec": 60}
     async with start_gateway(tmp_path, [f"127.0.0.1:{free_port()}"],
                              config={"tracing": tracing, "shutdown_grace_sec": 1}) as g:
         async with aiohttp.ClientSession() as http, http.post(
                 g.url + "/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 1},
                 headers={"traceparent": client_traceparent()[0]}) as resp:
             assert resp.status == 503  # no coordinator: refused, and a span to export
-        t0 = time.monotonic()
         g.popen.send_signal(signal.SIGTERM)
+        # no tight bound on how long the stop takes (a loaded box slows it; it once had < 12 s):
+        # holding the spans for the exporter (60 s of retries) or the SDK (30 s) would take >= 30 s,
+        # so a stop within 25 s is the given-up export; the wait raises TimeoutExpired otherwise
         code = await asyncio.to_thread(g.popen.wait, 25)
-        elapsed = time.monotonic() - t0
     assert code == 0
-    assert elapsed < 12, f"the gateway took {elapsed:.1f}s to stop"
