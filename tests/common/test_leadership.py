@@ -45,15 +45,18 @@ def test_limits_are_clamped_to_the_seed_figures() -> None:
 @pytest.mark.etcd
 async def test_one_master_at_a_time_and_the_standby_wins_when_the_master_resigns() -> None:
     async with etcd_server() as etcd:
-        a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=2, check_interval=0.2)
-        b = EtcdElection([etcd.endpoint], "/motor/test/leader", "b", ttl=2, check_interval=0.2)
+        a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=8, check_interval=0.2)
+        b = EtcdElection([etcd.endpoint], "/motor/test/leader", "b", ttl=8, check_interval=0.2)
         await a.start()
         await wait_for(lambda: a.view.role is LeaderRole.MASTER, timeout=10, what="a master")
         await b.start()
         await wait_for(lambda: b.view.holder == "a", timeout=10, what="b sees a")
         assert b.view.role is LeaderRole.STANDBY
-        await a.stop()  # resigns: revokes the lease, b wins within its check interval
-        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=1.5, what="b master")
+        await a.stop()  # resigns: revokes the lease, b wins at its next check
+        # a lease left to expire would free the lock only >= ttl - ttl/3 = 5.3 s after the last
+        # refresh, so b winning within 5 s is the revocation (the old bound, 1.5 s with ttl 2,
+        # was a wall-clock race on a loaded box; ttl 2 also gave each etcd call only 0.67 s)
+        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=5, what="b master")
         await b.stop()
 
 
