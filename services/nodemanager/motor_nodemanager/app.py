@@ -23,6 +23,7 @@ import orjson
 
 from motor_common.config import to_dict
 from motor_common.credentials import presented_key
+from motor_common.domain import Endpoint
 from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
@@ -37,7 +38,7 @@ from motor_nodemanager.deaths import DeathReporter
 from motor_nodemanager.fault_reporter import FaultReporter
 from motor_nodemanager.heartbeat import HeartbeatSender
 from motor_nodemanager.node import Node
-from motor_nodemanager.ports import plan_endpoints
+from motor_nodemanager.ports import plan_endpoints, ports_of
 from motor_nodemanager.registration import RegistrationFailed, register_with_retry
 from motor_nodemanager.servicer import add_services
 from motor_nodemanager.services import KV_CACHE_STORE, KvStoreWorker, plan_services
@@ -218,6 +219,7 @@ class ApiServerModule(_Base):
         self.ops = ops_server(cfg.server, self._ready)
         if self.ops is not None:
             await self.ops.start()
+        self.app.avoid_own_listeners({port, self.ops.port if self.ops else 0} - {0})
         if self.app.ports_file:
             write_ports_file(self.app.ports_file, {"grpc": port, "metrics": self.ops.port if self.ops else None})
 
@@ -354,6 +356,34 @@ class NodeManagerApp(Application):
         assert self._node is not None
         return self._node
 
+    @staticmethod
+    def _plan_ports(cfg: NodeManagerConfig, avoid: set[int]) -> tuple[Endpoint, ...]:
+        return plan_endpoints(
+            ip=cfg.ip,
+            count=cfg.endpoints_per_node,
+            base_port=cfg.base_port,
+            engine_type=cfg.engine_type_enum,
+            role=cfg.role_enum,
+            pick=lambda: free_port(cfg.ip),
+            avoid=avoid,
+            kv_events=cfg.engine.kv_events.enable,
+            kv_events_replay=cfg.engine.kv_events.replay,
+        )
+
+    def avoid_own_listeners(self, bound: set[int]) -> None:
+        """The engines' ports are picked from the OS (``base_port`` 0) before this process's own
+        servers bind; a server on port 0 may then be given a port just picked (and released) for
+        an engine, whose start would fail with "address already in use". Called once the servers
+        are bound, before the plan is announced (registration): such a plan is made anew."""
+        cfg = self.config
+        clash = bound & ports_of(self.node.planned)
+        if cfg.base_port or not clash:
+            return
+        log.warning("an engine port planned for this node was taken by its own server: planned anew",
+                    extra={"ports": sorted(clash)})
+        configured = {p for p in (cfg.server.port, cfg.server.metrics_port) if p}
+        self.node.planned = self._plan_ports(cfg, configured | bound)
+
     async def setup(self) -> None:
         cfg = nmconfig.load(self.config_path)  # config
         self._config = cfg
@@ -366,18 +396,8 @@ class NodeManagerApp(Application):
                             "namespace": meta.namespace, "model_load_path": meta.model_load_path})  # fmt: skip
         self.daemon_interval = cfg.daemon_loop_interval
         self._tasks = TaskOwner("nodemanager")
-        planned = plan_endpoints(  # ports
-            ip=cfg.ip,
-            count=cfg.endpoints_per_node,
-            base_port=cfg.base_port,
-            engine_type=cfg.engine_type_enum,
-            role=cfg.role_enum,
-            pick=lambda: free_port(cfg.ip),
-            # Not yet bound (the servers start later): an OS pick could return them.
-            avoid={p for p in (cfg.server.port, cfg.server.metrics_port) if p},
-            kv_events=cfg.engine.kv_events.enable,
-            kv_events_replay=cfg.engine.kv_events.replay,
-        )
+        # Not yet bound (the servers start later): an OS pick could return them.
+        planned = self._plan_ports(cfg, {p for p in (cfg.server.port, cfg.server.metrics_port) if p})  # ports
         self._node = Node(lambda: self.config, planned)
         services = plan_services(cfg.kv_cache_store_config)
         log.info("services of this node: %s", ", ".join(services))

@@ -55,3 +55,9 @@ def plan_endpoints(
         out.append(Endpoint(i, ip, business, bootstrap_port=boot, kv_port=kv, dp_rank=i, node_id=node_id,
                             kv_events_port=events, kv_events_replay_port=replay))
     return tuple(out)
+
+
+def ports_of(endpoints: tuple[Endpoint, ...]) -> set[int]:
+    """Every port the *endpoints* plan (business, KV side channel, bootstrap, KV events, replay)."""
+    return {p for e in endpoints
+            for p in (e.business_port, e.kv_port, e.bootstrap_port, e.kv_events_port, e.kv_events_replay_port) if p}
