@@ -84,11 +84,16 @@ class EtcdElection:
 
     async def stop(self, *, resign: bool = True) -> None:
         """Stop campaigning; a master (isolated or not) revokes its lease so a standby wins at once."""
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            # Cancel until it has ended: Python 3.11's asyncio.wait_for returns the inner call's
+            # result when the cancellation arrives as that call completes (the loop then went on
+            # renewing and stop() waited for ever); one cancel per second is bounded.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
         if resign and self.view.role is LeaderRole.MASTER and self._lease is not None:
             try:
                 client = await self._connect()
@@ -129,7 +134,10 @@ class EtcdElection:
             self._client = None
 
     async def _call(self, coro: Awaitable[Any]) -> Any:
-        return await asyncio.wait_for(coro, self.call_timeout)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # arrives as the call completes
+        async with asyncio.timeout(self.call_timeout):
+            return await coro
 
     async def _run(self) -> None:
         while True:

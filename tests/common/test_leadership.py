@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from motor_common import leadership as lship
@@ -105,3 +107,46 @@ def test_an_unsynced_coordinator_holds_back_only_until_synced_or_the_delay_passe
     assert campaign_hold(synced=True, waited=0.0, delay=10.0) is None
     assert campaign_hold(synced=False, waited=10.0, delay=10.0) is None
     assert campaign_hold(synced=False, waited=0.0, delay=0.0) is None  # 0: campaign at once
+
+
+async def test_a_cancellation_arriving_as_an_etcd_call_completes_is_not_swallowed() -> None:
+    """The race that hung a stop() for ever on a loaded box: the campaign task is cancelled in the
+    loop iteration in which its etcd call's answer arrives. Python 3.11's asyncio.wait_for then
+    returns the answer and the task goes on renewing; the call's own timeout must not do that."""
+    e = EtcdElection(["127.0.0.1:1"], "/motor/test/leader", "a", ttl=2, check_interval=0.2)
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    call = asyncio.ensure_future(e._call(answer))
+    await asyncio.sleep(0)  # one loop iteration: the call now waits for its answer
+    answer.set_result("reply")
+    call.cancel()  # same iteration
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
+async def test_stop_ends_a_campaign_that_survived_a_cancellation() -> None:
+    """Whatever swallows one cancellation, stop() cancels again until the campaign has ended."""
+    e = EtcdElection(["127.0.0.1:1"], "/motor/test/leader", "a", ttl=2, check_interval=0.2)
+    swallowed: list[bool] = []
+    running = asyncio.Event()
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                running.set()
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)  # as wait_for did: the loop goes on
+
+    task = asyncio.ensure_future(stubborn())
+    e._task = task
+    await asyncio.wait_for(running.wait(), 5)
+    stop = asyncio.ensure_future(e.stop())
+    await asyncio.wait([stop], timeout=10)  # (not wait_for: its own cancel would end the campaign)
+    try:
+        assert stop.done(), "stop() still waits for a campaign that survived its cancellation"
+    finally:
+        stop.cancel()
+        task.cancel()
+    assert swallowed == [True] and task.cancelled() and e._task is None
