@@ -46,3 +46,26 @@ async def test_a_crash_is_logged_with_its_exception(caplog: pytest.LogCaptureFix
     assert [r.getMessage() for r in caplog.records] == ["background task crashed"]
     assert caplog.records[0].exc_info is not None and "boom" in str(caplog.records[0].exc_info[1])
     await owner.close()
+
+
+async def test_close_ends_a_task_that_survived_its_first_cancellation() -> None:
+    """As a loop whose asyncio.wait_for swallowed the cancel (Python 3.11, the cancel arriving as
+    the inner call completes) would: close cancels again until the task has ended."""
+    owner = TaskOwner("t")
+    swallowed: list[bool] = []
+    running = asyncio.Event()
+
+    async def stubborn() -> None:
+        while True:
+            try:
+                running.set()
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed.append(True)
+
+    t = owner.spawn(stubborn(), name="stubborn")
+    await asyncio.wait_for(running.wait(), 5)
+    await owner.close(timeout=30)
+    assert swallowed == [True] and t.cancelled() and len(owner) == 0
