@@ -115,7 +115,7 @@ async def test_killed_prefill_engine_is_relaunched_in_place_and_serves_again_und
             assert cpb.INSTANCE_STATE_RECOVERING in watch.states
             assert tpb.INSTANCE_STATUS_PAUSED in watch.coordinator
             # The RESUME push follows the controller's ACTIVE by up to one push cycle.
-            await wait_for(lambda: watch.coordinator[-1] == tpb.INSTANCE_STATUS_AVAILABLE, timeout=5,
+            await wait_for(lambda: watch.coordinator[-1] == tpb.INSTANCE_STATUS_AVAILABLE, timeout=20,
                            what="instance resumed on the coordinator")
             ft = await f.ft_status(mi.instance.id)
             assert ft.strategy == "engine_relaunch" and ft.relaunch_attempts == 1
@@ -169,7 +169,7 @@ async def test_failed_relaunch_falls_back_to_node_restart_and_the_instance_comes
         refusing = json.loads(json.dumps(node.config))
         refusing["engine"]["env"]["MOTOR_SIM_FAULT"] = "refuse_start"
         node.proc.config_path.write_text(yaml.safe_dump(refusing))
-        await wait_for(lambda: "configuration reloaded" in node.proc.log_text(), timeout=5, what="hot reload")
+        await wait_for(lambda: "configuration reloaded" in node.proc.log_text(), timeout=20, what="hot reload")
         mi = await f.live_instance("job-p0")
         assert mi is not None
         t_kill = time.monotonic()

@@ -35,7 +35,7 @@ async def unhealthy_fleet_node(f: Fleet) -> tuple[cpb.ManagedInstance, int, int]
     ft = {"zmq_pub_port": free_port(), "zmq_retry_interval_sec": 0.5}
     await f.add_node("p0", "job-p0", "prefill", fault_tolerance_config=ft)
     await wait_for(lambda: f.active("job-p0"), timeout=20, what="job-p0 ACTIVE")
-    await wait_for(lambda: "fault reporter subscribed" in f.nodes["p0"].proc.log_text(), timeout=5, what="ZMQ SUB")
+    await wait_for(lambda: "fault reporter subscribed" in f.nodes["p0"].proc.log_text(), timeout=20, what="ZMQ SUB")
     mi = await f.live_instance("job-p0")
     assert mi is not None
     st = await f.nm_status("p0")
@@ -62,7 +62,7 @@ async def test_unhealthy_engine_that_recovers_by_itself_is_not_relaunched(tmp_pa
         try:
             t0 = time.monotonic()
             sim_fault(port, "health_503")  # publisher: unhealthy; /health: 503 — process alive
-            await wait_for(lambda: recovering_with(f, mi.instance.id, "await_recovery"), timeout=5,
+            await wait_for(lambda: recovering_with(f, mi.instance.id, "await_recovery"), timeout=20,
                            what="await_recovery running")  # fmt: skip
             t_rec = time.monotonic()
             await asyncio.sleep(1.0)  # stays unhealthy a while (shorter than the await deadline)
@@ -90,7 +90,7 @@ async def test_unhealthy_engine_that_does_not_recover_escalates_to_a_relaunch(tm
         mi, port, pid = await unhealthy_fleet_node(f)
         t0 = time.monotonic()
         sim_fault(port, "health_503")
-        await wait_for(lambda: recovering_with(f, mi.instance.id, "await_recovery"), timeout=5, what="await_recovery")
+        await wait_for(lambda: recovering_with(f, mi.instance.id, "await_recovery"), timeout=20, what="await_recovery")
         await wait_for(lambda: recovering_with(f, mi.instance.id, "engine_relaunch"), timeout=10, what="escalation")
         t_esc = time.monotonic()
         await wait_for(lambda: f.active("job-p0"), timeout=15, what="job-p0 ACTIVE after the relaunch")
@@ -139,7 +139,7 @@ async def test_partial_node_loss_restarts_the_survivor_and_the_instance_comes_ba
             # the controller stops the survivor (StopNode → exit 75), the supervisor restarts both
             await wait_for(lambda: EXIT_75 in f.nodes["m0"].exit_codes, timeout=15, what="survivor stopped (75)")
             t_stop = time.monotonic()
-            await wait_for(lambda: f.nodes["m0"].restarts >= 1, timeout=5, what="survivor restarted")
+            await wait_for(lambda: f.nodes["m0"].restarts >= 1, timeout=20, what="survivor restarted")
             assert f.nodes["m0"].proc.proc.pid != survivor_pid
             await wait_for(lambda: f.nodes["m1"].restarts >= 1, timeout=10, what="lost node rescheduled")
             await wait_for(lambda: f.active("job-m"), timeout=25, what="job-m ACTIVE again")
