@@ -60,5 +60,8 @@ async def test_huge_prompt_is_400_quickly_and_health_stays_responsive(sim: SimPr
     assert status == 400
     message = err["error"]["message"] if "error" in err else err["message"]
     assert "maximum context length is 512 tokens" in message
-    assert elapsed < 15, f"refusal took {elapsed:.1f}s"
-    assert latencies and max(latencies) < 5, f"/health stalled {max(latencies):.1f}s"
+    # Wall-clock bounds with room for a box loaded 3x more than the 5-6 s seen at load 14: the bug
+    # this guards against held the loop for ~30 s on a quiet box, which the /health reads (each
+    # bounded at 10 s above) catch whatever the load; the refusal itself is bounded only loosely.
+    assert elapsed < 40, f"refusal took {elapsed:.1f}s"
+    assert latencies and max(latencies) < 8, f"/health stalled {max(latencies):.1f}s"
