@@ -72,3 +72,23 @@ async def http_ok(url: str, path: str = "/ready") -> bool:
             return r.status == 200
     except (aiohttp.ClientError, TimeoutError):
         return False
+
+
+class SurvivesOneCancel:
+    """A task body that swallows its first cancellation and ends on the second, as a loop around
+    Python 3.11's ``asyncio.wait_for`` does when the cancel arrives as the inner call completes.
+    ``running`` is set once the body waits; ``swallowed`` counts the cancellations it ignored."""
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+        self.swallowed = 0
+
+    async def __call__(self) -> None:
+        while True:
+            try:
+                self.running.set()
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if self.swallowed:
+                    raise
+                self.swallowed += 1  # as wait_for did: the loop goes on

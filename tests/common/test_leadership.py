@@ -10,7 +10,7 @@ from motor_common import leadership as lship
 from motor_common.etcd_election import EtcdElection
 from motor_common.leadership import LeaderRole
 from tests.etcd_server import etcd_server
-from tests.helpers import wait_for
+from tests.helpers import SurvivesOneCancel, wait_for
 
 
 def test_first_failed_renewal_isolates_the_master_and_a_success_heals_it() -> None:
@@ -126,22 +126,10 @@ async def test_a_cancellation_arriving_as_an_etcd_call_completes_is_not_swallowe
 async def test_stop_ends_a_campaign_that_survived_a_cancellation() -> None:
     """Whatever swallows one cancellation, stop() cancels again until the campaign has ended."""
     e = EtcdElection(["127.0.0.1:1"], "/motor/test/leader", "a", ttl=2, check_interval=0.2)
-    swallowed: list[bool] = []
-    running = asyncio.Event()
-
-    async def stubborn() -> None:
-        while True:
-            try:
-                running.set()
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed.append(True)  # as wait_for did: the loop goes on
-
+    stubborn = SurvivesOneCancel()
     task = asyncio.ensure_future(stubborn())
     e._task = task
-    await asyncio.wait_for(running.wait(), 5)
+    await asyncio.wait_for(stubborn.running.wait(), 5)
     stop = asyncio.ensure_future(e.stop())
     await asyncio.wait([stop], timeout=10)  # (not wait_for: its own cancel would end the campaign)
     try:
@@ -149,4 +137,4 @@ async def test_stop_ends_a_campaign_that_survived_a_cancellation() -> None:
     finally:
         stop.cancel()
         task.cancel()
-    assert swallowed == [True] and task.cancelled() and e._task is None
+    assert stubborn.swallowed == 1 and task.cancelled() and e._task is None

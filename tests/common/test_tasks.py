@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from motor_common.tasks import TaskOwner
+from tests.helpers import SurvivesOneCancel
 
 
 async def test_a_stray_cancelled_error_is_logged_but_a_requested_cancel_is_not(caplog: pytest.LogCaptureFixture) -> None:
@@ -52,20 +53,8 @@ async def test_close_ends_a_task_that_survived_its_first_cancellation() -> None:
     """As a loop whose asyncio.wait_for swallowed the cancel (Python 3.11, the cancel arriving as
     the inner call completes) would: close cancels again until the task has ended."""
     owner = TaskOwner("t")
-    swallowed: list[bool] = []
-    running = asyncio.Event()
-
-    async def stubborn() -> None:
-        while True:
-            try:
-                running.set()
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                if swallowed:
-                    raise
-                swallowed.append(True)
-
+    stubborn = SurvivesOneCancel()
     t = owner.spawn(stubborn(), name="stubborn")
-    await asyncio.wait_for(running.wait(), 5)
+    await asyncio.wait_for(stubborn.running.wait(), 5)
     await owner.close(timeout=30)
-    assert swallowed == [True] and t.cancelled() and len(owner) == 0
+    assert stubborn.swallowed == 1 and t.cancelled() and len(owner) == 0
