@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import random
 import socket
+from collections.abc import Callable
 
 GATEWAY_HTTP = 8000
 COORDINATOR_GRPC = 9100
@@ -53,6 +55,23 @@ def scan_free_port(host: str, start: int, avoid: set[int] | frozenset[int] = fro
             return port
         port, tried = port + 1, tried + 1
     raise OSError(f"no free port on {host} from {start} up outside the kernel's ephemeral range {low}-{high}")
+
+
+def engine_port_picker(host: str) -> Callable[[], int]:
+    """Successive free ports for engines a program plans now and launches later: scanned outside
+    the kernel's ephemeral range (:func:`scan_free_port`) from a random start, so no other
+    program's port-0 server (another nodemanager's ops endpoint on the same host) and no outgoing
+    connection can be given one before its engine binds it."""
+    low, high = ephemeral_range()
+    nxt = random.randrange(10000, low - 2000) if low > 12000 else random.randrange(high + 1, 63000)
+
+    def pick() -> int:
+        nonlocal nxt
+        port = scan_free_port(host, nxt)
+        nxt = port + 1
+        return port
+
+    return pick
 
 
 def port_free(host: str, port: int) -> bool:

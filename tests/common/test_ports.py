@@ -6,7 +6,13 @@ import socket
 
 import pytest
 
-from motor_common.ports import ephemeral_range, free_port, port_free, scan_free_port
+from motor_common.ports import (
+    engine_port_picker,
+    ephemeral_range,
+    free_port,
+    port_free,
+    scan_free_port,
+)
 
 
 def test_scan_skips_bound_and_avoided_ports() -> None:
@@ -32,3 +38,15 @@ def test_scan_never_returns_a_port_in_the_ephemeral_range() -> None:
 def test_free_port_is_an_os_pick_from_the_ephemeral_range() -> None:
     low, high = ephemeral_range()
     assert low <= free_port() <= high
+
+
+def test_engine_ports_are_distinct_free_and_outside_the_ephemeral_range() -> None:
+    """A nodemanager's engine ports (base_port 0): no other program's bind(0) can be handed one
+    (seen: another nodemanager's ops endpoint took an engine's planned port, answered its /health
+    and 404'd its requests)."""
+
+    low, high = ephemeral_range()
+    pick = engine_port_picker("127.0.0.1")
+    ports = [pick() for _ in range(12)]
+    assert len(set(ports)) == 12
+    assert all(not low <= p <= high and port_free("127.0.0.1", p) for p in ports), (ports, low, high)

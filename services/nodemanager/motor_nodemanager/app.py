@@ -28,7 +28,7 @@ from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
 from motor_common.logs import setup_logging
 from motor_common.ops_http import OpsHttpServer, ops_server
-from motor_common.ports import free_port
+from motor_common.ports import engine_port_picker
 from motor_common.runner import EXIT_RESCHEDULE, write_ports_file
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import config as nmconfig
@@ -364,7 +364,7 @@ class NodeManagerApp(Application):
             base_port=cfg.base_port,
             engine_type=cfg.engine_type_enum,
             role=cfg.role_enum,
-            pick=lambda: free_port(cfg.ip),
+            pick=engine_port_picker(cfg.ip),
             avoid=avoid,
             kv_events=cfg.engine.kv_events.enable,
             kv_events_replay=cfg.engine.kv_events.replay,
