@@ -520,7 +520,8 @@ async def _wait_ready(
             _say(f"error: the fleet was not ready after {timeout:g} s; see the logs in {plan.options.state_dir}/logs")
             return False
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.5)
+            async with asyncio.timeout(0.5):
+                await stop.wait()
     return False
 
 
@@ -541,7 +542,8 @@ async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, 
             _say(f"[{time.strftime('%H:%M:%S')}] {line}")
             last, last_print = line, time.monotonic()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
+            async with asyncio.timeout(1.0):
+                await stop.wait()
 
 
 def _fatal(plan: FleetPlan, sup: Supervisor, user_file: str | None) -> int:

@@ -97,7 +97,8 @@ class EtcdElection:
         if resign and self.view.role is LeaderRole.MASTER and self._lease is not None:
             try:
                 client = await self._connect()
-                await asyncio.wait_for(client.revoke_lease(self._lease.id), self.call_timeout)
+                async with asyncio.timeout(self.call_timeout):
+                    await client.revoke_lease(self._lease.id)
                 log.info("resigned: lease revoked")
             except Exception as exc:  # the lease then expires after its TTL
                 log.warning("could not revoke the lease on stop: %s", exc)
@@ -130,7 +131,8 @@ class EtcdElection:
     async def _close_client(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._client.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._client.close()
             self._client = None
 
     async def _call(self, coro: Awaitable[Any]) -> Any:

@@ -142,6 +142,7 @@ async def _probed(pool: CoordinatorPool, deadline: float) -> None:
     changed = pool.changed()
     pool.kick()
     try:
-        await asyncio.wait_for(changed.wait(), max(0.0, min(0.5, deadline - time.monotonic())))
+        async with asyncio.timeout(max(0.0, min(0.5, deadline - time.monotonic()))):
+            await changed.wait()
     except TimeoutError:
         pass

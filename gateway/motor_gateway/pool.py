@@ -148,7 +148,8 @@ class CoordinatorPool:
             changed = self._changed
             self.kick()
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
             except TimeoutError:
                 return self._route
 
@@ -163,7 +164,8 @@ class CoordinatorPool:
             changed = self._changed
             self.kick()
             try:
-                await asyncio.wait_for(changed.wait(), min(remaining, self._probe_interval))
+                async with asyncio.timeout(min(remaining, self._probe_interval)):
+                    await changed.wait()
             except TimeoutError:
                 pass
 
@@ -201,7 +203,8 @@ class CoordinatorPool:
             kick.clear()
             self._set([await member.view(self._probe_timeout)])
             try:
-                await asyncio.wait_for(kick.wait(), self._probe_interval)
+                async with asyncio.timeout(self._probe_interval):
+                    await kick.wait()
             except TimeoutError:
                 pass
 

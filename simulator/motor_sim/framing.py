@@ -86,7 +86,8 @@ class FrameServer:
         assert task is not None
         self._tasks.add(task)
         try:
-            msg = await asyncio.wait_for(read_frame(reader), 10.0)
+            async with asyncio.timeout(10.0):
+                msg = await read_frame(reader)
             reply = await self._handler(msg)
             writer.write(encode_frame(reply))
             await writer.drain()
@@ -105,4 +106,5 @@ class FrameServer:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._server.wait_closed()

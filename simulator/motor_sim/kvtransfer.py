@@ -128,7 +128,8 @@ class RoomTable:
             raise TransferError(f"bootstrap room {room} is already in use")
         entry.payload.set_result(payload)
         try:
-            await asyncio.wait_for(asyncio.shield(entry.taken), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(entry.taken)
         except TimeoutError as exc:
             raise TransferError(
                 f"Decode instance could be dead, no decode took room {room} in {timeout_s:g}s"
@@ -141,7 +142,8 @@ class RoomTable:
         """Decode side: wait for the room's KV, then mark it taken."""
         entry = self._entry(room)
         try:
-            payload = await asyncio.wait_for(asyncio.shield(entry.payload), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                payload = await asyncio.shield(entry.payload)
         except TimeoutError as exc:
             if self._rooms.get(room) is entry:
                 del self._rooms[room]

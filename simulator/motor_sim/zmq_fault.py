@@ -45,13 +45,15 @@ class FaultPublisher:
     async def publish_now(self) -> None:
         msg = dict(self._status(), timestamp=time.time())
         with contextlib.suppress(zmq.ZMQError):
-            await asyncio.wait_for(self._sock.send_multipart([TOPIC, orjson.dumps(msg)]), 1.0)
+            async with asyncio.timeout(1.0):
+                await self._sock.send_multipart([TOPIC, orjson.dumps(msg)])
 
     async def _loop(self) -> None:
         while True:
             await self.publish_now()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def close(self) -> None:

@@ -158,7 +158,8 @@ class Admission:
         metrics.QUEUED.inc()
         metrics.QUEUED_TOTAL.inc()
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), c.queue_timeout_sec)
+            async with asyncio.timeout(c.queue_timeout_sec):
+                await asyncio.shield(waiter.future)
         except BaseException as exc:
             if waiter.future.done() and not waiter.future.cancelled():
                 if not isinstance(exc, TimeoutError):

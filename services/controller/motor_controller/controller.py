@@ -701,4 +701,5 @@ class Controller:
             except Exception:
                 log.exception("reconcile failed")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=interval)
+                async with asyncio.timeout(interval):
+                    await self._wake.wait()

@@ -78,7 +78,8 @@ class EtcdStore:
         self._endpoint_index += 1  # next call tries the next endpoint
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await client.close()
 
     def _status(self, available: bool, detail: str = "") -> None:
         if available == self.available:
@@ -93,7 +94,8 @@ class EtcdStore:
 
     async def _call(self, op: Callable[[Any], Awaitable[T]], what: str) -> T:
         try:
-            result = await asyncio.wait_for(op(self._connect()), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                result = await op(self._connect())
         except Exception as exc:  # aetcd / grpc / timeout / connection errors, all the same to us
             detail = f"{what}: {type(exc).__name__}: {exc}"[:300]
             await self._drop_client()
@@ -142,5 +144,6 @@ class EtcdStore:
     async def close(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._client.close(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._client.close()
             self._client = None

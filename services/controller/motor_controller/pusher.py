@@ -136,7 +136,8 @@ class CoordinatorPusher:
                 wait = min(wait, max(self.state.set_retry_at - now, 0.0))
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
 
     async def _round(self) -> None:
         now = self._clock()

@@ -419,7 +419,8 @@ class Dispatcher:
                 try:
                     # its turn comes when the member on parole is answered (a first byte) or
                     # convicted (a stall): within about one first-byte deadline
-                    await asyncio.wait_for(fut, timeout)
+                    async with asyncio.timeout(timeout):
+                        await fut
                 except TimeoutError:
                     metrics.POISON_SUSPECTS.labels(fate.model, "refused").inc()
                     raise fate.poison(f"its {role} engine gave no sign of life for {timeout:g}s while serving it, "

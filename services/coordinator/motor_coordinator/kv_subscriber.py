@@ -164,7 +164,8 @@ class KvEventSubscriber:
             await sock.send_multipart([b"", seq_bytes(start)])
             while True:
                 try:
-                    frames = await asyncio.wait_for(sock.recv_multipart(), self.replay_timeout_s)
+                    async with asyncio.timeout(self.replay_timeout_s):
+                        frames = await sock.recv_multipart()
                 except TimeoutError:
                     log.info("engine %s: KV-event replay from %d timed out", src.engine, start)
                     return None

@@ -129,7 +129,8 @@ class Application:
                 self._started.append(module)
             while not self.exiting:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.daemon_interval)
+                    async with asyncio.timeout(self.daemon_interval):
+                        await self._stop.wait()
                 if not self.exiting:
                     await self.tick()
         finally:

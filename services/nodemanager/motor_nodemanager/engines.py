@@ -200,7 +200,8 @@ class EngineSupervisor:
         deadline = time.monotonic() + timeout
         if _signal_group(pgid, signal.SIGTERM):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(p.exited.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await p.exited.wait()
             # the leader is gone; give the rest of its group the remaining time
             while _group_alive(pgid):
                 if time.monotonic() >= deadline:
@@ -210,7 +211,8 @@ class EngineSupervisor:
                 await asyncio.sleep(0.05)
             _signal_group(pgid, signal.SIGKILL)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(p.exited.wait(), 5.0)  # the watcher reaps it
+            async with asyncio.timeout(5.0):  # the watcher reaps it
+                await p.exited.wait()
         p.proc.wait()  # SIGKILL was sent to its group: returns at once
         if p.log_file is not None:
             p.log_file.close()

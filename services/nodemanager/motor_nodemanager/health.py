@@ -51,7 +51,8 @@ async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) ->
 async def wait_port(ep: Endpoint, deadline: float) -> bool:
     while time.monotonic() < deadline:
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(ep.ip, ep.business_port), 1.0)
+            async with asyncio.timeout(1.0):
+                _, writer = await asyncio.open_connection(ep.ip, ep.business_port)
         except (OSError, TimeoutError):
             await asyncio.sleep(0.2)
             continue

@@ -54,7 +54,8 @@ class HeartbeatSender:
                 yield f
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval())
+                async with asyncio.timeout(self._interval()):
+                    await self._wake.wait()
 
     async def run(self) -> None:
         failures = 0

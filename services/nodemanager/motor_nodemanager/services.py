@@ -116,7 +116,8 @@ class KvStoreWorker:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGTERM)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wait_exit(proc), self.cfg.stop_timeout_sec)
+                async with asyncio.timeout(self.cfg.stop_timeout_sec):
+                    await wait_exit(proc)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
