@@ -19,7 +19,6 @@ import pytest
 from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.grpc_server import ServerConfig, error_reason
-from motor_common.ports import free_port
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, DispatchConfig, SchedulerConfig
 from tests.coordinator.grpc_util import KEY, Stubs
@@ -31,7 +30,7 @@ from tests.coordinator.test_dispatch_sim import (
     sim_state,
     text_of,
 )
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.procs import Proc, start_simulator
 
 pytestmark = pytest.mark.slow

@@ -34,10 +34,9 @@ import psutil
 import pytest
 
 from motor_common.domain import EngineType, Role
-from motor_common.ports import free_port
 from tests.coordinator.grpc_util import KEY, Stubs
 from tests.coordinator.test_dispatch_sim import MODEL, instance, sim_state
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.procs import Proc, start_coordinator, start_gateway, start_simulator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
