@@ -62,7 +62,9 @@ WORDS = ("fleet engine prefill decode cache token route policy latency budget qu
          "tensor batch stream window memory block schedule balance").split()
 
 
-SIZES = {"system": 600, "doc": 400}  # words (about tokens) of a system prompt and of a chat's document
+# words (about tokens) of a system prompt, of a chat's document, of an assistant reply in the history
+# (0: a short phrase)
+SIZES = {"system": 600, "doc": 400, "reply": 0}
 
 
 def system_prompt(k: int) -> str:
@@ -82,20 +84,37 @@ def unique_chat(u: int) -> list[dict[str, str]]:
             {"role": "user", "content": f"one-shot question {u}: what about the {WORDS[u % 20]}?"}]
 
 
+def reply(c: int, u: int) -> str:
+    """The assistant's answer to turn *u* as the client sends it back in the history: the prefill
+    engines never computed it (the decode engine generated it), so every router computes it once;
+    a router that moves the chat also recomputes all the history before it."""
+    if not SIZES["reply"]:
+        return f"the {WORDS[(c * u) % 20]} is fine, thanks {u}"
+    return f"Answer {u}: " + " ".join(WORDS[(c * 5 + u * 3 + i * 7) % len(WORDS)] for i in range(SIZES["reply"]))
+
+
 def session_chat(c: int, t: int) -> list[dict[str, str]]:
     msgs: list[dict[str, str]] = [{"role": "system", "content": system_prompt(c % 4)}]
     for u in range(t + 1):
         doc = document(c) if u == 0 else ""
         msgs.append({"role": "user", "content": f"{doc}chat {c} turn {u}: how is the {WORDS[(c + u) % 20]} doing?"})
         if u < t:
-            msgs.append({"role": "assistant", "content": f"the {WORDS[(c * u) % 20]} is fine, thanks {u}"})
+            msgs.append({"role": "assistant", "content": reply(c, u)})
     return msgs
 
 
-def workload(sessions: int, turns: int, unique: float, seed: int = 19) -> list[dict[str, Any]]:
-    """Turn t of every session, then turn t + 1, ...; one-shot chats interleaved at random places."""
+def workload(sessions: int, turns: int, unique: float, seed: int = 19, active: int = 0) -> list[dict[str, Any]]:
+    """Turn t of every session, then turn t + 1, ...; or, with *active* > 0, staggered sessions:
+    session c opens at c x turns / active and sends one turn per step, so about *active* chats are
+    open at any time (a chat service's concurrent users; consecutive turns of a chat are about
+    *active* requests apart) and first turns are spread over the run instead of coming in a burst.
+    One-shot chats interleaved at random places."""
     rng = random.Random(seed)
-    chats = [session_chat(c, t) for t in range(turns) for c in range(sessions)]
+    if active > 0:
+        order = sorted((c * turns / active + t, c, t) for c in range(sessions) for t in range(turns))
+        chats = [session_chat(c, t) for _, c, t in order]
+    else:
+        chats = [session_chat(c, t) for t in range(turns) for c in range(sessions)]
     n_unique = round(len(chats) * unique / (1 - unique)) if unique < 1 else len(chats)
     for u in range(n_unique):
         chats.insert(rng.randrange(len(chats) + 1), unique_chat(u))
@@ -245,8 +264,8 @@ def _median(rows: list[dict[str, Any]], key: str) -> float:
 
 
 async def amain(args: argparse.Namespace) -> None:
-    SIZES.update(system=args.system_words, doc=args.doc_words)
-    reqs = workload(args.sessions, args.turns, args.unique)
+    SIZES.update(system=args.system_words, doc=args.doc_words, reply=args.reply_words)
+    reqs = workload(args.sessions, args.turns, args.unique, active=args.active)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [0.0]
     started = dt.datetime.now()
     load = [os.getloadavg()]
@@ -264,8 +283,10 @@ async def amain(args: argparse.Namespace) -> None:
             else f"closed loop, concurrency {args.concurrency}")
     print(f"\n# bench/scheduling.py {started:%Y-%m-%d %H:%M}, {os.cpu_count()} CPUs, load average (1 min) "
           f"{' / '.join(f'{x[0]:.1f}' for x in load)} (start / after each round); {len(reqs)} streaming chat "
-          f"requests ({args.sessions} sessions x {args.turns} turns sharing 4 system prompts of ~{args.system_words} "
-          f"words, a ~{args.doc_words}-word document per session, + {args.unique:.0%} one-shot chats), {mode}, "
+          f"requests ({args.sessions} sessions x {args.turns} turns"
+          f"{f' (staggered, ~{args.active} open at once)' if args.active else ''} sharing 4 system prompts of ~{args.system_words} "
+          f"words, a ~{args.doc_words}-word document per session, "
+          f"{f'~{args.reply_words}-word' if args.reply_words else 'short'} assistant replies, + {args.unique:.0%} one-shot chats), {mode}, "
           f"{args.prefills} P + {args.decodes} D, prefill KV {args.prefill_kv_blocks} blocks, simulator's default "
           f"cost model with --sim-prefill-slots {args.prefill_slots}; medians of {args.rounds} interleaved rounds")
     print(f"{'rate':>5} {'flav':6} {'router':30} {'hit rate':>8} {'ttft p50':>9} {'ttft p99':>9} {'req/s':>7} "
@@ -296,6 +317,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, default=40)
     ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--active", type=int, default=0,
+                    help="staggered sessions, about this many open at once (0: turn t of every session, then t + 1)")
     ap.add_argument("--unique", type=float, default=0.25, help="share of one-shot chats (0..1)")
     ap.add_argument("--concurrency", type=int, default=16, help="closed loop (no --rates): requests in flight")
     ap.add_argument("--rates", help="open loop: comma-separated Poisson arrival rates (req/s), e.g. 10,20,30")
@@ -303,6 +326,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds (every router once per round)")
     ap.add_argument("--system-words", type=int, default=600)
     ap.add_argument("--doc-words", type=int, default=400)
+    ap.add_argument("--reply-words", type=int, default=0,
+                    help="words of each assistant reply in a chat's history (0: a short phrase)")
     ap.add_argument("--prefill-slots", type=int, default=1,
                     help="motor-sim --sim-prefill-slots: prefills an engine computes at once (0: unbounded)")
     ap.add_argument("--prefills", type=int, default=4)

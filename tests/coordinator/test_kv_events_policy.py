@@ -63,29 +63,41 @@ def live(index: KvIndex, c: list[Candidate]) -> None:
         index.apply(x.key, 0, EventBatch(0.0, ()))
 
 
-def test_the_holders_queue_outweighs_its_hit_once_it_costs_more_than_computing_the_prompt_elsewhere() -> None:
+def test_the_holders_queue_outweighs_its_hit_once_it_costs_more_than_twice_computing_the_prompt_elsewhere() -> None:
     index = KvIndex()
     p = KvEvents(SchedulerConfig(), index)
     assert len(PROMPT) == 99  # the holder computes 3 tokens (6 blocks held), any other engine 99
-    c = cands(3, queued=[0, 0, 95])
+    c = cands(3, queued=[0, 0, 191])
     live(index, c)
     hold(index, c[2].key, PROMPT)
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 3)  # 95 + 3 < 0 + 99
-    c = cands(3, queued=[0, 0, 97])
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 99)  # 97 + 3 > 0 + 99: spread
-    c = cands(3, queued=[0, 40, 97])
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 3)  # 191 + 2 x 3 < 0 + 2 x 99
+    c = cands(3, queued=[0, 0, 193])
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 99)  # 193 + 2 x 3 > 0 + 2 x 99: spread
+    c = cands(3, queued=[0, 40, 193])
     assert p.select_prefill(c, req(1, PROMPT)) == PrefillChoice(c[0], 99)  # the shorter queue of the others
+
+
+def test_a_computed_token_weighs_twice_so_the_holder_keeps_a_chat_its_queue_would_finish_later() -> None:
+    """Greedy finish-first (weight 1) would move the chat here: 97 + 3 > 0 + 99. Recomputing the
+    prefix elsewhere is work left on that engine for the requests behind it and a second copy of
+    the prefix in cache, so the holder keeps it until its queue outweighs twice the computation."""
+    index = KvIndex()
+    p = KvEvents(SchedulerConfig(), index)
+    c = cands(3, queued=[0, 0, 97])
+    live(index, c)
+    hold(index, c[2].key, PROMPT)
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 3)
 
 
 def test_a_partial_hit_is_weighed_by_the_tokens_left_to_compute() -> None:
     index = KvIndex()
     p = KvEvents(SchedulerConfig(), index)
-    c = cands(3, queued=[0, 30, 0])
+    c = cands(3, queued=[0, 63, 0])
     live(index, c)
-    hold(index, c[1].key, SYSTEM)  # 64 of 99: computes 35, + 30 queued = 65
-    hold(index, c[2].key, SYSTEM[:32])  # 32 of 99: computes 67
+    hold(index, c[1].key, SYSTEM)  # 64 of 99: computes 35: 63 + 2 x 35 = 133
+    hold(index, c[2].key, SYSTEM[:32])  # 32 of 99: computes 67: 2 x 67 = 134
     assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 35)
-    c = cands(3, queued=[0, 33, 0])  # 33 + 35 = 68 > 67
+    c = cands(3, queued=[0, 65, 0])  # 65 + 70 = 135 > 134
     assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 67)
 
 

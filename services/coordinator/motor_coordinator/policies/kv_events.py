@@ -7,12 +7,13 @@ predicts, in prompt tokens, when each candidate would have this prefill done —
 computes one batch at a time, so its queue is work too::
 
     cost = tokens queued there (this coordinator's prefills in flight, as estimated when chosen)
-         + tokens of this prompt it would compute (the prompt minus the prefix it holds)
+         + 2 x tokens of this prompt it would compute (the prompt minus the prefix it holds)
 
-and takes the cheapest; ties go to the lower :func:`load_score` (in-flight count or the engine's
-own gauges), then in turn. A hot prefix therefore stays on its holder until the holder's queue
-costs more than computing the prefix elsewhere, and then spreads (that engine then caches it
-too). The chosen tokens are returned in a :class:`PrefillChoice`, and the scheduler queues them on
+and takes the cheapest (a computed token is weighed twice: it delays this request and, as work
+left there, the requests queued behind it — :data:`COMPUTE_WEIGHT`); ties go to the lower
+:func:`load_score` (in-flight count or the engine's own gauges), then in turn. A hot prefix
+therefore stays on its holder until the holder's queue costs more than twice computing the prefix
+elsewhere, and then spreads (that engine then caches it too). The chosen tokens are returned in a :class:`PrefillChoice`, and the scheduler queues them on
 the endpoint while the prefill runs (``Candidate.queued_tokens``). The engine's scraped gauges are
 a scrape interval old, so they only break ties; the ledger is current.
 
@@ -56,6 +57,14 @@ class BlockHashing:
     block_size: int = 16
     seed: str = DEFAULT_VLLM_SEED
     int_hashes: bool = True  # vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (default 1)
+
+
+# A computed token counts twice: once for this request's wait and once as work left on that engine
+# for the requests behind it (and a duplicate copy of the prefix taking cache room there). With 1,
+# the greedy "finishes first" choice moved a chat off its holder as soon as the holder's queue
+# passed the chat's prefix, recomputing system prompts and histories on every engine: more
+# evictions and a lower hit rate under load (bench/scheduling.py, docs/benchmarks.md).
+COMPUTE_WEIGHT = 2
 
 
 class KvEvents:
@@ -105,12 +114,12 @@ class KvEvents:
         return choice
 
     def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int]) -> PrefillChoice:
-        """The candidate that would finish this prefill first: fewest queued + uncached tokens,
-        then the lowest load score, then in turn."""
+        """The cheapest candidate: fewest queued + COMPUTE_WEIGHT x uncached tokens, then the lowest
+        load score, then in turn."""
         best: tuple[int, float] | None = None
         tied: list[Candidate] = []
         for c in candidates:
-            rank = (c.queued_tokens + uncached[c.key], load_score(c, self.kv_usage_weight))
+            rank = (c.queued_tokens + COMPUTE_WEIGHT * uncached[c.key], load_score(c, self.kv_usage_weight))
             if best is None or rank < best:
                 best, tied = rank, [c]
             elif rank == best:
