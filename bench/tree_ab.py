@@ -3,11 +3,14 @@
     git archive <base-commit> | (mkdir -p /tmp/motor-base && tar -x -C /tmp/motor-base)
     .venv/bin/python bench/tree_ab.py --base /tmp/motor-base [--flavour vllm|sglang] [--stream]
                                       [--co-located] [--rounds 3] [--seconds 2] [--conc 1,64]
+                                      [--new /tmp/motor-new]
 
 The same engines throughout (this tree's simulator); per round Motor is started from each tree in
 turn — ``base``: ``motor-coordinator`` and ``motor-gateway`` with ``PYTHONPATH`` pointing at the
 other tree's packages (they come before this venv's editable install), ``new``: this tree — and
 measured at each concurrency, so a machine whose load drifts during the run biases neither.
+``--new DIR``: ``new`` is started from that tree the same way as ``base`` (both from
+``PYTHONPATH``; e.g. two scratch copies, one of them compiled by ``bench/mypyc_build.py``).
 Prints every measurement and the medians: CPU microseconds per request of the Motor process
 tree, req/s, p50.
 """
@@ -29,7 +32,8 @@ _PACKAGES = ("common", "gateway", "services/coordinator")
 
 
 async def main(a: argparse.Namespace) -> None:
-    base_path = os.pathsep.join(str(Path(a.base).resolve() / p) for p in _PACKAGES)
+    paths = {v: os.pathsep.join(str(Path(tree).resolve() / p) for p in _PACKAGES)
+             for v, tree in (("base", a.base), ("new", a.new)) if tree}
     res: Results = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -37,8 +41,8 @@ async def main(a: argparse.Namespace) -> None:
             for rnd in range(a.rounds):
                 for v in ("base", "new") if rnd % 2 == 0 else ("new", "base"):
                     saved = os.environ.get("PYTHONPATH")
-                    if v == "base":
-                        os.environ["PYTHONPATH"] = base_path
+                    if v in paths:
+                        os.environ["PYTHONPATH"] = paths[v]
                     try:
                         motor = start_motor(e, d, name=v, co_located=a.co_located)
                         t = await motor.__aenter__()
@@ -63,6 +67,7 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="a checkout (or git archive) of the tree to compare against")
+    ap.add_argument("--new", help="start 'new' from this tree too (default: this checkout)")
     ap.add_argument("--flavour", default="vllm")
     ap.add_argument("--seconds", type=float, default=2)
     ap.add_argument("--rounds", type=int, default=3)
