@@ -4,6 +4,11 @@ Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``po
 with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, timeout, refused, garbage) →
 UNHEALTHY. Each probe carries the generation read *before* it was sent, so the state machine can drop
 it if newer controller data arrived meanwhile.
+
+Any program can answer 200, so the first 200 after each (re)start of the poller (a launch, a
+relaunch) is believed only once the port is seen to be served by the launched engine process or a
+descendant of it (``port_owner``); until then every 200 is UNHEALTHY with a detail saying which
+process holds the port.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import aiohttp
 from motor_common.domain import Endpoint
 from motor_common.logs import request_id_var
 from motor_common.tasks import TaskOwner
+from motor_nodemanager import port_owner
 from motor_nodemanager.endpoint_state import Observation
 
 log = logging.getLogger(__name__)
@@ -69,8 +75,12 @@ class HealthPoller:
         settings: Callable[[], PollSettings],
         generation: Callable[[int], int],
         observe: ObserveFn,
+        engine_pid: Callable[[int], int] | None = None,
     ) -> None:
+        """*engine_pid* (endpoint id -> the launched engine's pid, 0 when none): check once per
+        start that the engine serves its port; None: trust any 200 (tests of the poller alone)."""
         self._settings = settings
+        self._engine_pid = engine_pid
         self._generation = generation
         self._observe = observe
         self._tasks = TaskOwner("health-poller")
@@ -91,6 +101,8 @@ class HealthPoller:
         s = self._settings()
         if not await wait_port(ep, time.monotonic() + s.port_wait_sec):
             log.warning("engine port not open after %ss, polling anyway", s.port_wait_sec, extra={"endpoint_id": ep.id})
+        verified = self._engine_pid is None
+        warned = ""
         while not session.closed:  # closed = this poller is being stopped: end quietly
             s = self._settings()
             gen = self._generation(ep.id)
@@ -100,8 +112,32 @@ class HealthPoller:
                 if session.closed:
                     return
                 raise
+            if obs is Observation.HEALTHY and not verified:
+                owner = await self._ownership(ep, s.timeout_sec)
+                if owner.owned is False:
+                    obs, detail = Observation.UNHEALTHY, owner.detail
+                    if detail != warned:
+                        log.warning("engine not healthy: %s", detail, extra={"endpoint_id": ep.id})
+                        warned = detail
+                elif owner.owned:
+                    verified = True
+                    if warned:
+                        log.info("engine port %d is served by the engine now", ep.business_port,
+                                 extra={"endpoint_id": ep.id})
+                # None: cannot tell (no /proc): this 200 counts; check again
             self._observe(ep.id, obs, gen, detail)
             await asyncio.sleep(s.poll_interval_sec)
+
+    async def _ownership(self, ep: Endpoint, timeout: float) -> port_owner.Ownership:
+        assert self._engine_pid is not None
+        pid = self._engine_pid(ep.id)
+        try:
+            async with asyncio.timeout(max(timeout, 1.0)):  # /proc reads: off the loop and bounded
+                return await asyncio.to_thread(port_owner.check, pid, ep.ip, ep.business_port)
+        except Exception as exc:  # never let the check itself take an engine down
+            log.warning("could not check which process serves port %d: %s: %s", ep.business_port,
+                        type(exc).__name__, exc, extra={"endpoint_id": ep.id})
+            return port_owner.Ownership(None)
 
     async def stop(self) -> None:
         async with self._lock:

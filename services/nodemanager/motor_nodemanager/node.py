@@ -97,7 +97,7 @@ class Node:
         )
         self.arbiter = Arbiter(config().health.abnormal_threshold)
         self.supervisor = EngineSupervisor(on_exit=self._on_engine_exit)
-        self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe)
+        self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe, self.supervisor.pid_of)
         self._start_lock = asyncio.Lock()
         self.on_change: Callable[[], None] = lambda: None
         # Death reports (set by the application once it has a controller peer).
