@@ -9,6 +9,9 @@ simulator launched by the real nodemanager."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -83,7 +86,8 @@ async def test_check_names_the_process_that_holds_the_port(tmp_path: Path) -> No
     # a parent whose child serves the port: a descendant counts as the engine
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess,sys; subprocess.run([sys.executable, '-m', 'http.server', sys.argv[1], "
-        "'--bind', '127.0.0.1'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"), str(port + 1)])
+        "'--bind', '127.0.0.1'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)"), str(port + 1)],
+        start_new_session=True)  # its own group: the child goes down with it
     try:
         await wait_for(lambda: _answers_200(port), timeout=20, what="the impostor answering /health")
         assert port_owner.check(other.pid, "127.0.0.1", port) == port_owner.Ownership(True)
@@ -105,6 +109,8 @@ async def test_check_names_the_process_that_holds_the_port(tmp_path: Path) -> No
             assert gone == port_owner.Ownership(False, f"port {port} answers, but the engine process "
                                                        f"(pid {dead}) is not running")
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
         for p in (other, parent):
             p.kill()
             p.wait()
