@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from aiohttp import web
@@ -39,3 +42,34 @@ async def test_stop_racing_start_leaves_no_task_and_no_task_dies(caplog: pytest.
     finally:
         await runner.cleanup()
     assert not [r for r in caplog.records if "Session is closed" in r.getMessage() or "died" in r.getMessage()]
+
+
+@pytest.mark.parametrize("verify", [True, False])
+async def test_a_200_from_a_process_other_than_the_engine_counts_only_with_the_check_off(verify: bool) -> None:
+    """health.verify_port_owner: the port is served by this test process, the "engine" is another
+    process (a sleeper): with the check on the 200 is UNHEALTHY and the detail names the holder;
+    with it off (a wrapper serving the port from outside its tree) the 200 is believed."""
+    app = web.Application()
+    app.router.add_get("/health", lambda _: web.Response(text="ok"))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    seen: list[tuple[Observation, str]] = []
+    poller = HealthPoller(lambda: PollSettings(0.01, 1.0, 5.0, verify), lambda _: 0,
+                          lambda _eid, obs, _gen, detail: seen.append((obs, detail)), lambda _: sleeper.pid)
+    try:
+        await poller.start([Endpoint(0, "127.0.0.1", port)])
+        await wait_for(lambda: len(seen) >= 3, timeout=20, what="three probes")
+        await poller.stop()
+    finally:
+        sleeper.kill()
+        sleeper.wait(5)
+        await runner.cleanup()
+    if verify:
+        assert {obs for obs, _ in seen} == {Observation.UNHEALTHY}
+        assert f"port {port} is served by another process (pid {os.getpid()})" in seen[0][1]
+    else:
+        assert {obs for obs, _ in seen} == {Observation.HEALTHY}

@@ -38,6 +38,11 @@ class HealthConfig:
     timeout_sec: float = 5.0
     port_wait_sec: float = 60.0
     startup_grace_sec: float = 120.0
+    # Believe an engine's first 200 on /health (after each launch or relaunch) only once the port is
+    # seen served by the launched process or a descendant (Linux /proc). Turn off only when an
+    # engine.command wrapper serves the port from outside its own process tree (a container
+    # runtime's port proxy or NAT): then any program answering on the port counts as the engine.
+    verify_port_owner: bool = True
     # Consecutive daemon intervals an (once NORMAL) endpoint may stay ABNORMAL before self-termination.
     abnormal_threshold: int = 5
 

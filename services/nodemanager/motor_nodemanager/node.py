@@ -147,7 +147,7 @@ class Node:
     # --- observations --------------------------------------------------------------------------
     def _poll_settings(self) -> PollSettings:
         h = self.cfg.health
-        return PollSettings(h.poll_interval_sec, h.timeout_sec, h.port_wait_sec)
+        return PollSettings(h.poll_interval_sec, h.timeout_sec, h.port_wait_sec, h.verify_port_owner)
 
     def _generation_of(self, endpoint_id: int) -> int:
         st = self.states.get(endpoint_id)
