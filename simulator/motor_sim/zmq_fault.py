@@ -44,7 +44,9 @@ class FaultPublisher:
 
     async def publish_now(self) -> None:
         msg = dict(self._status(), timestamp=time.time())
-        with contextlib.suppress(zmq.ZMQError):
+        # a lost status is sent again next interval: neither a ZMQ error nor a stalled send
+        # (a PUB socket drops at its high-water mark, so that is rare) may end the loop
+        with contextlib.suppress(zmq.ZMQError, TimeoutError):
             async with asyncio.timeout(1.0):
                 await self._sock.send_multipart([TOPIC, orjson.dumps(msg)])
 
