@@ -7,7 +7,9 @@ prompts (~600 tokens), turn t carrying the whole history; the first user turn of
 carries a ~400-token document of its own, so later turns hit the cache only on the engine that
 served the chat before. Plus a ``--unique`` share of one-shot chats with a system prompt and
 question of their own (nothing to share). Streaming chat completions, max_tokens 8, sent turn by
-turn with unique requests interleaved (seeded). Engines: 4 prefill + 2 decode ``motor-sim`` with
+turn with unique requests interleaved (seeded); with ``--active N`` sessions are staggered (about
+N open at once, first turns spread over the run), ``--reply-words`` makes the assistant replies in
+the history that long. Engines: 4 prefill + 2 decode ``motor-sim`` with
 the simulator's default cost model (prefill 2 ms + 0.05 ms per *uncached* prompt token, decode
 5 ms per token), prefix caching on, prefill KV capacity ``--prefill-kv-blocks`` (512 blocks of
 16 tokens by default: smaller than what the workload caches, so engines evict); every prefill
