@@ -4,7 +4,13 @@ fallback when it cannot know."""
 from __future__ import annotations
 
 from motor_common.domain import Role
-from motor_common.kv_events import BlockRemoved, BlockStored, EventBatch, vllm_event_hashes
+from motor_common.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    vllm_event_hashes,
+)
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.policies.base import (
@@ -64,7 +70,7 @@ def live(index: KvIndex, c: list[Candidate]) -> None:
 
 
 def test_the_holders_queue_outweighs_its_hit_once_it_costs_more_than_twice_computing_the_prompt_elsewhere() -> None:
-    index = KvIndex()
+    index = KvIndex(pending_ttl=0)  # the cost alone: no blocks pending from the choices before
     p = KvEvents(SchedulerConfig(), index)
     assert len(PROMPT) == 99  # the holder computes 3 tokens (6 blocks held), any other engine 99
     c = cands(3, queued=[0, 0, 191])
@@ -90,7 +96,7 @@ def test_a_computed_token_weighs_twice_so_the_holder_keeps_a_chat_its_queue_woul
 
 
 def test_a_partial_hit_is_weighed_by_the_tokens_left_to_compute() -> None:
-    index = KvIndex()
+    index = KvIndex(pending_ttl=0)  # the cost alone: no blocks pending from the choices before
     p = KvEvents(SchedulerConfig(), index)
     c = cands(3, queued=[0, 63, 0])
     live(index, c)
@@ -128,7 +134,9 @@ def test_a_cold_prefix_goes_to_the_least_loaded_engine_ties_in_turn() -> None:
         index.apply(x.key, 0, EventBatch(0.0, ()))
     hold(index, c[0].key, list(range(5000, 5032)))  # something else entirely
     p = KvEvents(SchedulerConfig(), index)
-    got = [p.select(Role.PREFILL, c, RequestInfo(seq, "m", "same text", tuple(PROMPT))) for seq in range(4)]
+    # four different cold prompts (a repeated one would follow its first copy: pending blocks)
+    prompts = [tuple(range(20_000 + 100 * seq, 20_099 + 100 * seq)) for seq in range(4)]
+    got = [p.select(Role.PREFILL, c, RequestInfo(seq, "m", "same text", prompts[seq])) for seq in range(4)]
     assert got == [c[1], c[2], c[1], c[2]]  # never the busy one, the idle two in turn
     assert p.cold == 4 and p.fallbacks == 0 and p.routed == 0
 
@@ -197,3 +205,94 @@ def test_a_prefill_that_stores_a_new_block_makes_the_index_expect_events_from_it
     assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 3)  # < 1 block new: nothing expected
     now[0] = 100.0
     assert not index.is_stale(c[1].key)
+
+
+def test_a_second_same_prefix_request_before_the_events_follows_the_first() -> None:
+    """The first request's blocks are pending on its engine until BlockStored: a new chat with the
+    same system prompt sent meanwhile goes there instead of computing the prefix on an idle one."""
+    now = [0.0]
+    index = KvIndex(clock=lambda: now[0], pending_ttl=5.0)
+    p = KvEvents(SchedulerConfig(), index, BlockHashing(block_size=16))
+    c = cands(3)
+    live(index, c)
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 99)  # cold: in turn
+    assert index.pending_count(c[0].key) == 6
+    c = cands(3, queued=[99, 0, 0])  # the first prefill is still queued there
+    other = [*SYSTEM, *range(700, 735)]  # same 4 system blocks, another user text
+    # c[0]: 99 + 2 x 35 = 169 against 0 + 2 x 99 = 198 elsewhere
+    assert p.select_prefill(c, req(1, other)) == PrefillChoice(c[0], 35)
+    assert p.routed == 1 and p.cold == 1
+    # the engine reports the blocks stored: they are held, no longer pending, and still attract
+    hold(index, c[0].key, PROMPT)
+    assert index.pending_count(c[0].key) == 2  # the other chat's own 2 blocks
+    assert p.select_prefill(c, req(2, other)).candidate is c[0]
+
+
+def test_without_pending_blocks_the_second_request_would_compute_the_prefix_elsewhere() -> None:
+    index = KvIndex(pending_ttl=0)  # pending off: the behaviour before
+    p = KvEvents(SchedulerConfig(), index, BlockHashing(block_size=16))
+    c = cands(3)
+    live(index, c)
+    assert p.select_prefill(c, req(0, PROMPT)).candidate is c[0]
+    c = cands(3, queued=[99, 0, 0])
+    assert p.select_prefill(c, req(0, [*SYSTEM, *range(700, 735)])) == PrefillChoice(c[1], 99)
+
+
+def test_pending_blocks_expire_after_the_ttl() -> None:
+    now = [0.0]
+    index = KvIndex(clock=lambda: now[0], pending_ttl=5.0)
+    p = KvEvents(SchedulerConfig(), index, BlockHashing(block_size=16))
+    c = cands(3)
+    live(index, c)
+    assert p.select_prefill(c, req(0, PROMPT)).candidate is c[0]
+    now[0] = 4.9
+    assert index.pending_count(c[0].key) == 6
+    assert index.prefix_lengths("m", vllm_event_hashes(PROMPT, 16), [x.key for x in c])[c[0].key] == 6
+    now[0] = 5.0  # no BlockStored came (the prefill failed, or its blocks were evicted at once)
+    c = cands(3, queued=[99, 0, 0])
+    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 99)  # cold again: shortest queue
+    assert index.pending_count(c[0].key) == 0 and index.pending_count(c[1].key) == 6
+
+
+def test_a_reset_engine_or_a_stale_stream_loses_its_pending_blocks() -> None:
+    index, p, c = setup()
+    hashes = vllm_event_hashes(PROMPT, 16)
+    keys = [x.key for x in c]
+    assert p.select_prefill(c, req(0, PROMPT)).candidate is c[0]
+    assert index.prefix_lengths("m", hashes, keys) == {keys[0]: 6, keys[1]: 0, keys[2]: 0}
+    index.apply(c[0].key, 1, EventBatch(0.0, (AllBlocksCleared(),)))
+    assert index.pending_count(c[0].key) == 0
+    assert index.prefix_lengths("m", hashes, keys)[keys[0]] == 0
+    index.add_pending(c[1].key, hashes)
+    index.apply(c[1].key, 0, EventBatch(0.0, ()))  # seq 0 again: the engine restarted
+    assert index.pending_count(c[1].key) == 0
+    index.add_pending(c[2].key, hashes)
+    index.mark_stale(c[2].key)
+    index.mark_live(c[2].key)
+    assert index.pending_count(c[2].key) == 0
+    assert index.prefix_lengths("m", hashes, keys) == dict.fromkeys(keys, 0)
+    index.add_pending(c[2].key, hashes)
+    index.remove_engine(c[2].key)
+    index.add_engine(c[2].key, "m")
+    index.apply(c[2].key, 0, EventBatch(0.0, ()))
+    assert index.pending_count(c[2].key) == 0
+    assert index.prefix_lengths("m", hashes, keys) == dict.fromkeys(keys, 0)
+
+
+def test_pending_blocks_are_bounded_per_engine_oldest_dropped_first() -> None:
+    index = KvIndex(max_pending_per_engine=10)
+    index.add_engine("e", "m")
+    index.apply("e", 0, EventBatch(0.0, ()))
+    first = vllm_event_hashes(list(range(0, 160)), 16)  # 10 blocks
+    second = vllm_event_hashes(list(range(1000, 1064)), 16)  # 4 more
+    index.add_pending("e", first)
+    index.add_pending("e", second)
+    assert index.pending_count("e") == 10
+    assert index.prefix_lengths("m", second, ["e"]) == {"e": 4}
+    assert index.prefix_lengths("m", first, ["e"]) == {"e": 0}  # its first 4 blocks were dropped
+    assert index.prefix_lengths("m", first[4:], ["e"]) == {"e": 6}
+    # already held blocks are not pending again
+    index.apply("e", 1, EventBatch(0.0, (BlockStored(tuple(second), None, (), 16),)))
+    assert index.pending_count("e") == 6
+    index.add_pending("e", second)
+    assert index.pending_count("e") == 6

@@ -227,3 +227,44 @@ def test_the_block_size_is_learned_per_model_from_block_stored() -> None:
     i.apply("a", 0, EventBatch(0.0, (BlockStored((1,), None, (), 32),)))
     i.apply("c", 0, EventBatch(0.0, (BlockStored((7,), None, (), 64),)))
     assert (i.block_size("m"), i.block_size("other")) == (32, 64)
+
+
+def test_pending_blocks_count_as_held_with_the_stored_ones_until_stored_removed_or_expired() -> None:
+    now = [0.0]
+    i = KvIndex(1000, clock=lambda: now[0], pending_ttl=2.0)
+    for e in ("a", "b"):
+        i.add_engine(e, "m")
+        i.apply(e, 0, stored(1))
+    i.add_engine("x", "other")  # another model's engine: its pending blocks never mix
+    i.apply("x", 0, EventBatch(0.0, ()))
+    i.add_pending("x", [1, 2, 3, 4])
+    i.add_pending("a", [1, 2, 3])  # 1 is held already: not pending
+    assert i.pending_count("a") == 2
+    assert i.prefix_lengths("m", [1, 2, 3, 4], ["a", "b", "x"]) == {"a": 3, "b": 1, "x": 0}
+    assert i.prefix_lengths("other", [1, 2, 3, 4], ["x"]) == {"x": 4}
+    i.apply("a", 1, stored(2))  # stored: held now, no longer pending
+    i.apply("a", 2, removed(3))  # evicted: neither
+    assert i.pending_count("a") == 0
+    assert i.prefix_lengths("m", [1, 2, 3], ["a", "b"]) == {"a": 2, "b": 1}
+    i.add_pending("b", [2])
+    now[0] = 1.0
+    i.add_pending("b", [3])
+    now[0] = 2.0  # block 2 sent at 0 expires; block 3 sent at 1 stays until 3
+    assert i.prefix_lengths("m", [1, 2], ["b"]) == {"b": 1}
+    assert i.pending_count("b") == 1
+    now[0] = 3.0
+    assert i.pending_count("b") == 0
+    assert i.prefix_lengths("other", [1, 2, 3, 4], ["x"]) == {"x": 0}  # x's, sent at 0, too
+
+
+def test_pending_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="pending_ttl"):
+        KvIndex(pending_ttl=-1)
+    with pytest.raises(ValueError, match="max_pending_per_engine"):
+        KvIndex(max_pending_per_engine=0)
+    i = KvIndex(pending_ttl=0)  # off: nothing is remembered
+    i.add_engine("a", "m")
+    i.apply("a", 0, EventBatch(0.0, ()))
+    i.add_pending("a", [1, 2])
+    assert i.pending_count("a") == 0
+    i.add_pending("unknown", [1])  # an engine not tracked: ignored

@@ -25,6 +25,16 @@ counts as stale (holding nothing) until its next batch.
 hashes per engine, the least recently stored dropped first (an under-estimate of what the engine
 holds, never an invention). A stale engine counts as holding nothing.
 
+Blocks sent but not yet stored: when a prefill is sent to an engine, the policy marks the
+prompt's blocks *pending* there (:meth:`KvIndex.add_pending`). Until the engine's ``BlockStored``
+for them arrives they count as held (:meth:`KvIndex.prefix_lengths`), so a second request with the
+same new prefix arriving before the events (a new chat with the same system prompt) goes to the
+engine that is computing it instead of computing it again elsewhere. A pending block expires after
+``pending_ttl`` seconds (the prefill failed, or its blocks were evicted at once), turns into a held
+block when stored, and is dropped with the engine's blocks (restart, ``AllBlocksCleared``,
+resync, removal) and when its stream goes stale. At most ``max_pending_per_engine`` per engine,
+the oldest dropped first.
+
 The block size of a model's engines is learned from their ``BlockStored`` events
 (:meth:`KvIndex.block_size`), so two models may use different ones.
 """
@@ -76,24 +86,43 @@ class _Engine:
     last_replayed: bool = False
     # when the engine was first expected to publish (expect_events) and has not yet
     awaiting_since: float | None = None
+    # blocks sent to it in a prefill, not yet stored -> when they expire (oldest first)
+    pending: OrderedDict[BlockHash, float] = field(default_factory=OrderedDict)
+
+
+# How long a block sent in a prefill counts as held before its BlockStored arrives: a few queued
+# prefills' time on a busy engine; a block the engine stores sooner is held from then on.
+PENDING_TTL = 5.0
+MAX_PENDING_PER_ENGINE = 20_000
 
 
 class KvIndex:
     def __init__(self, max_blocks_per_engine: int = 200_000, *, silence_timeout: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pending_ttl: float = PENDING_TTL,
+                 max_pending_per_engine: int = MAX_PENDING_PER_ENGINE) -> None:
         """*silence_timeout* (seconds, 0 = never): an engine expected to publish
-        (:meth:`expect_events`) that stays silent this long counts as stale."""
+        (:meth:`expect_events`) that stays silent this long counts as stale. *pending_ttl*
+        (seconds, 0 = off): how long blocks sent to an engine (:meth:`add_pending`) count as held
+        there before it reports them stored; at most *max_pending_per_engine* of them."""
         if max_blocks_per_engine <= 0:
             raise ValueError("max_blocks_per_engine must be positive")
         if silence_timeout < 0:
             raise ValueError("silence_timeout must be >= 0")
+        if pending_ttl < 0:
+            raise ValueError("pending_ttl must be >= 0")
+        if max_pending_per_engine <= 0:
+            raise ValueError("max_pending_per_engine must be positive")
         self.max_blocks = max_blocks_per_engine
         self.silence_timeout = silence_timeout
+        self.pending_ttl = pending_ttl
+        self.max_pending = max_pending_per_engine
         self._clock = clock
         self._engines: dict[str, _Engine] = {}
         self._block_sizes: dict[str, int] = {}  # model -> block size its BlockStored events carry
         # model -> block hash -> engines holding it
         self._holders: dict[str, dict[BlockHash, set[str]]] = {}
+        # model -> block hash -> engines it was sent to and that have not stored it yet
+        self._pending: dict[str, dict[BlockHash, set[str]]] = {}
 
     # --- membership -------------------------------------------------------------------------
 
@@ -106,6 +135,7 @@ class KvIndex:
             self.remove_engine(engine)
         self._engines[engine] = _Engine(model)
         self._holders.setdefault(model, {})
+        self._pending.setdefault(model, {})
 
     def remove_engine(self, engine: str) -> None:
         e = self._engines.pop(engine, None)
@@ -146,6 +176,7 @@ class KvIndex:
         e = self._engines.get(engine)
         if e is not None:
             e.stale = True
+            self._drop_pending(engine, e)
 
     def mark_live(self, engine: str) -> None:
         """The stream is whole again (caught up after a reconnect): trust it, once it has a
@@ -157,6 +188,45 @@ class KvIndex:
 
     def block_count(self, engine: str) -> int:
         return len(self._engines[engine].blocks)
+
+    def pending_count(self, engine: str) -> int:
+        """Blocks sent to *engine* and not yet stored nor expired."""
+        e = self._engines[engine]
+        self._expire(engine, e, self._clock())
+        return len(e.pending)
+
+    def add_pending(self, engine: str, hashes: Iterable[BlockHash]) -> None:
+        """A prefill of these blocks was sent to *engine*: count them as held there until it
+        reports them stored, or ``pending_ttl`` passes (blocks it already holds are skipped)."""
+        e = self._engines.get(engine)
+        if e is None or self.pending_ttl <= 0:
+            return
+        now = self._clock()
+        self._expire(engine, e, now)
+        pend = self._pending[e.model]
+        until = now + self.pending_ttl
+        for h in hashes:
+            if h in e.blocks:
+                continue
+            if h in e.pending:
+                e.pending.move_to_end(h)
+            else:
+                pend.setdefault(h, set()).add(engine)
+            e.pending[h] = until
+        while len(e.pending) > self.max_pending:
+            old, _ = e.pending.popitem(last=False)
+            self._unhold(pend, old, engine)
+
+    def _expire(self, engine: str, e: _Engine, now: float) -> None:
+        if not e.pending:
+            return
+        pend = self._pending[e.model]
+        while e.pending:
+            h, until = next(iter(e.pending.items()))
+            if until > now:
+                break
+            del e.pending[h]
+            self._unhold(pend, h, engine)
 
     def restarts(self, engine: str) -> int:
         return self._engines[engine].restarts
@@ -210,11 +280,14 @@ class KvIndex:
 
     def _apply_events(self, engine: str, e: _Engine, batch: EventBatch) -> None:
         holders = self._holders[e.model]
+        pend = self._pending[e.model]
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 if ev.block_size > 0:
                     self._block_sizes[e.model] = ev.block_size
                 for h in ev.block_hashes:
+                    if e.pending.pop(h, None) is not None:
+                        self._unhold(pend, h, engine)
                     if h in e.blocks:
                         e.blocks.move_to_end(h)
                         continue
@@ -225,6 +298,8 @@ class KvIndex:
                     self._unhold(holders, old, engine)
             elif isinstance(ev, BlockRemoved):
                 for h in ev.block_hashes:
+                    if e.pending.pop(h, None) is not None:
+                        self._unhold(pend, h, engine)
                     if h in e.blocks:
                         del e.blocks[h]
                         self._unhold(holders, h, engine)
@@ -244,15 +319,24 @@ class KvIndex:
         for h in e.blocks:
             self._unhold(holders, h, engine)
         e.blocks.clear()
+        self._drop_pending(engine, e)
+
+    def _drop_pending(self, engine: str, e: _Engine) -> None:
+        pend = self._pending.get(e.model, {})
+        for h in e.pending:
+            self._unhold(pend, h, engine)
+        e.pending.clear()
 
     # --- lookup -----------------------------------------------------------------------------
 
     def prefix_lengths(
         self, model: str, hashes: Iterable[BlockHash], engines: Iterable[str]
     ) -> dict[str, int]:
-        """For each of *engines*: how many leading blocks of *hashes* it holds (0 for an unknown
-        or stale engine). Walks the chain once, stopping when no candidate holds the next block."""
+        """For each of *engines*: how many leading blocks of *hashes* it holds or has pending
+        (:meth:`add_pending`; 0 for an unknown or stale engine). Walks the chain once, stopping
+        when no candidate holds the next block."""
         holders = self._holders.get(model, {})
+        pending = self._pending.get(model, {})
         live = {
             name
             for name in engines
@@ -265,9 +349,15 @@ class KvIndex:
         out = dict.fromkeys(engines, 0)
         if not live:
             return out
+        now = self._clock()
+        for name in live:
+            self._expire(name, self._engines[name], now)
         depth = 0
         for h in hashes:
             have = holders.get(h)
+            sent = pending.get(h)
+            if sent:
+                have = have | sent if have else sent
             if not have:
                 break
             live &= have

@@ -29,7 +29,10 @@ Hashing follows the candidates' engine type (vLLM or SGLang) unless :class:`Bloc
 a flavour; the block size is the one the model's engines report in their ``BlockStored`` events
 (``scheduler.kv_events.block_size`` until one arrived); seed and int form come from
 ``scheduler.kv_events``. Sending a prefill that stores a new block tells the index to expect
-events from that engine (a silent publisher then turns stale: :class:`KvIndex`).
+events from that engine (a silent publisher then turns stale: :class:`KvIndex`) and marks the
+blocks it will compute pending there: until its ``BlockStored`` arrive (or a short TTL passes)
+they count as held, so a second request with the same new prefix (a new chat with the same system
+prompt) sent before the events follows the first instead of computing the prefix again elsewhere.
 
 Pure: no I/O; the index is fed elsewhere (:mod:`motor_coordinator.kv_subscriber`), token ids
 come from :mod:`motor_coordinator.prompt_tokens`.
@@ -101,8 +104,9 @@ class KvEvents:
         if flavour is None:
             sglang = candidates[0].instance.engine_type is EngineType.SGLANG
             flavour = Flavour.SGLANG if sglang else Flavour.VLLM
-        # hashed lazily: the index walk stops at the first block no live candidate holds
-        hashes = iter_block_hashes(flavour, token_ids, block, h.seed, int_hashes=h.int_hashes)
+        # all blocks: the chosen engine gets the ones it lacks as pending (the index counts them
+        # held there until it reports them stored, so a same-prefix request sent meanwhile follows)
+        hashes = list(iter_block_hashes(flavour, token_ids, block, h.seed, int_hashes=h.int_hashes))
         held = self.index.prefix_lengths(req.model, hashes, keys)
         if any(held.values()):
             self.routed += 1
@@ -110,7 +114,9 @@ class KvEvents:
             self.cold += 1
         choice = self._cheapest(candidates, req, {k: n - blocks * block for k, blocks in held.items()})
         if choice.tokens >= block:  # it stores a new block: its publisher should speak
-            self.index.expect_events(choice.candidate.key)
+            key = choice.candidate.key
+            self.index.expect_events(key)
+            self.index.add_pending(key, hashes[held[key]:])
         return choice
 
     def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int]) -> PrefillChoice:
