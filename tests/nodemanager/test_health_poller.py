@@ -18,14 +18,23 @@ from motor_nodemanager.health import HealthPoller, PollSettings
 from tests.helpers import wait_for
 
 
-async def test_stop_racing_start_leaves_no_task_and_no_task_dies(caplog: pytest.LogCaptureFixture) -> None:
+async def _health_server() -> tuple[web.AppRunner, int]:
+    """An HTTP server in this process answering 200 on /health; (its runner, its port)."""
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     app = web.Application()
-    app.router.add_get("/health", lambda _: web.Response(text="ok"))
+    app.router.add_get("/health", health)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+async def test_stop_racing_start_leaves_no_task_and_no_task_dies(caplog: pytest.LogCaptureFixture) -> None:
+    runner, port = await _health_server()
     seen: list[Observation] = []
     poller = HealthPoller(lambda: PollSettings(0.001, 1.0, 5.0), lambda _: 0,
                           lambda _eid, obs, _gen, _detail: seen.append(obs))
@@ -49,13 +58,7 @@ async def test_a_200_from_a_process_other_than_the_engine_counts_only_with_the_c
     """health.verify_port_owner: the port is served by this test process, the "engine" is another
     process (a sleeper): with the check on the 200 is UNHEALTHY and the detail names the holder;
     with it off (a wrapper serving the port from outside its tree) the 200 is believed."""
-    app = web.Application()
-    app.router.add_get("/health", lambda _: web.Response(text="ok"))
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await _health_server()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     seen: list[tuple[Observation, str]] = []
     poller = HealthPoller(lambda: PollSettings(0.01, 1.0, 5.0, verify), lambda _: 0,
