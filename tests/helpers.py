@@ -5,43 +5,36 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import random
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
-from motor_common.ports import ephemeral_range, scan_free_port
+from motor_common.ports import engine_port_picker
 
 T = TypeVar("T")
 
 _port_lock = threading.Lock()
-_next_port: dict[str, int] = {}
+_port_pickers: dict[str, Callable[[], int]] = {}
 PORT_STRIDE = 16  # room above each pick: programs derive ports from a given one (DP rank offsets)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port for a server a test starts (often a subprocess that binds it seconds later).
 
-    Scanned outside the kernel's ephemeral range (:func:`motor_common.ports.scan_free_port`), so
-    no port-0 server and no outgoing connection can be handed it before its program binds it, and
+    Picked as the nodemanager picks engine ports (:func:`motor_common.ports.engine_port_picker`):
+    outside the kernel's ephemeral range, so no port-0 server and no outgoing connection can be handed it before its program binds it, and
     from one counter per test process, so two picks never repeat - not even for servers started at
     once (``asyncio.gather``). Picks lie :data:`PORT_STRIDE` apart, since engines derive ports from
     the one they are given (a DP rank's KV-event port is the base plus its rank). The kernel's own
     pick (``bind(0)``) could hand one port to two servers bound in between; a CI run lost a
     simulator to that ("address already in use")."""
     with _port_lock:
-        nxt = _next_port.get(host)
-        if nxt is None:
-            low, high = ephemeral_range()
-            nxt = random.randrange(10000, low - 4000) if low > 14000 else random.randrange(high + 1, 60000)
-        try:
-            port = scan_free_port(host, nxt)
-        except OSError:  # ran off the top: start again low (ports handed out long ago are free again)
-            port = scan_free_port(host, 10000)
-        _next_port[host] = port + PORT_STRIDE
-        return port
+        pick = _port_pickers.get(host)
+        if pick is None:
+            pick = _port_pickers[host] = engine_port_picker(host, PORT_STRIDE)
+        return pick()
 
 
 @overload

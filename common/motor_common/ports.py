@@ -57,18 +57,23 @@ def scan_free_port(host: str, start: int, avoid: set[int] | frozenset[int] = fro
     raise OSError(f"no free port on {host} from {start} up outside the kernel's ephemeral range {low}-{high}")
 
 
-def engine_port_picker(host: str) -> Callable[[], int]:
+def engine_port_picker(host: str, stride: int = 1) -> Callable[[], int]:
     """Successive free ports for engines a program plans now and launches later: scanned outside
     the kernel's ephemeral range (:func:`scan_free_port`) from a random start, so no other
     program's port-0 server (another nodemanager's ops endpoint on the same host) and no outgoing
-    connection can be given one before its engine binds it."""
+    connection can be given one before its engine binds it. Picks lie at least *stride* apart
+    (room for ports a program derives from the one it is given); past the top the scan starts
+    again at 10000. Not thread-safe: callers on several threads hold a lock."""
     low, high = ephemeral_range()
     nxt = random.randrange(10000, low - 2000) if low > 12000 else random.randrange(high + 1, 63000)
 
     def pick() -> int:
         nonlocal nxt
-        port = scan_free_port(host, nxt)
-        nxt = port + 1
+        try:
+            port = scan_free_port(host, nxt)
+        except OSError:  # ran off the top: ports handed out long ago are free again
+            port = scan_free_port(host, 10000)
+        nxt = port + stride
         return port
 
     return pick

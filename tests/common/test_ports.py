@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from motor_common import ports
 from motor_common.ports import (
     engine_port_picker,
     ephemeral_range,
@@ -50,3 +51,15 @@ def test_engine_ports_are_distinct_free_and_outside_the_ephemeral_range() -> Non
     ports = [pick() for _ in range(12)]
     assert len(set(ports)) == 12
     assert all(not low <= p <= high and port_free("127.0.0.1", p) for p in ports), (ports, low, high)
+
+
+def test_engine_picks_keep_their_stride_and_start_again_low_past_the_top(monkeypatch: pytest.MonkeyPatch) -> None:
+    low, _ = ephemeral_range()
+    monkeypatch.setattr(ports.random, "randrange", lambda *_: 65530)  # the picker starts near the top
+    pick = engine_port_picker("127.0.0.1", stride=16)
+    first = pick()
+    assert first >= 65530 or 10000 <= first < low  # 65530.. when free, else already wrapped
+    second = pick()  # 65530 + 16 is past the last port: the scan starts again at 10000
+    assert 10000 <= second < low and second != first
+    assert pick() >= second + 16
+
