@@ -13,9 +13,10 @@ and takes the cheapest (a computed token is weighed twice: it delays this reques
 left there, the requests queued behind it — :data:`COMPUTE_WEIGHT`); ties go to the lower
 :func:`load_score` (in-flight count or the engine's own gauges), then in turn. A hot prefix
 therefore stays on its holder until the holder's queue costs more than twice computing the prefix
-elsewhere, and then spreads (that engine then caches it too). The chosen tokens are returned in a :class:`PrefillChoice`, and the scheduler queues them on
-the endpoint while the prefill runs (``Candidate.queued_tokens``). The engine's scraped gauges are
-a scrape interval old, so they only break ties; the ledger is current.
+elsewhere, and then spreads (that engine then caches it too). The chosen tokens are returned in a
+:class:`PrefillChoice`, and the scheduler queues them on the endpoint while the prefill runs
+(``Candidate.queued_tokens``). The engine's scraped gauges are a scrape interval old, so they only
+break ties; the ledger is current.
 
 Falls back to ``prefix_aware`` (the ring) when the request has no token ids, when it is shorter
 than one block, when no candidate has a live, gap-free event stream (stale or unknown engines
