@@ -1,0 +1,314 @@
+"""Does a different HTTP server stack make the co-located front's relay cheaper? (not a test)
+
+    .venv/bin/pip install granian          # the candidate, into the venv only (not a dependency)
+    flock /work/bench.lock .venv/bin/python bench/http_stack.py [--stacks aiohttp,aiohttp-b,granian,granian-rt]
+                                          [--rounds 6] [--seconds 3] [--conc 1,64] [--stream]
+
+A minimal relay with the shape of the co-located front's hot path and nothing else: accept
+``POST /v1/completions``, parse the JSON with orjson, send the vLLM prefill body (``max_tokens`` 1,
+``do_remote_decode``) to a prefill simulator with the coordinator's own ``EngineClient``
+(aiohttp client, keep-alive), then the decode body with the returned ``kv_transfer_params`` to a
+decode simulator, and relay the decode answer: whole (non-streamed) or chunk by chunk as the
+engine's reads return them (streamed, as the dispatcher's ``readany`` loop does). No admission,
+auth, metrics or scheduling: what differs between the variants is only the server side.
+
+Stacks (each a separate relay process, measured by its process tree's CPU, psutil):
+- ``aiohttp`` / ``aiohttp-b``: ``aiohttp.web`` on uvloop, ``web.Response`` / ``StreamResponse``
+  as the front answers (two labels of the same code: the A/A pair that shows the box's noise);
+- ``granian``: granian's RSGI interface (Rust HTTP/1.1 server, 1 worker, uvloop, the Rust runtime
+  in single-threaded mode) with the same relay coroutine and the same aiohttp engine client;
+  ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation).
+
+The same two simulators (zero latency) serve every variant. Per round each variant is started,
+loaded at each concurrency with ``bench/loadgen.py`` for ``--seconds`` and stopped, in an order
+that rotates per round, so load drift on the box biases none. Prints every measurement, the medians
+and the paired ratios (variant ÷ ``aiohttp`` within each round).
+
+``python bench/http_stack.py serve --stack aiohttp --port P --prefill URL --decode URL`` runs one
+relay (what the benchmark starts); granian imports ``bench.http_stack:rsgi_app`` and reads the
+engine URLs from ``HTTP_STACK_PREFILL`` / ``HTTP_STACK_DECODE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from motor_common.domain import Endpoint  # noqa: E402
+from motor_coordinator.engine_client import EngineClient  # noqa: E402
+
+STACKS = ("aiohttp", "aiohttp-b", "granian", "granian-rt")
+PATH = "/v1/completions"
+_JSON = "application/json"
+_KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+       "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+# --- the relay (framework-neutral) -------------------------------------------------------------
+def endpoint(url: str, ident: int) -> Endpoint:
+    parts = urlsplit(url)
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"engine URL needs a host and a port: {url!r}")
+    return Endpoint(ident, parts.hostname, parts.port)
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM prefill leg's body, as the vLLM adapter rewrites it."""
+    out = dict(body, stream=False, max_tokens=1, kv_transfer_params=_KV)
+    out.pop("stream_options", None)
+    return out
+
+
+class Relay:
+    """Prefill then decode through one shared :class:`EngineClient`; answers (status, content
+    type, chunks)."""
+
+    def __init__(self, prefill: str, decode: str) -> None:
+        self.prefill = endpoint(prefill, 1)
+        self.decode = endpoint(decode, 2)
+        self.client = EngineClient(connect_timeout=5.0, probe_timeout=5.0)
+        self._started = False
+
+    async def start(self) -> None:
+        if not self._started:
+            await self.client.start()
+            self._started = True
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        await self.start()
+        rid = uuid.uuid4().hex
+        body = orjson.loads(raw)
+        status, _, data = await self.client.read_all(self.prefill, PATH, prefill_body(body), rid)
+        if status != 200:
+            return status, _JSON, _one(data)
+        kv = orjson.loads(data).get("kv_transfer_params")
+        resp = await self.client.open(self.decode, PATH, dict(body, kv_transfer_params=kv), rid)
+        return resp.status, resp.headers.get("Content-Type", _JSON), _chunks(resp)
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _chunks(resp: Any) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await resp.content.readany():
+            yield chunk
+    finally:
+        resp.release()
+
+
+def _is_sse(ctype: str) -> bool:
+    return ctype.startswith("text/event-stream")
+
+
+# --- aiohttp.web --------------------------------------------------------------------------------
+def aiohttp_app(relay: Relay) -> Any:
+    from aiohttp import web
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        status, ctype, chunks = await relay.open(await request.read())
+        headers = {"Content-Type": ctype}
+        if not _is_sse(ctype):
+            return web.Response(status=status, body=b"".join([c async for c in chunks]), headers=headers)
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        async for chunk in chunks:
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    async def on_cleanup(_: web.Application) -> None:
+        await relay.close()
+
+    app = web.Application()
+    app.router.add_post(PATH, completions)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+# --- granian RSGI -------------------------------------------------------------------------------
+class RsgiApp:
+    """The relay as an RSGI application (granian imports the module-level :data:`rsgi_app`)."""
+
+    def __init__(self) -> None:
+        self.relay: Relay | None = None
+
+    def _relay(self) -> Relay:
+        if self.relay is None:
+            self.relay = Relay(os.environ["HTTP_STACK_PREFILL"], os.environ["HTTP_STACK_DECODE"])
+        return self.relay
+
+    async def __call__(self, scope: Any, proto: Any) -> None:
+        if scope.method != "POST" or scope.path != PATH:
+            proto.response_bytes(404, [("content-type", _JSON)], b'{"error":"not found"}')
+            return
+        status, ctype, chunks = await self._relay().open(await proto())
+        if not _is_sse(ctype):
+            proto.response_bytes(status, [("content-type", ctype)], b"".join([c async for c in chunks]))
+            return
+        transport = proto.response_stream(status, [("content-type", ctype), ("cache-control", "no-cache")])
+        async for chunk in chunks:
+            await transport.send_bytes(chunk)
+
+
+rsgi_app = RsgiApp()
+
+
+def serve_aiohttp(port: int, prefill: str, decode: str) -> None:
+    from aiohttp import web
+
+    from motor_common.runner import install_uvloop
+
+    install_uvloop()
+    web.run_app(aiohttp_app(Relay(prefill, decode)), host="127.0.0.1", port=port, access_log=None,
+                print=None)
+
+
+# --- the benchmark ------------------------------------------------------------------------------
+def relay_argv(stack: str, port: int) -> list[str]:
+    if stack.startswith("aiohttp"):
+        return [sys.executable, str(Path(__file__).resolve()), "serve", "--stack", "aiohttp", "--port", str(port)]
+    if stack in ("granian", "granian-rt"):
+        rust_tasks = ["--task-impl", "rust"] if stack == "granian-rt" else []
+        return [sys.executable, "-m", "granian", "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
+                "--workers", "1", "--runtime-mode", "st", "--loop", "uvloop", *rust_tasks, "--no-ws",
+                "--no-access-log", "--log-level", "warning", "bench.http_stack:rsgi_app"]
+    raise ValueError(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
+
+
+Results = dict[tuple[str, int], list[tuple[float, float, float]]]  # -> (cpu us/req, req/s, p50 ms) per round
+
+
+def rotation(stacks: Sequence[str], rnd: int) -> list[str]:
+    """Round *rnd*'s order: the list rotated by one per round (each stack goes first in turn)."""
+    k = rnd % len(stacks)
+    return [*stacks[k:], *stacks[:k]]
+
+
+def paired(res: Results, stack: str, base: str, conc: int, col: int = 0) -> list[float]:
+    """Per-round ratios *stack* ÷ *base* of column *col* (0: CPU per request, 1: req/s)."""
+    return [x[col] / b[col] for x, b in zip(res.get((stack, conc), []), res.get((base, conc), []), strict=False)
+            if b[col] > 0]
+
+
+def report(res: Results, stacks: Sequence[str], conc: Sequence[int]) -> str:
+    base = stacks[0]
+    lines = ["medians (paired ratio = median of the per-round ratios to " + base + "):"]
+    for c in conc:
+        for s in stacks:
+            xs = res.get((s, c), [])
+            if not xs:
+                continue
+            cpu = statistics.median(x[0] for x in xs)
+            rps = statistics.median(x[1] for x in xs)
+            p50 = statistics.median(x[2] for x in xs)
+            line = f"  c={c:<3} {s:10} cpu/1k {cpu / 1e3:6.2f}s  rps {rps:7.0f}  p50 {p50:6.2f}ms"
+            if s != base:
+                rc, rr = paired(res, s, base, c, 0), paired(res, s, base, c, 1)
+                if rc:
+                    line += (f"  cpu x{statistics.median(rc):.2f} [{min(rc):.2f}-{max(rc):.2f}]"
+                             f"  rps x{statistics.median(rr):.2f} [{min(rr):.2f}-{max(rr):.2f}]")
+            lines.append(line)
+    return "\n".join(lines)
+
+
+@asynccontextmanager
+async def start_relay(stack: str, prefill: str, decode: str, log_dir: Path) -> AsyncIterator[Any]:
+    from bench.common import _serves_completions
+    from tests.helpers import free_port
+    from tests.procs import running
+
+    port = free_port()
+    argv = relay_argv(stack, port)
+    if stack.startswith("aiohttp"):
+        argv += ["--prefill", prefill, "--decode", decode]
+    env = {**os.environ, "HTTP_STACK_PREFILL": prefill, "HTTP_STACK_DECODE": decode,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    async with running(f"relay-{stack}", argv, log_dir, ready=_serves_completions(port), deadline=30, env=env) as p:
+        yield p
+
+
+async def bench(a: argparse.Namespace) -> Results:
+    from bench.common import ZERO, start_engines, tree_cpu
+    from bench.loadgen import run_load
+    from bench.run import make_body_factory
+
+    res: Results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        async with start_engines("vllm", d, ZERO) as e:
+            prefill, decode = e.prefills[0].url, e.decodes[0].url
+            print(f"load average at start: {os.getloadavg()}", flush=True)
+            for rnd in range(a.rounds):
+                for stack in rotation(a.stacks, rnd):
+                    async with start_relay(stack, prefill, decode, d) as p:
+                        for c in a.conc:
+                            c0 = tree_cpu([p.pid])
+                            r = await run_load(stack, p.url + PATH, make_body_factory(a.stream), concurrency=c,
+                                               requests=0, duration=a.seconds, warmup=20)
+                            cpu = (tree_cpu([p.pid]) - c0) / max(1, len(r.samples)) * 1e6
+                            s = r.summary()
+                            res.setdefault((stack, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
+                            print(f"round {rnd} {stack:10} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f}"
+                                  f" cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
+                            if s["failures"]:
+                                print(f"  first failure: {next(x.error for x in r.samples if not x.ok)}", flush=True)
+            print(f"load average at end: {os.getloadavg()}", flush=True)
+    print(report(res, a.stacks, a.conc), flush=True)
+    return res
+
+
+def _csv(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd")
+    sv = sub.add_parser("serve", help="run one aiohttp relay (what the benchmark starts)")
+    sv.add_argument("--stack", choices=["aiohttp"], default="aiohttp")
+    sv.add_argument("--port", type=int, required=True)
+    sv.add_argument("--prefill", required=True)
+    sv.add_argument("--decode", required=True)
+    ap.add_argument("--stacks", type=_csv, default=list(STACKS))
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--seconds", type=float, default=3)
+    ap.add_argument("--conc", type=lambda t: [int(x) for x in _csv(t)], default=[1, 64])
+    ap.add_argument("--stream", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "serve":
+        serve_aiohttp(a.port, a.prefill, a.decode)
+        return
+    for s in a.stacks:
+        relay_argv(s, 0)  # an unknown stack fails before any process starts
+    from motor_common.runner import install_uvloop
+
+    install_uvloop()
+    start = time.time()
+    asyncio.run(bench(a))
+    print(f"took {time.time() - start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
