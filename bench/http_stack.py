@@ -1,7 +1,7 @@
 """Does a different HTTP server stack make the co-located front's relay cheaper? (not a test)
 
-    .venv/bin/pip install granian          # the candidate, into the venv only (not a dependency)
-    flock /work/bench.lock .venv/bin/python bench/http_stack.py [--stacks aiohttp,aiohttp-b,granian,granian-rt]
+    .venv/bin/pip install granian pyreqwest   # the candidates, into the venv only (not dependencies)
+    flock /work/bench.lock .venv/bin/python bench/http_stack.py [--stacks aiohttp,aiohttp-b,granian,aiohttp+reqwest]
                                           [--rounds 6] [--seconds 3] [--conc 1,64] [--stream]
 
 A minimal relay with the shape of the co-located front's hot path and nothing else: accept
@@ -17,7 +17,9 @@ Stacks (each a separate relay process, measured by its process tree's CPU, psuti
   as the front answers (two labels of the same code: the A/A pair that shows the box's noise);
 - ``granian``: granian's RSGI interface (Rust HTTP/1.1 server, 1 worker, uvloop, the Rust runtime
   in single-threaded mode) with the same relay coroutine and the same aiohttp engine client;
-  ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation).
+  ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation);
+- ``SERVER+reqwest`` (``aiohttp+reqwest``, ``granian+reqwest``): the engine legs through pyreqwest
+  (Rust reqwest client) instead of the aiohttp ``EngineClient``: the client-stack candidate.
 
 The same two simulators (zero latency) serve every variant. Per round each variant is started,
 loaded at each concurrency with ``bench/loadgen.py`` for ``--seconds`` and stopped, in an order
@@ -41,6 +43,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -53,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from motor_common.domain import Endpoint  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
-STACKS = ("aiohttp", "aiohttp-b", "granian", "granian-rt")
+STACKS = ("aiohttp", "aiohttp-b", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest")
 PATH = "/v1/completions"
 _JSON = "application/json"
 _KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -76,8 +79,8 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class Relay:
-    """Prefill then decode through one shared :class:`EngineClient`; answers (status, content
-    type, chunks)."""
+    """Prefill then decode through one shared :class:`EngineClient` (aiohttp client); answers
+    (status, content type, chunks)."""
 
     def __init__(self, prefill: str, decode: str) -> None:
         self.prefill = endpoint(prefill, 1)
@@ -103,6 +106,64 @@ class Relay:
         kv = orjson.loads(data).get("kv_transfer_params")
         resp = await self.client.open(self.decode, PATH, dict(body, kv_transfer_params=kv), rid)
         return resp.status, resp.headers.get("Content-Type", _JSON), _chunks(resp)
+
+
+class ReqwestRelay(Relay):
+    """The same two legs through pyreqwest (Rust reqwest/hyper client, its own Tokio runtime
+    thread) instead of aiohttp's client: the client-stack candidate."""
+
+    def __init__(self, prefill: str, decode: str) -> None:
+        super().__init__(prefill, decode)
+        self.prefill_url = prefill + PATH
+        self.decode_url = decode + PATH
+        self._reqwest: Any = None
+
+    async def start(self) -> None:
+        if self._reqwest is None:
+            from pyreqwest.client import ClientBuilder
+
+            self._reqwest = ClientBuilder().build()
+
+    async def close(self) -> None:
+        if self._reqwest is not None:
+            await self._reqwest.close()
+
+    def _post(self, url: str, body: dict[str, Any], rid: str) -> Any:
+        return (self._reqwest.post(url).header("Content-Type", _JSON).header("X-Request-Id", rid)
+                .body_bytes(orjson.dumps(body)).timeout(_TIMEOUT))
+
+    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        await self.start()
+        rid = uuid.uuid4().hex
+        body = orjson.loads(raw)
+        resp = await self._post(self.prefill_url, prefill_body(body), rid).build().send()
+        data = bytes(await resp.bytes())
+        if resp.status != 200:
+            return resp.status, _JSON, _one(data)
+        kv = orjson.loads(data).get("kv_transfer_params")
+        call = self._post(self.decode_url, dict(body, kv_transfer_params=kv), rid).build_streamed()
+        resp = await call.__aenter__()
+        return resp.status, resp.headers.get("content-type", _JSON), _reqwest_chunks(call, resp)
+
+
+_TIMEOUT = timedelta(seconds=60)
+
+
+def make_relay(client: str, prefill: str, decode: str) -> Relay:
+    if client == "aiohttp":
+        return Relay(prefill, decode)
+    if client == "reqwest":
+        return ReqwestRelay(prefill, decode)
+    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, reqwest")
+
+
+async def _reqwest_chunks(call: Any, resp: Any) -> AsyncIterator[bytes]:
+    try:
+        reader = resp.body_reader
+        while (chunk := await reader.read_chunk()) is not None:
+            yield bytes(chunk)
+    finally:
+        await call.__aexit__(None, None, None)
 
 
 async def _one(data: bytes) -> AsyncIterator[bytes]:
@@ -156,7 +217,8 @@ class RsgiApp:
 
     def _relay(self) -> Relay:
         if self.relay is None:
-            self.relay = Relay(os.environ["HTTP_STACK_PREFILL"], os.environ["HTTP_STACK_DECODE"])
+            self.relay = make_relay(os.environ.get("HTTP_STACK_CLIENT", "aiohttp"), os.environ["HTTP_STACK_PREFILL"],
+                                    os.environ["HTTP_STACK_DECODE"])
         return self.relay
 
     async def __call__(self, scope: Any, proto: Any) -> None:
@@ -175,22 +237,32 @@ class RsgiApp:
 rsgi_app = RsgiApp()
 
 
-def serve_aiohttp(port: int, prefill: str, decode: str) -> None:
+def serve_aiohttp(port: int, client: str, prefill: str, decode: str) -> None:
     from aiohttp import web
 
     from motor_common.runner import install_uvloop
 
     install_uvloop()
-    web.run_app(aiohttp_app(Relay(prefill, decode)), host="127.0.0.1", port=port, access_log=None,
+    web.run_app(aiohttp_app(make_relay(client, prefill, decode)), host="127.0.0.1", port=port, access_log=None,
                 print=None)
 
 
 # --- the benchmark ------------------------------------------------------------------------------
+def split_stack(stack: str) -> tuple[str, str]:
+    """``server[+client]`` -> (server, engine client); the client defaults to aiohttp."""
+    server, _, client = stack.partition("+")
+    return server, client or "aiohttp"
+
+
 def relay_argv(stack: str, port: int) -> list[str]:
-    if stack.startswith("aiohttp"):
-        return [sys.executable, str(Path(__file__).resolve()), "serve", "--stack", "aiohttp", "--port", str(port)]
-    if stack in ("granian", "granian-rt"):
-        rust_tasks = ["--task-impl", "rust"] if stack == "granian-rt" else []
+    if stack not in STACKS:
+        raise ValueError(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
+    server, client = split_stack(stack)
+    if server.startswith("aiohttp"):
+        return [sys.executable, str(Path(__file__).resolve()), "serve", "--stack", "aiohttp", "--client", client,
+                "--port", str(port)]
+    if server in ("granian", "granian-rt"):
+        rust_tasks = ["--task-impl", "rust"] if server == "granian-rt" else []
         return [sys.executable, "-m", "granian", "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
                 "--workers", "1", "--runtime-mode", "st", "--loop", "uvloop", *rust_tasks, "--no-ws",
                 "--no-access-log", "--log-level", "warning", "bench.http_stack:rsgi_app"]
@@ -223,7 +295,7 @@ def report(res: Results, stacks: Sequence[str], conc: Sequence[int]) -> str:
             cpu = statistics.median(x[0] for x in xs)
             rps = statistics.median(x[1] for x in xs)
             p50 = statistics.median(x[2] for x in xs)
-            line = f"  c={c:<3} {s:10} cpu/1k {cpu / 1e3:6.2f}s  rps {rps:7.0f}  p50 {p50:6.2f}ms"
+            line = f"  c={c:<3} {s:16} cpu/1k {cpu / 1e3:6.2f}s  rps {rps:7.0f}  p50 {p50:6.2f}ms"
             if s != base:
                 rc, rr = paired(res, s, base, c, 0), paired(res, s, base, c, 1)
                 if rc:
@@ -244,6 +316,7 @@ async def start_relay(stack: str, prefill: str, decode: str, log_dir: Path) -> A
     if stack.startswith("aiohttp"):
         argv += ["--prefill", prefill, "--decode", decode]
     env = {**os.environ, "HTTP_STACK_PREFILL": prefill, "HTTP_STACK_DECODE": decode,
+           "HTTP_STACK_CLIENT": split_stack(stack)[1],
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     async with running(f"relay-{stack}", argv, log_dir, ready=_serves_completions(port), deadline=30, env=env) as p:
         yield p
@@ -270,7 +343,7 @@ async def bench(a: argparse.Namespace) -> Results:
                             cpu = (tree_cpu([p.pid]) - c0) / max(1, len(r.samples)) * 1e6
                             s = r.summary()
                             res.setdefault((stack, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
-                            print(f"round {rnd} {stack:10} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f}"
+                            print(f"round {rnd} {stack:16} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f}"
                                   f" cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
                             if s["failures"]:
                                 print(f"  first failure: {next(x.error for x in r.samples if not x.ok)}", flush=True)
@@ -288,17 +361,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve", help="run one aiohttp relay (what the benchmark starts)")
     sv.add_argument("--stack", choices=["aiohttp"], default="aiohttp")
+    sv.add_argument("--client", choices=["aiohttp", "reqwest"], default="aiohttp")
     sv.add_argument("--port", type=int, required=True)
     sv.add_argument("--prefill", required=True)
     sv.add_argument("--decode", required=True)
-    ap.add_argument("--stacks", type=_csv, default=list(STACKS))
+    ap.add_argument("--stacks", type=_csv, default=["aiohttp", "aiohttp-b", "granian", "aiohttp+reqwest"])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--seconds", type=float, default=3)
     ap.add_argument("--conc", type=lambda t: [int(x) for x in _csv(t)], default=[1, 64])
     ap.add_argument("--stream", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "serve":
-        serve_aiohttp(a.port, a.prefill, a.decode)
+        serve_aiohttp(a.port, a.client, a.prefill, a.decode)
         return
     for s in a.stacks:
         relay_argv(s, 0)  # an unknown stack fails before any process starts

@@ -1,7 +1,8 @@
 """bench/http_stack.py's relay answers what the engines answer, so its CPU figures are for the real
 work: real motor-sim engines (zero latency), the aiohttp relay process the benchmark starts, and the
 benchmark's own load generator. Plus its round order and paired ratios. No benchmark figures; the
-granian variant needs granian, which is not a dependency (the benchmark's docstring says so)."""
+granian and pyreqwest variants need those packages, which are not dependencies (the benchmark's
+docstring says so), so only the aiohttp relay runs here."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bench.http_stack import (
     relay_argv,
     report,
     rotation,
+    split_stack,
     start_relay,
 )
 from bench.loadgen import one_request, run_load
@@ -44,6 +46,9 @@ def test_paired_ratios_are_per_round_and_skip_a_zero_base() -> None:
 def test_an_unknown_stack_is_refused_and_the_prefill_leg_is_vllms() -> None:
     with pytest.raises(ValueError, match="unknown stack 'hyper'"):
         relay_argv("hyper", 1)
+    assert split_stack("granian+reqwest") == ("granian", "reqwest")
+    assert split_stack("aiohttp-b") == ("aiohttp-b", "aiohttp")
+    assert relay_argv("aiohttp+reqwest", 1)[-4:] == ["--client", "reqwest", "--port", "1"]
     body = prefill_body({"prompt": "x", "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}})
     assert body["max_tokens"] == 1 and body["stream"] is False and "stream_options" not in body
     assert body["kv_transfer_params"]["do_remote_decode"] is True
