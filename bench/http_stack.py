@@ -15,6 +15,10 @@ auth, metrics or scheduling: what differs between the variants is only the serve
 Stacks (each a separate relay process, measured by its process tree's CPU, psutil):
 - ``aiohttp`` / ``aiohttp-b``: ``aiohttp.web`` on uvloop, ``web.Response`` / ``StreamResponse``
   as the front answers (two labels of the same code: the A/A pair that shows the box's noise);
+- ``aiohttp-1w``: the same, but a streamed answer's last chunk (the one ending with
+  ``data: [DONE]``) is sent with the chunked terminator in one write (``write_eof(chunk)``); aiohttp
+  already sends a non-streamed answer's head and body in one write, and a stream's head with its
+  first chunk;
 - ``granian``: granian's RSGI interface (Rust HTTP/1.1 server, 1 worker, uvloop, the Rust runtime
   in single-threaded mode) with the same relay coroutine and the same aiohttp engine client;
   ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation);
@@ -56,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 from motor_common.domain import Endpoint  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
-STACKS = ("aiohttp", "aiohttp-b", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest")
+STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest")
 PATH = "/v1/completions"
 _JSON = "application/json"
 _KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -183,7 +187,13 @@ def _is_sse(ctype: str) -> bool:
 
 
 # --- aiohttp.web --------------------------------------------------------------------------------
-def aiohttp_app(relay: Relay) -> Any:
+_LAST_EVENT = b"data: [DONE]\n\n"
+
+
+def aiohttp_app(relay: Relay, *, last_with_eof: bool = False) -> Any:
+    """*last_with_eof*: the chunk that ends with the ``[DONE]`` event goes out with the chunked
+    terminator (``write_eof(chunk)``: one socket write instead of two; with the head too when it is
+    the only chunk)."""
     from aiohttp import web
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -195,8 +205,11 @@ def aiohttp_app(relay: Relay) -> Any:
         resp.headers["Cache-Control"] = "no-cache"
         await resp.prepare(request)
         async for chunk in chunks:
-            await resp.write(chunk)
-        await resp.write_eof()
+            if last_with_eof and chunk.endswith(_LAST_EVENT):
+                await resp.write_eof(chunk)
+            else:
+                await resp.write(chunk)
+        await resp.write_eof()  # a no-op after write_eof(chunk)
         return resp
 
     async def on_cleanup(_: web.Application) -> None:
@@ -237,13 +250,13 @@ class RsgiApp:
 rsgi_app = RsgiApp()
 
 
-def serve_aiohttp(port: int, client: str, prefill: str, decode: str) -> None:
+def serve_aiohttp(port: int, client: str, prefill: str, decode: str, *, last_with_eof: bool = False) -> None:
     from aiohttp import web
 
     from motor_common.runner import install_uvloop
 
     install_uvloop()
-    web.run_app(aiohttp_app(make_relay(client, prefill, decode)), host="127.0.0.1", port=port, access_log=None,
+    web.run_app(aiohttp_app(make_relay(client, prefill, decode), last_with_eof=last_with_eof), host="127.0.0.1", port=port, access_log=None,
                 print=None)
 
 
@@ -259,7 +272,8 @@ def relay_argv(stack: str, port: int) -> list[str]:
         raise ValueError(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
     server, client = split_stack(stack)
     if server.startswith("aiohttp"):
-        return [sys.executable, str(Path(__file__).resolve()), "serve", "--stack", "aiohttp", "--client", client,
+        return [sys.executable, str(Path(__file__).resolve()), "serve", "--stack",
+                "aiohttp-1w" if server == "aiohttp-1w" else "aiohttp", "--client", client,
                 "--port", str(port)]
     if server in ("granian", "granian-rt"):
         rust_tasks = ["--task-impl", "rust"] if server == "granian-rt" else []
@@ -360,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve", help="run one aiohttp relay (what the benchmark starts)")
-    sv.add_argument("--stack", choices=["aiohttp"], default="aiohttp")
+    sv.add_argument("--stack", choices=["aiohttp", "aiohttp-1w"], default="aiohttp")
     sv.add_argument("--client", choices=["aiohttp", "reqwest"], default="aiohttp")
     sv.add_argument("--port", type=int, required=True)
     sv.add_argument("--prefill", required=True)
@@ -372,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--stream", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "serve":
-        serve_aiohttp(a.port, a.client, a.prefill, a.decode)
+        serve_aiohttp(a.port, a.client, a.prefill, a.decode, last_with_eof=a.stack == "aiohttp-1w")
         return
     for s in a.stacks:
         relay_argv(s, 0)  # an unknown stack fails before any process starts

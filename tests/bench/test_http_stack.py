@@ -55,7 +55,7 @@ def test_an_unknown_stack_is_refused_and_the_prefill_leg_is_vllms() -> None:
 
 
 @pytest.mark.slow
-async def test_the_aiohttp_relay_answers_what_the_engines_answer(tmp_path: Path) -> None:
+async def test_the_aiohttp_relays_answer_what_the_engines_answer(tmp_path: Path) -> None:
     async with start_engines("vllm", tmp_path, ZERO) as e:
         p, d = e.prefills[0], e.decodes[0]
         async with start_relay("aiohttp", p.url, d.url, tmp_path) as relay, aiohttp.ClientSession() as s:
@@ -71,6 +71,10 @@ async def test_the_aiohttp_relay_answers_what_the_engines_answer(tmp_path: Path)
             swant = await direct_pd(s, "vllm", p, d, stream, 30.0)
             assert sgot.ok and swant.ok, (sgot.error, swant.error)  # ok: status 200 and "data: [DONE]" seen
             assert sgot.ttft is not None and len(sgot.itl) == len(swant.itl) > 0  # as many events as direct
+
+        async with start_relay("aiohttp-1w", p.url, d.url, tmp_path) as relay, aiohttp.ClientSession() as s:
+            one_write = await one_request(s, relay.url + PATH, stream)  # the last chunk goes with the terminator
+            assert one_write.ok and len(one_write.itl) == len(swant.itl), one_write.error
 
             r = await run_load("aiohttp", relay.url + PATH, make_body_factory(False), concurrency=8, requests=40,
                                warmup=2)
