@@ -238,6 +238,7 @@ def config_from_vllm(argv: Sequence[str]) -> SimConfig:
         version=VLLM_VERSION, request_id_headers=ns.enable_request_id_headers,
         max_logprobs=ns.max_logprobs, pooling=ns.runner == "pooling",
         responses_store=bool(int(os.environ.get("VLLM_ENABLE_RESPONSES_API_STORE", "0") or "0")),
+        keepalive_s=_env_float("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", 5.0),
     )
 
 

@@ -75,6 +75,9 @@ class SimConfig:
     zmq_interval_s: float = 1.0
     version: str = "0.11.0"
     request_id_headers: bool = False  # vLLM --enable-request-id-headers
+    # an idle client connection is closed after this long, as uvicorn does for both engines
+    # (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, default 5 s; SGLang: uvicorn's default, 5 s)
+    keepalive_s: float = 5.0
     # vLLM --max-logprobs (default 20): more top logprobs per token are refused with a 400
     max_logprobs: int = 20
 

@@ -601,7 +601,8 @@ class SimServer:
                 self._dp_group = DpGroup(c.dp_address or "127.0.0.1", c.dp_rpc_port, c.dp_rank, c.dp_size,
                                          self._on_group_change)  # fmt: skip
                 await self._dp_group.start()
-        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(self.make_app(), handler_cancellation=True, access_log=None,
+                                     keepalive_timeout=c.keepalive_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, c.host, c.port, backlog=2048, reuse_address=True)
         await site.start()

@@ -205,6 +205,9 @@ async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_deco
             ext2 = await _metric(http, decode, EXTERNAL)  # a new process: counters from 0
             sent = await _pd_equals_union(client, http, prefill)
             assert await _metric(http, decode, EXTERNAL) - ext2 == sent
+        except BaseException:
+            print(fleet.diagnostics())  # shown with the failure: what each process logged last
+            raise
         finally:
             await client.close()
         retries = fleet.log("coordinator", 10**7).count("hand-off retry")

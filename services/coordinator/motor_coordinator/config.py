@@ -114,6 +114,11 @@ class DispatchConfig:
     # KV (vLLM: NIXL handshake/transfer failed; before any byte reached the client).
     kv_load_retries: int = 2
     connect_timeout_sec: float = 3.0
+    # An idle connection to an engine is reused for at most this long. Keep it below the engines'
+    # own keep-alive (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s; SGLang: uvicorn's default, 5 s):
+    # a request written to a connection the engine is closing fails as a dropped connection (after
+    # a pause of this process, the close may not have been read yet when the request is sent).
+    engine_keepalive_sec: float = 2.0
     # An attempt that has no first byte while its engine has given no sign of life (no answer to
     # any request, health probe or metrics scrape) for this long has stalled on a hung engine: it
     # is failed over to another engine, or refused as a poison suspect (docs/fault-tolerance.md).
@@ -149,7 +154,7 @@ class DispatchConfig:
 
     def __post_init__(self) -> None:
         if min(self.request_timeout_sec, self.connect_timeout_sec, self.probe_timeout_sec,
-               self.first_byte_timeout_sec, self.inter_token_timeout_sec) <= 0:
+               self.first_byte_timeout_sec, self.inter_token_timeout_sec, self.engine_keepalive_sec) <= 0:
             raise ValueError("dispatch timeouts must be > 0")
         if self.prefill_retries < 0:
             raise ValueError("dispatch.prefill_retries must be >= 0")

@@ -35,13 +35,14 @@ def _unreachable(endpoint: Endpoint, exc: BaseException) -> EngineUnreachable:
 
 
 class EngineClient:
-    def __init__(self, *, connect_timeout: float, probe_timeout: float) -> None:
+    def __init__(self, *, connect_timeout: float, probe_timeout: float, keepalive: float = 2.0) -> None:
         self._connect_timeout = connect_timeout
+        self._keepalive = keepalive  # below the engines' own keep-alive: DispatchConfig.engine_keepalive_sec
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout)
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self._keepalive, enable_cleanup_closed=True)
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self._connect_timeout, sock_connect=self._connect_timeout
         )
