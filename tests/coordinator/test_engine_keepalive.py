@@ -13,6 +13,8 @@ process) has closed the idle connection."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -27,8 +29,19 @@ BODY = {"model": "sim-model", "prompt": "hello", "max_tokens": 2}
 CLOSE_WAIT = "08"  # /proc/net/tcp state: the peer closed, this side did not yet
 
 
+def _own_socket_inodes() -> set[str]:
+    out = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            link = os.readlink(fd)
+            if link.startswith("socket:["):
+                out.add(link[len("socket:["):-1])
+    return out
+
+
 def _closed_by_peer(port: int) -> bool:
-    """A TCP connection of this host to *port* that the peer closed and this side not yet read."""
+    """A TCP connection of this process to *port* that the peer closed and this side not yet read."""
+    own = _own_socket_inodes()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(table).read_text().splitlines()[1:]
@@ -36,8 +49,8 @@ def _closed_by_peer(port: int) -> bool:
             continue
         for line in lines:
             fields = line.split()
-            remote, state = fields[2], fields[3]
-            if int(remote.rsplit(":", 1)[1], 16) == port and state == CLOSE_WAIT:
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if int(remote.rsplit(":", 1)[1], 16) == port and state == CLOSE_WAIT and inode in own:
                 return True
     return False
 
