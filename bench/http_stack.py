@@ -23,7 +23,8 @@ Stacks (each a separate relay process, measured by its process tree's CPU, psuti
   in single-threaded mode) with the same relay coroutine and the same aiohttp engine client;
   ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation);
 - ``SERVER+reqwest`` (``aiohttp+reqwest``, ``granian+reqwest``): the engine legs through pyreqwest
-  (Rust reqwest client) instead of the aiohttp ``EngineClient``: the client-stack candidate.
+  (Rust reqwest client) instead of the aiohttp ``EngineClient``: the client-stack candidate;
+  ``aiohttp+reqwest-p``: only the prefill leg (a whole answer in every request) through pyreqwest.
 
 The same two simulators (zero latency) serve every variant. Per round each variant is started,
 loaded at each concurrency with ``bench/loadgen.py`` for ``--seconds`` and stopped, in an order
@@ -60,7 +61,8 @@ sys.path.insert(0, str(ROOT))
 from motor_common.domain import Endpoint  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
-STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest")
+STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest",
+          "aiohttp+reqwest-p")
 PATH = "/v1/completions"
 _JSON = "application/json"
 _KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -150,6 +152,31 @@ class ReqwestRelay(Relay):
         return resp.status, resp.headers.get("content-type", _JSON), _reqwest_chunks(call, resp)
 
 
+class PrefillReqwestRelay(ReqwestRelay):
+    """The prefill leg (always a whole, non-streamed answer) through pyreqwest, the decode leg
+    through the aiohttp ``EngineClient``."""
+
+    async def start(self) -> None:
+        await ReqwestRelay.start(self)
+        await Relay.start(self)
+
+    async def close(self) -> None:
+        await ReqwestRelay.close(self)
+        await Relay.close(self)
+
+    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        await self.start()
+        rid = uuid.uuid4().hex
+        body = orjson.loads(raw)
+        resp = await self._post(self.prefill_url, prefill_body(body), rid).build().send()
+        data = bytes(await resp.bytes())
+        if resp.status != 200:
+            return resp.status, _JSON, _one(data)
+        kv = orjson.loads(data).get("kv_transfer_params")
+        dresp = await self.client.open(self.decode, PATH, dict(body, kv_transfer_params=kv), rid)
+        return dresp.status, dresp.headers.get("Content-Type", _JSON), _chunks(dresp)
+
+
 _TIMEOUT = timedelta(seconds=60)
 
 
@@ -158,7 +185,9 @@ def make_relay(client: str, prefill: str, decode: str) -> Relay:
         return Relay(prefill, decode)
     if client == "reqwest":
         return ReqwestRelay(prefill, decode)
-    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, reqwest")
+    if client == "reqwest-p":
+        return PrefillReqwestRelay(prefill, decode)
+    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, reqwest, reqwest-p")
 
 
 async def _reqwest_chunks(call: Any, resp: Any) -> AsyncIterator[bytes]:
@@ -375,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve", help="run one aiohttp relay (what the benchmark starts)")
     sv.add_argument("--stack", choices=["aiohttp", "aiohttp-1w"], default="aiohttp")
-    sv.add_argument("--client", choices=["aiohttp", "reqwest"], default="aiohttp")
+    sv.add_argument("--client", choices=["aiohttp", "reqwest", "reqwest-p"], default="aiohttp")
     sv.add_argument("--port", type=int, required=True)
     sv.add_argument("--prefill", required=True)
     sv.add_argument("--decode", required=True)
