@@ -138,14 +138,18 @@ class ReqwestRelay(Relay):
         return (self._reqwest.post(url).header("Content-Type", _JSON).header("X-Request-Id", rid)
                 .body_bytes(orjson.dumps(body)).timeout(_TIMEOUT))
 
-    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+    async def _prefill(self, raw: bytes) -> tuple[str, dict[str, Any], int, bytes]:
+        """The prefill leg through pyreqwest: (request id, the request's body, status, answer)."""
         await self.start()
         rid = uuid.uuid4().hex
         body = orjson.loads(raw)
         resp = await self._post(self.prefill_url, prefill_body(body), rid).build().send()
-        data = bytes(await resp.bytes())
-        if resp.status != 200:
-            return resp.status, _JSON, _one(data)
+        return rid, body, resp.status, bytes(await resp.bytes())
+
+    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        rid, body, status, data = await self._prefill(raw)
+        if status != 200:
+            return status, _JSON, _one(data)
         kv = orjson.loads(data).get("kv_transfer_params")
         call = self._post(self.decode_url, dict(body, kv_transfer_params=kv), rid).build_streamed()
         resp = await call.__aenter__()
@@ -165,13 +169,9 @@ class PrefillReqwestRelay(ReqwestRelay):
         await Relay.close(self)
 
     async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
-        await self.start()
-        rid = uuid.uuid4().hex
-        body = orjson.loads(raw)
-        resp = await self._post(self.prefill_url, prefill_body(body), rid).build().send()
-        data = bytes(await resp.bytes())
-        if resp.status != 200:
-            return resp.status, _JSON, _one(data)
+        rid, body, status, data = await self._prefill(raw)
+        if status != 200:
+            return status, _JSON, _one(data)
         kv = orjson.loads(data).get("kv_transfer_params")
         dresp = await self.client.open(self.decode, PATH, dict(body, kv_transfer_params=kv), rid)
         return dresp.status, dresp.headers.get("Content-Type", _JSON), _chunks(dresp)
