@@ -9,6 +9,7 @@ from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
 from motor_common.tracing import TracingConfig
+from motor_gateway.worker_policy import admission_too_small
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 
@@ -64,6 +65,9 @@ class GatewayConfig:
     # Bounds on what clients send (body, headers, connections, slow clients): docs/security.md.
     limits: HttpLimits = field(default_factory=HttpLimits)
     # Bounded concurrency and queues per model and per API key, 429 beyond (docs/security.md).
+    # With workers > 1 the request counts (max_in_flight_*, max_queued_*) are the whole front's,
+    # split over the workers (a nonzero max_in_flight_* must be >= workers); the byte bounds
+    # (max_in_flight_bytes, max_buffered_bytes) are per worker process.
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # OpenTelemetry spans and their OTLP export (the otel extra); off: traceparent only passed on.
@@ -79,6 +83,9 @@ class GatewayConfig:
                 raise ValueError(f"coordinators: {addr!r} is not host:port")
         if not 1 <= self.workers <= 256:
             raise ValueError(f"workers must be in [1, 256], got {self.workers}")
+        too_small = admission_too_small(self.admission, self.workers)
+        if too_small is not None:
+            raise ValueError(too_small)
         if not 2.0 <= self.worker_liveness_timeout_sec <= 3600:
             raise ValueError("worker_liveness_timeout_sec must be in [2, 3600] seconds (heartbeats "
                              f"come every second), got {self.worker_liveness_timeout_sec}")

@@ -34,6 +34,7 @@ from motor_common.version import add_version_flag
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool
+from motor_gateway.worker_policy import admission_share
 from motor_gateway.workers import HEARTBEAT_INTERVAL_SEC, beat, supervise, worker_registry
 
 log = logging.getLogger("motor_gateway")
@@ -59,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set for workers
     p.add_argument("--worker-dir", help=argparse.SUPPRESS)  # the supervisor's state directory
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--worker-count", type=int, default=1, help=argparse.SUPPRESS)  # the supervisor's workers
     return p.parse_args(argv)
 
 
@@ -85,9 +87,11 @@ async def _heartbeat(worker_dir: str, index: int) -> None:
 
 async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                 stop: asyncio.Event | None = None, *, reuse_port: bool = False,
-                worker_dir: str | None = None, worker_index: int = 0) -> int:
-    """Serve until *stop* (SIGTERM/SIGINT). As worker *worker_index* of a supervisor
-    (*worker_dir*, ``motor_gateway.workers``): heartbeats, and ``/metrics`` of every worker."""
+                worker_dir: str | None = None, worker_index: int = 0, worker_count: int = 1) -> int:
+    """Serve until *stop* (SIGTERM/SIGINT). As worker *worker_index* of *worker_count* under a
+    supervisor (*worker_dir*, ``motor_gateway.workers``): heartbeats, ``/metrics`` of every
+    worker, and this worker's share of the admission limits."""
+    admission = admission_share(cfg.admission, worker_index, worker_count)
     api_key = read_api_key(cfg.api_key_file)
     # The gateway's own credential for the coordinators' DispatchService.
     credential = read_secret(cfg.coordinator_key_file, "coordinator key")
@@ -99,7 +103,7 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                                 control_timeout=cfg.control_timeout_sec, credential=credential)
     try:
         registry = worker_registry(worker_dir) if worker_dir else None
-        app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=cfg.admission,
+        app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=admission,
                       metrics_registry=registry).make_app()
         runner, port = await start_site(app, cfg.host, cfg.port, shutdown_timeout=cfg.shutdown_grace_sec,
                                         reuse_port=reuse_port, limits=cfg.limits,
@@ -172,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         setup_tracing(cfg.tracing, "gateway")
         try:
             return await serve(cfg, args.ports_file, reuse_port=args.reuse_port,
-                               worker_dir=args.worker_dir, worker_index=args.worker_index)
+                               worker_dir=args.worker_dir, worker_index=args.worker_index,
+                               worker_count=args.worker_count)
         finally:
             reset_tracing()  # exports the spans not sent yet
 

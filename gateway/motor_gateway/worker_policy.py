@@ -4,11 +4,22 @@ decisions, no I/O; ``motor_gateway.workers`` acts on them).
 A worker that dies is restarted at once the first time; a worker that keeps dying soon after its
 start (a crash loop) waits longer each time, doubling up to a cap, so a broken worker does not
 spin the machine. A worker that stayed up for ``stable_after`` seconds starts the count afresh.
+
+The admission limits that count requests are the whole front's: worker *i* of *N* enforces its
+share (:func:`admission_share`), and the shares add up to the configured limit. The byte bounds
+bound one process's memory and stay per worker.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from motor_common.openai_front.admission import AdmissionConfig
+
+# Admission keys that count requests: split over the workers (0 = unbounded stays 0).
+SPLIT_IN_FLIGHT = ("max_in_flight_per_model", "max_in_flight_per_key")
+# A queue share of 0 means "no waiting" on that worker, which still keeps the front's total.
+SPLIT_QUEUED = ("max_queued_per_model", "max_queued_per_key")
 
 
 @dataclass(frozen=True)
@@ -35,3 +46,39 @@ def unresponsive(now: float, started: float, last_beat: float | None, timeout: f
     if last_beat is None:
         return now - started > startup_grace
     return now - max(last_beat, started) > timeout
+
+
+def share(limit: int, index: int, workers: int) -> int:
+    """Worker *index*'s part of a front-wide *limit* over *workers* processes: ``limit // workers``
+    plus one for the first ``limit % workers`` workers, so the parts add up to *limit*."""
+    if not 0 <= index < workers:
+        raise ValueError(f"worker index {index} outside [0, {workers})")
+    return limit // workers + (1 if index < limit % workers else 0)
+
+
+def admission_too_small(cfg: AdmissionConfig, workers: int) -> str | None:
+    """Why *cfg* cannot be split over *workers* processes, or None. A nonzero in-flight limit
+    smaller than the number of workers would give some worker a share of 0, which the
+    configuration reads as unbounded (and a worker that refused everything instead would turn
+    away every client the kernel happens to hand it while the others idle)."""
+    if workers <= 1:
+        return None
+    for name in SPLIT_IN_FLIGHT:
+        limit = getattr(cfg, name)
+        if 0 < limit < workers:
+            return (f"admission.{name} is {limit} but workers is {workers}: the limit is the whole "
+                    f"front's, split over the workers, so it must be 0 (unbounded) or at least "
+                    f"{workers} (one request per worker)")
+    return None
+
+
+def admission_share(cfg: AdmissionConfig, index: int, workers: int) -> AdmissionConfig:
+    """What worker *index* of *workers* enforces: its share of each count limit (0 stays 0), the
+    byte bounds, timeout and Retry-After unchanged (they bound one process)."""
+    if workers <= 1:
+        return cfg
+    reason = admission_too_small(cfg, workers)
+    if reason is not None:
+        raise ValueError(reason)
+    return replace(cfg, **{name: share(getattr(cfg, name), index, workers)
+                           for name in (*SPLIT_IN_FLIGHT, *SPLIT_QUEUED)})

@@ -18,6 +18,9 @@ supervising parent.
   collector reads. ``/health`` and ``/ready`` are answered by whichever worker takes the
   connection: every worker dials the same coordinators, and a dead or wedged one is replaced by
   the parent (kept out of the port while it is gone).
+* **One front's admission.** Each worker gets its index and the number of workers (kept across
+  restarts) and enforces its share of the request-count limits (``worker_policy.admission_share``),
+  so the whole front admits at most what ``admission`` says; the byte bounds stay per worker.
 
 Scheduling state is not in the gateway: every worker sends its requests to the one master
 coordinator, which owns load, prefix affinity and breakers. So least-load and prefix affinity are
@@ -175,7 +178,8 @@ class Supervisor:
             os.unlink(self._ports_file(slot.index))
         cmd = [sys.executable, "-m", "motor_gateway.main", *self.argv, "--workers", "1", "--reuse-port",
                "--port", str(self.port), "--ports-file", self._ports_file(slot.index),
-               "--worker-dir", self.state_dir, "--worker-index", str(slot.index)]
+               "--worker-dir", self.state_dir, "--worker-index", str(slot.index),
+               "--worker-count", str(self.workers)]
         env = {**os.environ, MULTIPROC_ENV: str(Path(self.state_dir) / "metrics")}
         slot.proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
         slot.started = time.time()

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from motor_gateway.worker_policy import RestartPolicy, unresponsive
+import pytest
+
+from motor_common.config import load_config
+from motor_common.errors import ConfigError
+from motor_common.openai_front.admission import AdmissionConfig
+from motor_gateway.config import GatewayConfig
+from motor_gateway.worker_policy import (
+    RestartPolicy,
+    admission_share,
+    admission_too_small,
+    share,
+    unresponsive,
+)
 
 
 def test_a_worker_that_dies_young_waits_longer_each_time_up_to_the_cap() -> None:
@@ -40,3 +52,55 @@ def test_a_heartbeat_older_than_the_start_is_not_held_against_the_new_worker() -
 def test_before_the_first_heartbeat_the_startup_grace_applies() -> None:
     assert not unresponsive(now=159.0, started=100.0, last_beat=None, timeout=4.0, startup_grace=60.0)
     assert unresponsive(now=160.5, started=100.0, last_beat=None, timeout=4.0, startup_grace=60.0)
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("limit", [0, 1, 2, 5, 100, 511, 512, 1000])
+def test_the_shares_of_a_limit_add_up_to_it_and_differ_by_at_most_one(limit: int, workers: int) -> None:
+    parts = [share(limit, i, workers) for i in range(workers)]
+    assert sum(parts) == limit
+    assert max(parts) - min(parts) <= 1
+    assert parts == sorted(parts, reverse=True)  # the first limit % workers get the extra one
+
+
+def test_share_examples() -> None:
+    assert [share(100, i, 4) for i in range(4)] == [25, 25, 25, 25]
+    assert [share(10, i, 4) for i in range(4)] == [3, 3, 2, 2]
+    assert [share(0, i, 3) for i in range(3)] == [0, 0, 0]  # unbounded stays unbounded
+    with pytest.raises(ValueError):
+        share(10, 4, 4)
+
+
+def test_a_worker_enforces_its_share_of_the_counts_and_the_whole_byte_bounds() -> None:
+    cfg = AdmissionConfig(max_in_flight_per_model=10, max_queued_per_model=3, max_in_flight_per_key=0,
+                          max_queued_per_key=7, queue_timeout_sec=5, max_in_flight_bytes=1000,
+                          max_buffered_bytes=2000, retry_after_sec=2)
+    shares = [admission_share(cfg, i, 4) for i in range(4)]
+    assert [s.max_in_flight_per_model for s in shares] == [3, 3, 2, 2]
+    assert [s.max_queued_per_model for s in shares] == [1, 1, 1, 0]  # 0 here: no waiting on worker 3
+    assert [s.max_in_flight_per_key for s in shares] == [0, 0, 0, 0]  # unbounded
+    assert [s.max_queued_per_key for s in shares] == [2, 2, 2, 1]
+    for s in shares:  # one process's memory, timeouts: unchanged
+        assert (s.max_in_flight_bytes, s.max_buffered_bytes, s.queue_timeout_sec, s.retry_after_sec) == \
+            (1000, 2000, 5, 2)
+    assert admission_share(cfg, 0, 1) is cfg  # one process: the limits as configured
+
+
+def test_an_in_flight_limit_smaller_than_the_workers_is_refused_by_name() -> None:
+    assert admission_too_small(AdmissionConfig(max_in_flight_per_model=3), 4) is not None
+    assert admission_too_small(AdmissionConfig(max_in_flight_per_model=4), 4) is None
+    assert admission_too_small(AdmissionConfig(max_in_flight_per_model=0, max_in_flight_per_key=0), 64) is None
+    assert admission_too_small(AdmissionConfig(max_in_flight_per_model=1), 1) is None
+    # A queue limit below the workers is fine: a queue share of 0 means "no waiting there".
+    assert admission_too_small(AdmissionConfig(max_queued_per_model=1, max_queued_per_key=1), 4) is None
+    why = admission_too_small(AdmissionConfig(max_in_flight_per_key=2), 3)
+    assert why is not None and "admission.max_in_flight_per_key" in why and "at least 3" in why
+    with pytest.raises(ValueError, match="max_in_flight_per_model"):
+        admission_share(AdmissionConfig(max_in_flight_per_model=1), 0, 2)
+
+
+def test_the_gateway_config_refuses_it_at_start_up() -> None:
+    with pytest.raises(ConfigError, match=r"admission.max_in_flight_per_model is 2 but workers is 4.*at least 4"):
+        load_config(GatewayConfig, None, overrides={"workers": 4, "admission": {"max_in_flight_per_model": 2}})
+    cfg = load_config(GatewayConfig, None, overrides={"workers": 4, "admission": {"max_in_flight_per_model": 4}})
+    assert cfg.admission.max_in_flight_per_model == 4

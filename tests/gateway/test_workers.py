@@ -11,7 +11,9 @@ server side of the client's socket), so nothing in the gateway has to tell. What
   worker's next request to the other decode engine (least load), and a prompt prefix goes to the
   same prefill engine whichever worker took it;
 * a worker killed (-9) or wedged (SIGSTOP: no heartbeat) is replaced, logged and counted, and the
-  port keeps serving; SIGTERM to the parent drains the requests in flight on every worker.
+  port keeps serving; SIGTERM to the parent drains the requests in flight on every worker;
+* the admission limits are the whole front's: with two workers, ``max_in_flight_per_model: 2``
+  lets two requests of the model through in total, not two per worker.
 """
 
 from __future__ import annotations
@@ -339,3 +341,42 @@ async def test_sigterm_drains_the_requests_of_every_worker(fleet: Fleet) -> None
         assert code == 0, gw.log()[-3000:]
         assert "gateway stopping: draining every worker" in gw.log()
 
+
+
+async def test_admission_limits_are_the_whole_fronts_not_per_worker(fleet: Fleet) -> None:
+    async with AsyncExitStack() as es:
+        gw = await _own_gateway(fleet, es, "gw-admission",
+                                admission={"max_in_flight_per_model": 2, "max_queued_per_model": 0})
+        first = await client_on(gw, lambda _: True, "a connection")
+        clients = [first]
+        for i in range(5):  # three connections on each worker
+            on_first = sum(c.worker == first.worker for c in clients) < 3
+            clients.append(await client_on(gw, lambda pid, f=on_first: (pid == first.worker) == f,
+                                           f"connection {i + 2} on the chosen worker"))
+        async with closing(*clients):
+            assert {c.worker for c in clients} == worker_pids(gw)
+
+            async def ask(c: Client) -> tuple[int, aiohttp.ClientResponse]:
+                # A long stream (seconds of decode): an admitted one holds its slot until closed.
+                r = await c.session.post(gw.url + "/v1/completions", json={
+                    "model": MODEL, "prompt": "hold a slot", "max_tokens": 2000, "stream": True})
+                if r.status == 200:
+                    await r.content.readline()  # decoding has started
+                else:
+                    await r.read()
+                return r.status, r
+
+            answers = await asyncio.gather(*(ask(c) for c in clients))
+            try:
+                statuses = [status for status, _ in answers]
+                # Each worker's share is 1: one stream per worker, the other four refused.
+                assert sorted(statuses) == [200, 200, 429, 429, 429, 429], statuses
+                assert {c.worker for c, s in zip(clients, statuses, strict=True) if s == 200} == worker_pids(gw)
+                # The front's in-flight gauge (summed over the workers) says the same.
+                probe = Client(gw)
+                async with closing(probe):
+                    assert await gateway_metric(probe, "motor_gateway_admission_in_flight") == 2
+            finally:
+                for _, r in answers:
+                    r.close()
+    await wait_for(lambda: _running(fleet.decodes, total=0), timeout=30, what="the streams cancelled")
