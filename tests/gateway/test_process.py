@@ -32,6 +32,9 @@ def test_unknown_config_key_exits_2_naming_it(tmp_path: Path) -> None:
     ("workers: 0\n", "workers"),
     ("workers: 257\n", "workers"),
     ("worker_liveness_timeout_sec: 1\n", "worker_liveness_timeout_sec"),
+    # the front's in-flight limit split over 3 workers would leave one a share of 0 (= unbounded)
+    ("workers: 3\nadmission: {max_in_flight_per_key: 2}\n",
+     "admission.max_in_flight_per_key is 2 but workers is 3"),
 ])
 def test_bad_limits_or_admission_exit_2_naming_the_key(tmp_path: Path, yaml: str, needle: str) -> None:
     cfg = tmp_path / "gw.yaml"
