@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from motor_common.domain import Endpoint  # noqa: E402
+from motor_coordinator.config import DispatchConfig  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
 STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest",
@@ -91,7 +92,8 @@ class Relay:
     def __init__(self, prefill: str, decode: str) -> None:
         self.prefill = endpoint(prefill, 1)
         self.decode = endpoint(decode, 2)
-        self.client = EngineClient(connect_timeout=5.0, probe_timeout=5.0)
+        self.client = EngineClient(connect_timeout=5.0, probe_timeout=5.0,
+                                   keepalive=DispatchConfig().engine_keepalive_sec)
         self._started = False
 
     async def start(self) -> None:

@@ -24,9 +24,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port for a server a test starts (often a subprocess that binds it seconds later).
 
     Picked as the nodemanager picks engine ports (:func:`motor_common.ports.engine_port_picker`):
-    outside the kernel's ephemeral range, so no port-0 server and no outgoing connection can be handed it before its program binds it, and
-    from one counter per test process, so two picks never repeat - not even for servers started at
-    once (``asyncio.gather``). Picks lie :data:`PORT_STRIDE` apart, since engines derive ports from
+    outside the kernel's ephemeral range, so no port-0 server and no outgoing connection can be
+    handed it before its program binds it, and from one picker per test process, so two picks never
+    repeat - not even for servers started at once (``asyncio.gather``). Picks lie :data:`PORT_STRIDE` apart, since engines derive ports from
     the one they are given (a DP rank's KV-event port is the base plus its rank). The kernel's own
     pick (``bind(0)``) could hand one port to two servers bound in between; a CI run lost a
     simulator to that ("address already in use")."""

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from motor_common.domain import Endpoint
-from motor_coordinator.config import DispatchConfig
-from motor_coordinator.engine_client import EngineClient, EngineUnreachable
+from motor_coordinator.app import Coordinator
+from motor_coordinator.config import CoordinatorConfig, DispatchConfig
+from motor_coordinator.engine_client import EngineUnreachable
 from tests.procs import start_simulator
 
 BODY = {"model": "sim-model", "prompt": "hello", "max_tokens": 2}
@@ -72,7 +73,8 @@ async def test_a_connection_the_engine_closed_during_a_pause_is_not_reused(
     answered. Above it (the old 60 s): the pool hands out the closed connection and the request
     fails as dropped — the hazard this setting exists for, shown so the test cannot pass idly."""
     async with start_simulator("vllm", "union", tmp_path, env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "1"}) as sim:
-        client = EngineClient(connect_timeout=3.0, probe_timeout=3.0, keepalive=keepalive)
+        # the coordinator's own client, built from its config (dispatch.engine_keepalive_sec)
+        client = Coordinator(CoordinatorConfig(dispatch=DispatchConfig(engine_keepalive_sec=keepalive))).client
         await client.start()
         try:
             ep = Endpoint(0, "127.0.0.1", sim.port)

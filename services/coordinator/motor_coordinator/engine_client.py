@@ -35,7 +35,7 @@ def _unreachable(endpoint: Endpoint, exc: BaseException) -> EngineUnreachable:
 
 
 class EngineClient:
-    def __init__(self, *, connect_timeout: float, probe_timeout: float, keepalive: float = 2.0) -> None:
+    def __init__(self, *, connect_timeout: float, probe_timeout: float, keepalive: float) -> None:
         self._connect_timeout = connect_timeout
         self._keepalive = keepalive  # below the engines' own keep-alive: DispatchConfig.engine_keepalive_sec
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout)
