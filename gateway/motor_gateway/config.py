@@ -9,7 +9,7 @@ from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
 from motor_common.tracing import TracingConfig
-from motor_gateway.worker_policy import admission_too_small
+from motor_common.worker_policy import admission_too_small
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 
@@ -56,7 +56,7 @@ class GatewayConfig:
     shutdown_grace_sec: float = 10.0
     # HTTP worker processes sharing the listening port (SO_REUSEPORT, kernel load-balanced),
     # supervised by this process (restarted when they die; docs/operations.md "Gateway worker processes",
-    # motor_gateway/workers.py); each holds its own coordinator channel,
+    # motor_common/worker_supervisor.py); each holds its own coordinator channel,
     # and the coordinator keeps the scheduling state. 1 = serve in this process.
     workers: int = 1
     # With workers > 1: a worker whose event loop sent no heartbeat for this long is killed and

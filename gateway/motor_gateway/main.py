@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from motor_common.config import load_config
@@ -31,13 +32,22 @@ from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
 from motor_common.tracing import reset_tracing, setup_tracing
 from motor_common.version import add_version_flag
+from motor_common.worker_policy import admission_share
+from motor_common.worker_supervisor import (
+    Command,
+    WorkerNames,
+    beat_forever,
+    supervise,
+    worker_registry,
+)
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
 from motor_gateway.pool import CoordinatorPool
-from motor_gateway.worker_policy import admission_share
-from motor_gateway.workers import HEARTBEAT_INTERVAL_SEC, beat, supervise, worker_registry
 
 log = logging.getLogger("motor_gateway")
+
+# With workers > 1 (motor_common.worker_supervisor): the supervisor's log lines and metrics.
+WORKER_NAMES = WorkerNames(label="gateway", metric_prefix="motor_gateway", logger="motor_gateway.workers")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,17 +89,11 @@ def build_config(args: argparse.Namespace) -> GatewayConfig:
     return load_config(GatewayConfig, args.config, env_prefix="MOTOR_GATEWAY", overrides=overrides)
 
 
-async def _heartbeat(worker_dir: str, index: int) -> None:
-    while True:
-        beat(worker_dir, index)
-        await asyncio.sleep(HEARTBEAT_INTERVAL_SEC)
-
-
 async def serve(cfg: GatewayConfig, ports_file: str | None = None,
                 stop: asyncio.Event | None = None, *, reuse_port: bool = False,
                 worker_dir: str | None = None, worker_index: int = 0, worker_count: int = 1) -> int:
     """Serve until *stop* (SIGTERM/SIGINT). As worker *worker_index* of *worker_count* under a
-    supervisor (*worker_dir*, ``motor_gateway.workers``): heartbeats, ``/metrics`` of every
+    supervisor (*worker_dir*, ``motor_common.worker_supervisor``): heartbeats, ``/metrics`` of every
     worker, and this worker's share of the admission limits."""
     admission = admission_share(cfg.admission, worker_index, worker_count)
     api_key = read_api_key(cfg.api_key_file)
@@ -102,7 +106,7 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     client = GrpcDispatchClient(pool, request_timeout=cfg.request_timeout_sec,
                                 control_timeout=cfg.control_timeout_sec, credential=credential)
     try:
-        registry = worker_registry(worker_dir) if worker_dir else None
+        registry = worker_registry(worker_dir, WORKER_NAMES) if worker_dir else None
         app = Gateway(client, api_key=api_key, limits=cfg.limits, admission=admission,
                       metrics_registry=registry).make_app()
         runner, port = await start_site(app, cfg.host, cfg.port, shutdown_timeout=cfg.shutdown_grace_sec,
@@ -115,7 +119,7 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     try:
         pool.start()
         if worker_dir:
-            tasks.spawn(_heartbeat(worker_dir, worker_index), name="heartbeat")
+            tasks.spawn(beat_forever(worker_dir, worker_index), name="heartbeat")
         if ports_file:
             write_ports_file(ports_file, {"http": port})
         log.info("gateway listening", extra={"address": f"{cfg.host}:{port}",
@@ -148,6 +152,19 @@ def _strip(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     return out
 
 
+def _worker_command(argv: list[str], workers: int) -> Callable[[int, str], Command]:
+    """The command of each worker of ``motor-gateway --workers N``: this program with *argv*
+    (without --workers/--port/--ports-file) as worker ``index`` of *workers* on the port the
+    supervisor holds."""
+    def command_for(port: int, state_dir: str) -> Command:
+        def command(index: int, ports_file: str) -> list[str]:
+            return [sys.executable, "-m", "motor_gateway.main", *argv, "--workers", "1", "--reuse-port",
+                    "--port", str(port), "--ports-file", ports_file, "--worker-dir", state_dir,
+                    "--worker-index", str(index), "--worker-count", str(workers)]
+        return command
+    return command_for
+
+
 def main(argv: list[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(raw)
@@ -162,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.workers > 1:
             setup_logging("gateway", cfg.log.level, cfg.log.format)
             try:
-                return supervise(workers=cfg.workers, host=cfg.host, port=cfg.port,
-                                 argv=_strip(raw, ("--workers", "--port", "--ports-file")),
+                return supervise(workers=cfg.workers, host=cfg.host, port=cfg.port, names=WORKER_NAMES,
+                                 command_for=_worker_command(_strip(raw, ("--workers", "--port", "--ports-file")),
+                                                             cfg.workers),
                                  ports_file=args.ports_file, liveness_timeout=cfg.worker_liveness_timeout_sec,
                                  shutdown_grace=cfg.shutdown_grace_sec)
             except ConfigError as exc:

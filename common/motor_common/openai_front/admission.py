@@ -11,7 +11,7 @@ The bodies of admitted requests share a byte budget (``max_in_flight_bytes``), t
 memory bound: a request that would pass it waits, and requests behind it do not overtake it.
 A queued request that does not get a slot within ``queue_timeout_sec`` is shed too. Limits are
 per process (each coordinator's co-located front, each gateway worker: a gateway with several
-workers gives each its share of the request counts, ``motor_gateway.worker_policy``). No I/O; the waits are
+workers gives each its share of the request counts, ``motor_common.worker_policy``). No I/O; the waits are
 asyncio futures. Buckets exist only while they hold requests, so client-chosen model names cannot
 grow memory.
 """

@@ -2,7 +2,7 @@
 ``motor_gateway_*`` names are the same for both).
 
 Gauges sum over the live processes in Prometheus multiprocess mode (``motor-gateway`` with
-``workers`` > 1: ``motor_gateway.workers``).
+``workers`` > 1: ``motor_common.worker_supervisor``).
 
 Created unregistered and added to the process-wide default registry by :func:`register` when an
 HTTP front is built (``motor_common.openai_front.app.Gateway``): a coordinator without a co-located front

@@ -1,14 +1,11 @@
-"""The supervisor's decisions (``motor_gateway.worker_policy``), without processes."""
+"""A worker supervisor's decisions (``motor_common.worker_policy``), without processes."""
 
 from __future__ import annotations
 
 import pytest
 
-from motor_common.config import load_config
-from motor_common.errors import ConfigError
 from motor_common.openai_front.admission import AdmissionConfig
-from motor_gateway.config import GatewayConfig
-from motor_gateway.worker_policy import (
+from motor_common.worker_policy import (
     RestartPolicy,
     admission_share,
     admission_too_small,
@@ -97,10 +94,3 @@ def test_an_in_flight_limit_smaller_than_the_workers_is_refused_by_name() -> Non
     assert why is not None and "admission.max_in_flight_per_key" in why and "at least 3" in why
     with pytest.raises(ValueError, match="max_in_flight_per_model"):
         admission_share(AdmissionConfig(max_in_flight_per_model=1), 0, 2)
-
-
-def test_the_gateway_config_refuses_it_at_start_up() -> None:
-    with pytest.raises(ConfigError, match=r"admission.max_in_flight_per_model is 2 but workers is 4.*at least 4"):
-        load_config(GatewayConfig, None, overrides={"workers": 4, "admission": {"max_in_flight_per_model": 2}})
-    cfg = load_config(GatewayConfig, None, overrides={"workers": 4, "admission": {"max_in_flight_per_model": 4}})
-    assert cfg.admission.max_in_flight_per_model == 4

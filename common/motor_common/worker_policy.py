@@ -1,5 +1,6 @@
-"""When the gateway's supervisor restarts a worker and when it declares one unresponsive (pure
-decisions, no I/O; ``motor_gateway.workers`` acts on them).
+"""When a worker supervisor restarts a worker and when it declares one unresponsive (pure
+decisions, no I/O; ``motor_common.worker_supervisor`` acts on them, for the gateway's workers and
+the coordinator's front workers).
 
 A worker that dies is restarted at once the first time; a worker that keeps dying soon after its
 start (a crash loop) waits longer each time, doubling up to a cap, so a broken worker does not
