@@ -24,6 +24,11 @@ from tests.procs import http_status, start_coordinator
         ({"http": {"port": 0, "limits": {"max_body_byts": 1}}}, "max_body_byts"),
         ({"http": {"port": 0, "limits": {"max_json_depth": 1}}}, "max_json_depth"),
         ({"http": {"port": 0, "admission": {"queue_timeout_sec": 0}}}, "queue_timeout_sec"),
+        ({"http": {"workers": 2}}, "http.workers 2 needs the co-located front: set http.port"),
+        ({"http": {"port": 0, "workers": 65}}, "http.workers must be in [1, 64]"),
+        ({"http": {"port": 0, "workers": 3, "admission": {"max_in_flight_per_model": 2}}},
+         "http.admission.max_in_flight_per_model is 2 but workers is 3"),
+        ({"http": {"port": 0, "workers": 2, "worker_liveness_timeout_sec": 1}}, "worker_liveness_timeout_sec"),
     ],
 )
 def test_bad_config_exits_2_naming_the_problem(tmp_path: Path, config: dict[str, object], needle: str) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client import REGISTRY
 
@@ -16,35 +16,24 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.openai_front.app import read_api_key
 from motor_common.ops_http import OpsHttpServer, ops_server
-from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
-from motor_coordinator.adapters import default_adapters
 from motor_coordinator.config import CoordinatorConfig
+from motor_coordinator.data_plane import DataPlane
 from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH_SERVICE
 from motor_coordinator.dispatch_service import DispatchServicer
-from motor_coordinator.dispatcher import Dispatcher
 from motor_coordinator.election import EtcdLeadership
-from motor_coordinator.engine_client import EngineClient
-from motor_coordinator.hf_tokenizer_loader import load_hf_tokenizers
+from motor_coordinator.front_sync import FrontSync
+from motor_coordinator.front_workers import FrontWorkers
 from motor_coordinator.http_front import CoordinatorBackend, HttpFront
-from motor_coordinator.kv_index import KvIndex
-from motor_coordinator.kv_sources import event_sources
-from motor_coordinator.kv_subscriber import KvEventSubscriber
 from motor_coordinator.leadership import Leadership, Standalone, campaign_hold
-from motor_coordinator.monitor import Monitor
-from motor_coordinator.policies import NEEDS_KV_EVENTS, PolicyContext, make_policy
 from motor_coordinator.precision_monitor import PrecisionMonitor
-from motor_coordinator.precision_routing import PrecisionAwareScheduler
 from motor_coordinator.promotion import ControllerAlarms, PromotionAnnouncer
-from motor_coordinator.prompt_tokens import PromptTokens
 from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.registry_service import SERVICE_NAME as REGISTRY_SERVICE
 from motor_coordinator.registry_service import RegistryServicer, observed
-from motor_coordinator.request import ParsedRequest
 from motor_coordinator.state_metrics import CoordinatorCollector
-from motor_coordinator.tokenize_offload import TokenizeOffload
 
 log = logging.getLogger(__name__)
 
@@ -63,41 +52,16 @@ class Coordinator:
         self.leadership: Leadership = leadership
         self.announcer: PromotionAnnouncer | None = None
         self.address = ""
-        d = cfg.dispatch
-        kv = cfg.scheduler.kv_events
-        self.kv_index = KvIndex(kv.max_blocks_per_engine, silence_timeout=kv.silence_timeout_sec)
-        # Only a policy that routes by KV events subscribes to the engines' event streams.
-        self.kv_events: KvEventSubscriber | None = None
-        token_ids: Callable[[ParsedRequest], tuple[int, ...] | None] | None = None
-        # tokenizer hf: long prompts are encoded in a worker thread (tokenize_offload.py)
-        self.tokenize_offload: TokenizeOffload | None = None
-        if cfg.scheduler.policy in NEEDS_KV_EVENTS:
-            self.kv_events = KvEventSubscriber(self.kv_index, replay_timeout_s=kv.replay_timeout_sec)
-            hf, hf_models = (load_hf_tokenizers(kv.tokenizer_path, kv.tokenizer_paths)  # ConfigError: exit 2
-                             if kv.tokenizer == "hf" else (None, {}))
-            token_ids = PromptTokens(kv.tokenizer, kv.max_prompt_tokens, hf=hf, hf_models=hf_models)
-            if kv.tokenizer == "hf":
-                self.tokenize_offload = TokenizeOffload()
-        self.policy = make_policy(cfg.scheduler, PolicyContext(self.kv_index))
-        # Engine silence and breaker cool-downs are measured on a clock that stops while this
-        # process is frozen or starved (stall_clock.py): waking up, it does not blame the engines.
-        self.stall_clock = StallCompensatedClock()
-        self.scheduler = PrecisionAwareScheduler(
-            self.policy,
-            breaker_failures=d.circuit_breaker_failures,
-            breaker_cooldown=d.circuit_breaker_cooldown_sec,
-            clock=self.stall_clock,
-        )
-        self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec,
-                                   keepalive=d.engine_keepalive_sec)
-        self.dispatcher = Dispatcher(
-            self.scheduler, self.client, default_adapters(), d, prefix_chars=cfg.scheduler.prefix_chars,
-            token_ids=token_ids, tokenize_offload=self.tokenize_offload,
-        )
-        self.monitor = Monitor(
-            self.scheduler, self.client,
-            probe_interval=d.health_probe_interval_sec, scrape_interval=d.metrics_scrape_interval_sec,
-        )
+        self.plane = DataPlane(cfg)
+        self.kv_index = self.plane.kv_index
+        self.kv_events = self.plane.kv_events
+        self.tokenize_offload = self.plane.tokenize_offload
+        self.policy = self.plane.policy
+        self.stall_clock = self.plane.stall_clock
+        self.scheduler = self.plane.scheduler
+        self.client = self.plane.client
+        self.dispatcher = self.plane.dispatcher
+        self.monitor = self.plane.monitor
         self.precision = PrecisionMonitor(
             cfg.precision, cfg.precision_clear_threshold, self.scheduler, self.dispatcher,
             is_master=lambda: self.leadership.is_master and not self.leadership.isolated,
@@ -128,6 +92,14 @@ class Coordinator:
         self.ops: OpsHttpServer | None = None
         self._collector: CoordinatorCollector | None = None
         self.http: HttpFront | None = None
+        # http.workers > 1: the front's worker processes, and what they mirror (front_workers.py)
+        self.front_sync: FrontSync | None = None
+        self.front: FrontWorkers | None = None
+        if cfg.http.enabled and cfg.http.workers > 1:
+            sync = self.front_sync = FrontSync(lambda: self.state, self.leadership, lambda: self.scheduler.alarmed)
+            self.scheduler.on_alarmed = sync.alarms_changed
+            sync.on_loads = self.scheduler.set_peer_loads
+            self.leadership.subscribe(sync.leadership_changed)
         self._dirty: asyncio.Event | None = None
         self._serving: bool | None = None
         self.scheduler.subscribe(self._mark_dirty)
@@ -137,11 +109,11 @@ class Coordinator:
 
     def commit(self, new: RegistryState) -> None:
         """Scheduler first, then the mirror: no await between validation and this call."""
-        self.scheduler.accept(new)
-        if self.kv_events is not None:
-            self.kv_events.set_sources(event_sources(new.instances.values()))
+        self.plane.accept(new)
         became_authoritative = new.authoritative and not self.state.authoritative
         self.state = new
+        if self.front_sync is not None:
+            self.front_sync.registry_changed()
         if became_authoritative:
             log.info("instance registry is authoritative", extra={"generation": new.generation,
                                                                    "instances": len(new.instances)})
@@ -155,6 +127,13 @@ class Coordinator:
 
     def observed_instances(self) -> list[Instance]:
         return [self.observed(i) for i in self.state.instances.values()]
+
+    @property
+    def http_port(self) -> int | None:
+        """The co-located front's port (in this process or its workers'), None without one."""
+        if self.http is not None:
+            return self.http.port
+        return self.front.port if self.front is not None else None
 
     def model_created(self, model: str) -> int:
         return self._model_created.get(model, 0)
@@ -212,18 +191,12 @@ class Coordinator:
         port = await self.server.start()
         self.address = self.cfg.ha.advertise_address or f"{self.cfg.server.host}:{port}"
         self._dirty = asyncio.Event()
-        self.tasks.spawn(lag_monitor(self.stall_clock, log, "engine silence"), name="lag-monitor")
+        self.plane.watch_loop(self.tasks, log)
         await self._apply_readiness()
         await self._start_election()
         self.precision.start(self.address, self.server.client_key, self.cfg.server.tls)
         self.tasks.spawn(self._readiness_loop(), name="readiness")
-        d = self.cfg.dispatch
-        if d.health_probe_interval_sec > 0:
-            self.tasks.spawn(self.monitor.probe_loop(), name="health-probe")
-            self.dispatcher.probe_now = lambda ep: self.monitor.probe_now(
-                ep, lambda coro: self.tasks.spawn(coro, name="health-probe-now"))
-        if d.metrics_scrape_interval_sec > 0:
-            self.tasks.spawn(self.monitor.scrape_loop(), name="metrics-scrape")
+        self.plane.watch_engines(self.tasks)
         self.ops = ops_server(self.cfg.server, self._ops_readiness)
         if self.ops is not None:
             await self.ops.start()
@@ -233,9 +206,13 @@ class Coordinator:
             # the ops port's and the co-located front's (which may be the only one).
             self._collector = CoordinatorCollector(self)
             REGISTRY.register(self._collector)
-        if h.enabled:
+        if h.enabled and h.workers > 1:
+            assert self.front_sync is not None
+            self.front = FrontWorkers(self.cfg, self.front_sync, coordinator_address=self.address)
+            await self.front.start()
+        elif h.enabled:
             assert h.port is not None
-            self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=d.request_timeout_sec,
+            self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=self.cfg.dispatch.request_timeout_sec,
                                   api_key=read_api_key(h.api_key_file), shutdown_timeout=h.shutdown_grace_sec,
                                   ssl_context=https_context(h.tls) if h.tls.serves_tls else None,
                                   limits=h.limits, admission=h.admission)
@@ -266,16 +243,14 @@ class Coordinator:
             await self.announcer.close()
         if self.http is not None:
             await self.http.stop()
+        if self.front is not None:
+            await self.front.stop()
         await self.server.stop(grace)
         await self.tasks.close()
-        if self.kv_events is not None:
-            await self.kv_events.close()
-        if self.tokenize_offload is not None:
-            self.tokenize_offload.close()
         await self.precision.close()
         if self.ops is not None:
             await self.ops.stop()
         if self._collector is not None:
             REGISTRY.unregister(self._collector)
             self._collector = None
-        await self.client.close()
+        await self.plane.close()

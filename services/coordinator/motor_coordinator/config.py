@@ -18,6 +18,7 @@ from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.tls import TlsConfig
 from motor_common.tracing import TracingConfig
+from motor_common.worker_policy import admission_too_small
 from motor_coordinator.precision_config import PrecisionConfig
 
 ENV_PREFIX = "MOTOR_COORDINATOR"
@@ -223,8 +224,16 @@ class HttpConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)
     # The same bounds on clients as motor-gateway's `limits` section (docs/security.md).
     limits: HttpLimits = field(default_factory=HttpLimits)
-    # Admission control of the front (motor-gateway's `admission` section).
+    # Admission control of the front (motor-gateway's `admission` section). With workers > 1 the
+    # request counts are the whole front's, split over the workers; the byte bounds are per worker.
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    # Front worker processes sharing http.port (SO_REUSEPORT), each dispatching with its own copy
+    # of the instance set and the others' load (front_worker.py, docs/coordinator.md). 1 = serve
+    # in the coordinator process itself.
+    workers: int = 1
+    # With workers > 1: a worker whose event loop sent no heartbeat for this long is killed and
+    # restarted.
+    worker_liveness_timeout_sec: float = 10.0
 
     @property
     def enabled(self) -> bool:
@@ -233,6 +242,17 @@ class HttpConfig:
     def __post_init__(self) -> None:
         if self.port is not None and not 0 <= self.port <= 65535:
             raise ValueError(f"http.port {self.port} is outside [0, 65535]")
+        if not 1 <= self.workers <= 64:
+            raise ValueError(f"http.workers must be in [1, 64], got {self.workers}")
+        if self.workers > 1 and self.port is None:
+            raise ValueError(f"http.workers {self.workers} needs the co-located front: set http.port "
+                             "(or --http-port)")
+        too_small = admission_too_small(self.admission, self.workers)
+        if too_small is not None:
+            raise ValueError(f"http.{too_small}")
+        if not 2.0 <= self.worker_liveness_timeout_sec <= 3600:
+            raise ValueError("http.worker_liveness_timeout_sec must be in [2, 3600] seconds (heartbeats "
+                             f"come every second), got {self.worker_liveness_timeout_sec}")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from motor_common.convert import model_card_to_pb
 from motor_common.domain import InstanceStatus, Role
@@ -16,8 +16,9 @@ from motor_common.logs import new_request_id, request_id_var
 from motor_common.tracing import Carrier, carrier_from
 from motor_coordinator.dispatch_mux import Gate, serve_stream
 from motor_coordinator.dispatcher import Head
-from motor_coordinator.leadership import LeaderRole
+from motor_coordinator.leadership import LeaderRole, Leadership
 from motor_coordinator.readiness import DEGRADED_HEADER, NOT_SYNCED, admission
+from motor_coordinator.registry import RegistryState
 from motor_coordinator.request import (
     CHAT,
     COMPLETIONS,
@@ -42,7 +43,7 @@ _APIS = {cpb.OPEN_AI_API_COMPLETIONS: COMPLETIONS, cpb.OPEN_AI_API_CHAT_COMPLETI
          cpb.OPEN_AI_API_TOKENIZE: TOKENIZE, cpb.OPEN_AI_API_DETOKENIZE: DETOKENIZE,
          cpb.OPEN_AI_API_VERSION: VERSION, cpb.OPEN_AI_API_RESPONSES_RETRIEVE: RESPONSES_RETRIEVE,
          cpb.OPEN_AI_API_RESPONSES_CANCEL: RESPONSES_CANCEL}
-_ROLES = {
+ROLE_TO_PB = {
     LeaderRole.STANDALONE: cpb.COORDINATOR_ROLE_STANDALONE,
     LeaderRole.MASTER: cpb.COORDINATOR_ROLE_MASTER,
     LeaderRole.STANDBY: cpb.COORDINATOR_ROLE_STANDBY,
@@ -125,7 +126,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         return cpb.GetReadinessResponse(
             ready=r.ready,
             reason=r.reason,
-            role=_ROLES[lead.role],
+            role=ROLE_TO_PB[lead.role],
             isolated=lead.isolated,
             generation=self.app.state.generation,
             store_available=lead.store_available,
@@ -133,7 +134,17 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
         )
 
 
-def admit(app: Coordinator, *, degraded_hint: bool) -> None:
+class Admitting(Protocol):
+    """What :func:`admit` reads: who this process is (leadership) and whether it knows the fleet."""
+
+    @property
+    def leadership(self) -> Leadership: ...
+
+    @property
+    def state(self) -> RegistryState: ...
+
+
+def admit(app: Admitting, *, degraded_hint: bool) -> None:
     """Raise the refusal of a Dispatch by this coordinator (standby, isolated master, registry not
     authoritative yet), if any."""
     lead = app.leadership

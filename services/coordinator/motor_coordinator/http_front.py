@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from motor_common.credentials import KeyFile
 from motor_common.errors import DeadlineExceeded, MotorError
@@ -34,14 +35,37 @@ from motor_common.openai_front.dispatch import (
 from motor_common.openai_front.limits import HttpLimits
 from motor_common.openai_front.openai import HttpError, error_from_motor
 from motor_common.tracing import incoming
-from motor_coordinator.dispatch_service import admit
+from motor_coordinator.dispatch_service import Admitting, admit
 from motor_coordinator.dispatcher import Frame
 from motor_coordinator.dispatcher import Head as CoordinatorHead
 from motor_coordinator.request import parsed_request
 from motor_coordinator.request_metrics import observed
 
 if TYPE_CHECKING:
-    from motor_coordinator.app import Coordinator
+    from motor_coordinator.dispatcher import Dispatcher
+    from motor_coordinator.monitor import Monitor
+    from motor_coordinator.readiness import Readiness as CoordinatorReadiness
+    from motor_coordinator.scheduler import Scheduler
+
+
+class FrontApp(Admitting, Protocol):
+    """What the co-located front needs of its process: a coordinator, or one of its front workers."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def dispatcher(self) -> Dispatcher: ...
+
+    @property
+    def monitor(self) -> Monitor: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    def model_created(self, model: str) -> int: ...
+
+    def readiness(self) -> CoordinatorReadiness: ...
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +87,7 @@ class DispatchBackend(Protocol):
 
 
 class CoordinatorBackend:
-    def __init__(self, app: Coordinator) -> None:
+    def __init__(self, app: FrontApp) -> None:
         self.app = app
 
     def frames(self, api: str, body: dict[str, Any], request_id: str) -> AsyncIterator[Frame]:
@@ -184,10 +208,13 @@ class HttpFront:
     def __init__(self, backend: DispatchBackend, host: str, port: int, *, request_timeout: float,
                  api_key: str | KeyFile | None = None, shutdown_timeout: float = 10.0,
                  ssl_context: ssl.SSLContext | None = None, limits: HttpLimits | None = None,
-                 admission: AdmissionConfig | None = None) -> None:
+                 admission: AdmissionConfig | None = None, reuse_port: bool = False,
+                 metrics_registry: CollectorRegistry | None = None) -> None:
         self.limits = limits or HttpLimits()
         self.app = Gateway(InProcessDispatchClient(backend, request_timeout=request_timeout),
-                           api_key=api_key, limits=self.limits, admission=admission).make_app()
+                           api_key=api_key, limits=self.limits, admission=admission,
+                           metrics_registry=metrics_registry).make_app()
+        self._reuse_port = reuse_port
         self.host = host
         self._port = port
         self._shutdown_timeout = shutdown_timeout
@@ -199,6 +226,7 @@ class HttpFront:
         self._runner, self.port = await start_site(self.app, self.host, self._port,
                                                    shutdown_timeout=self._shutdown_timeout,
                                                    ssl_context=self._ssl, limits=self.limits,
+                                                   reuse_port=self._reuse_port,
                                                    bind_hint="pass --http-port or free it")
         return self.port
 

@@ -97,7 +97,7 @@ async def _serve(args: argparse.Namespace, cfg: CoordinatorConfig) -> int:
     try:
         if args.ports_file:
             write_ports_file(args.ports_file, {"grpc": port, "metrics": app.ops.port if app.ops else None,
-                                               "http": app.http.port if app.http else None})
+                                               "http": app.http_port})
         lead = app.leadership
         if isinstance(lead, EtcdLeadership) and cfg.ha.exit_on_lost:
             # Kubernetes mode: a master that lost the lock exits non-zero so its pod leaves the Service.

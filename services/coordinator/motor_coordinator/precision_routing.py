@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from motor_common.domain import EngineType, Role
 from motor_coordinator.policies import Candidate, Policy, RequestInfo
@@ -59,9 +59,14 @@ def route_group(route: Route) -> Group | None:
 
 class PrecisionAwareScheduler(Scheduler):
     _alarmed: frozenset[Group] = frozenset()
+    # Called when the alarmed groups changed (the coordinator's front workers mirror them).
+    on_alarmed: Callable[[], None] | None = None
 
     def set_alarmed(self, groups: frozenset[Group]) -> None:
+        changed = groups != self._alarmed
         self._alarmed = groups
+        if changed and self.on_alarmed is not None:
+            self.on_alarmed()
 
     @property
     def alarmed(self) -> frozenset[Group]:

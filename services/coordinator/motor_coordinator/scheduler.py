@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import time
 from bisect import bisect_left, insort
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -155,6 +155,12 @@ class Scheduler:
         self._inflight: dict[EndpointKey, int] = {}
         self._queued_tokens: dict[EndpointKey, int] = {}  # Candidate.queued_tokens
         self._loads: dict[EndpointKey, EngineLoad] = {}
+        # The other front workers' in-flight requests and queued prompt tokens per endpoint
+        # (``http.workers`` > 1: front_sync.py); counted in every load score and candidate.
+        self._peer_inflight: dict[EndpointKey, int] = {}
+        self._peer_tokens: dict[EndpointKey, int] = {}
+        # Called whenever this process's own in-flight accounting changed (a front worker reports it).
+        self.on_load_change: Callable[[], None] | None = None
         self._listeners: list[Callable[[], None]] = []
         # Per-snapshot indexes (built in accept, read on every request): available endpoints per
         # (model, role) in (instance id, endpoint id) order, and registered instances per model.
@@ -260,15 +266,36 @@ class Scheduler:
     def _rescore(self, key: EndpointKey) -> None:
         lives = self._live_of.get(key)
         if lives:
-            value = score(self._inflight.get(key, 0), self._loads.get(key), self._kv_weight)
+            value = score(self._inflight.get(key, 0) + self._peer_inflight.get(key, 0), self._loads.get(key),
+                          self._kv_weight)
             for live in lives:
                 live.update(key, value)
 
     def inflight(self, ep: Endpoint) -> int:
-        return self._inflight.get(endpoint_key(ep), 0)
+        """Requests in flight on *ep*: this process's and the other front workers'."""
+        k = endpoint_key(ep)
+        return self._inflight.get(k, 0) + self._peer_inflight.get(k, 0)
 
     def queued_tokens(self, ep: Endpoint) -> int:
-        return self._queued_tokens.get(endpoint_key(ep), 0)
+        k = endpoint_key(ep)
+        return self._queued_tokens.get(k, 0) + self._peer_tokens.get(k, 0)
+
+    def own_loads(self) -> dict[EndpointKey, tuple[int, int]]:
+        """This process's own (in flight, queued prompt tokens) per endpoint with work on it."""
+        tokens = self._queued_tokens
+        return {k: (n, tokens.get(k, 0)) for k, n in self._inflight.items()}
+
+    def set_peer_loads(self, loads: Mapping[EndpointKey, tuple[int, int]]) -> None:
+        """Replace the other front workers' load (in flight, queued prompt tokens) per endpoint;
+        the endpoints whose figure changed are rescored."""
+        inflight = {k: n for k, (n, _) in loads.items() if n > 0}
+        tokens = {k: t for k, (_, t) in loads.items() if t > 0}
+        changed = {k for k in inflight.keys() | self._peer_inflight.keys()
+                   if inflight.get(k, 0) != self._peer_inflight.get(k, 0)}
+        self._peer_inflight = inflight
+        self._peer_tokens = tokens
+        for k in changed:
+            self._rescore(k)
 
     @asynccontextmanager
     async def load_guard(self, *candidates: Candidate | None, tokens: int = 0) -> AsyncIterator[None]:
@@ -281,6 +308,8 @@ class Scheduler:
             if tokens:
                 self._queued_tokens[k] = self._queued_tokens.get(k, 0) + tokens
             self._rescore(k)
+        if keys and self.on_load_change is not None:
+            self.on_load_change()
         try:
             yield
         finally:
@@ -297,6 +326,8 @@ class Scheduler:
                     else:
                         self._queued_tokens.pop(k, None)
                 self._rescore(k)
+            if keys and self.on_load_change is not None:
+                self.on_load_change()
 
     def probe_targets(self) -> list[ProbeTarget]:
         seen: dict[EndpointKey, ProbeTarget] = {}
@@ -319,6 +350,7 @@ class Scheduler:
         inflight = self._inflight
         loads = self._loads
         queued = self._queued_tokens
+        peer_n, peer_t = self._peer_inflight, self._peer_tokens
         out: list[Candidate] = []
         for inst, ep, k in self._index.get((model, role), ()):
             if engine is not None and inst.engine_type is not engine:
@@ -328,7 +360,8 @@ class Scheduler:
             b = breakers.get(k)
             if b is not None and b.is_open:
                 continue
-            out.append(Candidate(inst, ep, inflight.get(k, 0), loads.get(k), queued.get(k, 0)))
+            out.append(Candidate(inst, ep, inflight.get(k, 0) + peer_n.get(k, 0), loads.get(k),
+                                 queued.get(k, 0) + peer_t.get(k, 0)))
         return out
 
     def pick(
@@ -377,7 +410,9 @@ class Scheduler:
                 b = breakers.get(e[2])
                 if b is None or not b.is_open:
                     entries.append(e)
-            live = _Live(model, role, entries, [score(inflight.get(k, 0), loads.get(k), w) for _, _, k in entries])
+            peers = self._peer_inflight
+            live = _Live(model, role, entries,
+                         [score(inflight.get(k, 0) + peers.get(k, 0), loads.get(k), w) for _, _, k in entries])
             self._live[(model, role)] = live
             for k in live.positions:
                 self._live_of.setdefault(k, []).append(live)
@@ -385,7 +420,8 @@ class Scheduler:
 
     def _candidate(self, live: _Live, i: int) -> Candidate:
         inst, ep, k = live.entries[i]
-        return Candidate(inst, ep, self._inflight.get(k, 0), self._loads.get(k), self._queued_tokens.get(k, 0))
+        return Candidate(inst, ep, self._inflight.get(k, 0) + self._peer_inflight.get(k, 0), self._loads.get(k),
+                         self._queued_tokens.get(k, 0) + self._peer_tokens.get(k, 0))
 
     def _fast_route(self, req: RequestInfo) -> Route | None:
         """The P+D route of :meth:`route` without building candidates, when the policy can choose

@@ -5,7 +5,7 @@ what the KV-event index holds per engine and how the policy decided."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -14,11 +14,38 @@ from motor_common.leadership import LeaderRole
 from motor_coordinator.policies.kv_events import KvEvents
 
 if TYPE_CHECKING:
-    from motor_coordinator.app import Coordinator
+    from motor_coordinator.kv_index import KvIndex
+    from motor_coordinator.kv_subscriber import KvEventSubscriber
+    from motor_coordinator.leadership import Leadership
+    from motor_coordinator.policies import Policy
+    from motor_coordinator.registry import RegistryState
+    from motor_coordinator.scheduler import Scheduler
+
+
+class Observed(Protocol):
+    """What the collector reads: a coordinator, or one of its front workers (its mirror)."""
+
+    @property
+    def state(self) -> RegistryState: ...
+
+    @property
+    def leadership(self) -> Leadership: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def kv_events(self) -> KvEventSubscriber | None: ...
+
+    @property
+    def kv_index(self) -> KvIndex: ...
+
+    @property
+    def policy(self) -> Policy: ...
 
 
 class CoordinatorCollector(Collector):
-    def __init__(self, app: Coordinator) -> None:
+    def __init__(self, app: Observed) -> None:
         self.app = app
 
     def describe(self) -> list[GaugeMetricFamily]:
