@@ -35,6 +35,9 @@ class FleetOptions:
     gateway_port: int = 8000
     # Gateway worker processes on the one port (gateway config `workers`, docs/operations.md).
     gateway_workers: int = 1
+    # Co-located front worker processes (coordinator config `http.workers`, docs/coordinator.md);
+    # None: --front-workers not given.
+    front_workers: int | None = None
     coordinator_ports: tuple[int, ...] = (9100,)
     controller_port: int = 9200
     node_ports: tuple[int, ...] = ()
@@ -60,6 +63,8 @@ class FleetOptions:
     def __post_init__(self) -> None:
         if not 1 <= self.gateway_workers <= 256:
             raise ConfigError(f"--gateway-workers must be in [1, 256], got {self.gateway_workers}")
+        if self.front_workers is not None and not 1 <= self.front_workers <= 64:
+            raise ConfigError(f"--front-workers must be in [1, 64], got {self.front_workers}")
         if min(self.prefill, self.decode, self.union) < 0:
             raise ConfigError("node counts must be >= 0")
         if self.union == 0 and (self.prefill == 0 or self.decode == 0):
@@ -72,7 +77,7 @@ class FleetOptions:
                 f"unknown fleet config section(s) {', '.join(sorted(unknown))}; known: {', '.join(FLEET_SECTIONS)}"
             )
         check_topology(self.topology, coordinators=len(self.coordinator_ports), gateway_workers=self.gateway_workers,
-                       overrides=self.overrides)
+                       front_workers=self.front_workers, overrides=self.overrides)
 
     @property
     def topology(self) -> Topology:
@@ -108,6 +113,15 @@ class FleetPlan:
     @property
     def topology(self) -> Topology:
         return self.options.topology
+
+    @property
+    def front_workers(self) -> int:
+        """Worker processes of the OpenAI front as configured (the gateway's ``workers``, or the
+        co-located coordinator's ``http.workers``, fleet config included)."""
+        front = self.of_kind(self.topology.front_program)[0]
+        config = front.config.get("http", {}) if self.options.co_located else front.config
+        workers = config.get("workers", 1)
+        return workers if isinstance(workers, int) else 1
 
     @property
     def gateway_url(self) -> str:
@@ -256,7 +270,7 @@ def plan_fleet(opts: FleetOptions, bin_dir: Path) -> FleetPlan:
             cfg["controller_address"] = host_port(opts.host, opts.controller_port)
         if opts.co_located:  # the OpenAI front in this process, on the port the gateway would have used
             https = {k: v for k, v in tls(name, mutual=False).items() if k != "ca_file"} if opts.tls else None
-            cfg["http"] = front_section(opts.host, opts.gateway_port, https)
+            cfg["http"] = front_section(opts.host, opts.gateway_port, https, opts.front_workers)
         program(name, "coordinator", "motor-coordinator", cfg, port)
 
     store: dict[str, Any] = {"backend": "embedded", "path": str(sd / "controller.db")}

@@ -187,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(format_line(view))
     if shape is not None:
-        print(f"topology: {shape['description']}; OpenAI front {shape['url']}/v1")
+        workers = f" ({shape['workers']} worker processes)" if shape["workers"] > 1 else ""
+        print(f"topology: {shape['description']}; OpenAI front {shape['url']}/v1{workers}")
     print()
     print(
         output.grid(
@@ -242,14 +243,17 @@ def ops_urls(state_dir: str) -> dict[str, dict[str, str | None]]:
     return out
 
 
-def topology(state_dir: str) -> dict[str, str] | None:
+def topology(state_dir: str) -> dict[str, Any] | None:
     """Which program serves the OpenAI front of the running `motor up` fleet in *state_dir*, and
-    where: ``name`` (gateway / co-located), ``front`` (the program), ``description``, ``url``."""
+    where: ``name`` (gateway / co-located), ``front`` (the program), ``description``, ``url``,
+    ``workers`` (the front's worker processes: ``--gateway-workers`` / ``--front-workers``)."""
     fleet = target.running_fleet(state_dir)
     if fleet is None or not fleet.alive:
         return None
     shape = fleet.data.get("topology")
     if not isinstance(shape, dict):
         return None
+    workers = shape.get("workers")
     return {**{k: str(shape.get(k, "")) for k in ("name", "front", "description")},
-            "url": str(fleet.data.get("gateway_url", ""))}
+            "url": str(fleet.data.get("gateway_url", "")),
+            "workers": workers if isinstance(workers, int) and workers > 0 else 1}

@@ -3,6 +3,7 @@
   motor up                            # 1 prefill + 1 decode node, simulated vLLM engines
   motor up --prefill 2 --decode 1 --engine sglang
   motor up --co-located               # no gateway: the coordinator serves the OpenAI front itself
+  motor up --co-located --front-workers 2   # that front as 2 worker processes on the one port
   motor up --config fleet.yaml        # per-program overrides, e.g. real engines on a GPU machine
   motor up --config fleet.yaml --dry-run   # validate the config and show what would run
 
@@ -89,8 +90,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--co-located", action="store_true",
                         help="no gateway: the coordinator serves the OpenAI front itself, on --port "
                              "(less CPU per request; not with --ha or --gateway-workers; docs/coordinator.md)")
+    parser.add_argument("--front-workers", type=int, default=None, metavar="N",
+                        help="with --co-located: the coordinator's OpenAI front as N worker processes on the one "
+                             "port, each dispatching itself (1-64, default 1; docs/operations.md)")
     parser.add_argument("--gateway-workers", type=int, default=1, metavar="N",
-                        help="gateway worker processes on the one port, supervised (default 1; docs/operations.md)")
+                        help="gateway worker processes on the one port, supervised; the coordinator stays one "
+                             "process (default 1; not with --co-located; docs/operations.md)")
     parser.add_argument("--state-dir", default=".motor/up", help="configs, logs, store and key (default .motor/up)")
     parser.add_argument("--config", help="fleet config file with per-program sections")
     parser.add_argument("--zero-latency", action="store_true", help="simulated engines answer instantly")
@@ -138,6 +143,7 @@ def build_options(args: argparse.Namespace) -> FleetOptions:
         host=host,
         gateway_port=gateway,
         gateway_workers=args.gateway_workers,
+        front_workers=args.front_workers,
         coordinator_ports=coordinators,
         controller_port=controller,
         node_ports=tuple(_pick(host, None, NODEMANAGER_GRPC, "nodemanager", taken) for _ in range(nodes)),
@@ -336,7 +342,7 @@ def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
         "ready": ready,
         "gateway_url": plan.gateway_url,  # the OpenAI front, whichever program serves it
         "topology": {"name": plan.topology.name, "front": plan.topology.front_program,
-                     "description": plan.topology.description},
+                     "description": plan.topology.description, "workers": plan.front_workers},
         "controller": plan.controller_address,
         "coordinators": plan.coordinator_addresses,
         "management_key_file": str(opts.key_file.resolve()),  # the operator's key (the CLI's)
@@ -458,7 +464,8 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file:
         for spec in order:
             child = Child(spec, logs / f"{spec.name}.log")
             sup.start(child)
-            front = f" (OpenAI front on {opts.gateway_port})" if opts.co_located and spec.kind == "coordinator" else ""
+            workers = f", {plan.front_workers} worker processes" if plan.front_workers > 1 else ""
+            front = f" (OpenAI front on {opts.gateway_port}{workers})" if opts.co_located and spec.kind == "coordinator" else ""
             _say(f"  started {spec.name:<14} pid {child.pid:<7} port {spec.port}{front}")
         _write_fleet_file(plan, sup, ready=False)
         async with aiohttp.ClientSession() as http:

@@ -154,7 +154,8 @@ def test_co_located_front_serves_https_with_the_coordinators_certificate_under_t
 @pytest.mark.parametrize(("kw", "message"), [
     ({"coordinator_ports": (9100, 9101)}, "--co-located and --ha do not combine: with two coordinators only the "
                                           "gateway fails over between them"),
-    ({"gateway_workers": 2}, "--co-located and --gateway-workers 2 do not combine: there is no gateway process"),
+    ({"gateway_workers": 2}, "--co-located and --gateway-workers 2 do not combine: there is no gateway process "
+                             "(the coordinator serves the OpenAI front); use --front-workers 2"),
     ({"overrides": {"gateway": {"workers": 2}}}, "the fleet config's `gateway` section does nothing with --co-located"),
     ({"overrides": {"coordinator": {"http": {"port": 1}}}}, "coordinator.http.port is set by `motor up --co-located` "
                                                             "(from --port)"),
@@ -165,3 +166,39 @@ def test_what_does_not_combine_with_co_located_is_refused(kw: dict[str, object],
         opts(co_located=True, **kw)
     assert message in refused.value.message
     opts(**kw)  # the same options with the gateway are fine
+
+
+def test_front_workers_reach_the_co_located_coordinators_http_section() -> None:
+    plan = plan_fleet(opts(co_located=True, gateway_port=8123, front_workers=3), Path("/b"))
+    assert plan.of_kind("coordinator")[0].config["http"] == {"host": "127.0.0.1", "port": 8123, "workers": 3}
+    assert plan.front_workers == 3
+    # Not given: the fleet config's http.workers (deep-merged), or the coordinator's default 1.
+    over = plan_fleet(opts(co_located=True, overrides={"coordinator": {"http": {"workers": 4}}}), Path("/b"))
+    assert over.of_kind("coordinator")[0].config["http"]["workers"] == 4 and over.front_workers == 4
+    assert plan_fleet(opts(co_located=True), Path("/b")).front_workers == 1
+    # With the gateway, the front's workers are the gateway's.
+    assert plan_fleet(opts(gateway_workers=3), Path("/b")).front_workers == 3
+    assert plan_fleet(opts(), Path("/b")).front_workers == 1
+
+
+@pytest.mark.parametrize("workers", [0, 65, -1])
+def test_front_workers_out_of_range_are_refused(workers: int) -> None:
+    with pytest.raises(ConfigError) as refused:
+        opts(co_located=True, front_workers=workers)
+    assert refused.value.message == f"--front-workers must be in [1, 64], got {workers}"
+
+
+def test_front_workers_without_co_located_are_refused_naming_gateway_workers() -> None:
+    with pytest.raises(ConfigError) as refused:
+        opts(front_workers=2)
+    assert refused.value.message == (
+        "--front-workers 2 needs --co-located: it runs the coordinator's own OpenAI front as worker processes; "
+        "with the gateway (the default topology) use --gateway-workers 2 for more front processes, or add "
+        "--co-located")
+
+
+def test_front_workers_and_the_fleet_configs_http_workers_are_refused_together() -> None:
+    with pytest.raises(ConfigError) as refused:
+        opts(co_located=True, front_workers=2, overrides={"coordinator": {"http": {"workers": 4}}})
+    assert refused.value.message == ("coordinator.http.workers is set twice: 4 in the fleet config and "
+                                     "--front-workers 2; keep one of them")

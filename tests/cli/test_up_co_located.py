@@ -78,7 +78,7 @@ async def test_co_located_fleet_serves_the_openai_sdk_without_a_gateway(tmp_path
         assert "gateway ready" not in said and "started gateway" not in said, said
 
         view = json.loads(_status(up.state, "--json").stdout)
-        assert view["topology"] == {"name": "co-located", "front": "coordinator", "url": url,
+        assert view["topology"] == {"name": "co-located", "front": "coordinator", "url": url, "workers": 1,
                                     "description": info["topology"]["description"]}
         engines: dict[str, str] = {i["role"]: i["endpoints"][0] for i in view["instances"] if i["state"] == "active"}
         assert sorted(engines) == ["decode", "prefill"]
@@ -165,8 +165,8 @@ REFUSED: list[tuple[list[str], dict[str, Any] | None, str]] = [
      "or `motor up --co-located` without --ha"),
     (["--gateway-workers", "2"], None,
      "error: --co-located and --gateway-workers 2 do not combine: there is no gateway process (the coordinator "
-     "serves the OpenAI front in its own process); drop --gateway-workers, or drop --co-located to run gateway "
-     "workers"),
+     "serves the OpenAI front); use --front-workers 2 to run the co-located front as 2 worker processes, or drop "
+     "--co-located to run gateway workers"),
     ([], {"gateway": {"workers": 2}},
      "error: the fleet config's `gateway` section does nothing with --co-located (no gateway runs); put the "
      "front's settings under `coordinator: {http: {...}}` (limits, admission, api_key_file: docs/coordinator.md), "
