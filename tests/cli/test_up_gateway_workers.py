@@ -35,6 +35,7 @@ async def test_motor_up_gateway_workers_serve_on_one_port(tmp_path: Path) -> Non
         assert len(workers) == 2, [w.cmdline() for w in workers]
         assert all("--worker-index" in w.cmdline() for w in workers)
         url = up.info["gateway_url"]
+        assert up.info["topology"]["workers"] == 2  # what `motor status` shows after the topology line
         before = await _metric(url, 'motor_gateway_requests_total{route="/v1/completions",status="200"}')
         for i in range(12):  # a client per request: a new connection each time
             async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0,
