@@ -15,6 +15,8 @@ in front of *the same* engines, in turn:
   (one Dispatch call per request instead of its DispatchMany stream): the A/B of that stream.
 * ``motor (co-located)`` — motor-coordinator alone with its co-located OpenAI front
   (``http.port``): the gateway's routes dispatching in process, no gRPC hop.
+* ``motor (co-located, 2 front workers)`` — the same with ``http.workers: 2``: two front worker
+  processes on the port, each dispatching itself (CPU: the coordinator and its workers).
 * ``vllm-router/cache_aware``, ``vllm-router/round_robin`` (vLLM flavour) and
   ``sglang-router/cache_aware`` (SGLang flavour; does not set TCP_NODELAY, so streams stall
   ~44 ms per chunk: reported as users get it).
@@ -26,7 +28,7 @@ case: requests/s, added latency over direct (p50, p99), TTFT p50, time between t
 seconds per 1,000 requests of the router process tree (Motor = gateway + coordinator), failures,
 and ratios to the best peer router of the same flavour. Non-streaming bodies are compared with
 direct's byte for byte (ids and timestamps masked). The machine's load average at the start and
-end is printed, and a summary per mode and stream flag (markdown: Motor's two topologies with
+end is printed, and a summary per mode and stream flag (markdown: Motor's topologies with
 their ratios, the best peer). Results: ``bench/results/<timestamp>.json``.
 """
 
@@ -116,10 +118,15 @@ async def measure(target: Target, concurrency: int, stream: bool, seconds: float
     return out
 
 
+CO_WORKERS = "motor (co-located, 2 front workers)"
+
+
 def targets_for(flavour: str, only: set[str] | None) -> list[tuple[str, Callable[..., Any]]]:
     out: list[tuple[str, Callable[..., Any]]] = [
         ("motor", lambda e, d: start_motor(e, d)),
-        ("motor (co-located)", lambda e, d: start_motor(e, d, co_located=True))]
+        ("motor (co-located)", lambda e, d: start_motor(e, d, co_located=True)),
+        (CO_WORKERS, lambda e, d: start_motor(e, d, co_located=True, config={"http": {"workers": 2}},
+                                              name=CO_WORKERS))]
     if flavour == "vllm":
         out += [("vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
                 ("vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin"))]
@@ -242,7 +249,7 @@ def _best(rows: list[dict[str, Any]], flavour: str, conc: int, field: str, low: 
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
-    """The issue-17 view, one markdown table per mode and stream flag: Motor's two topologies and
+    """The issue-17 view, one markdown table per mode and stream flag: Motor's topologies and
     the best peer of each flavour, c=1 added p50 and CPU, c=64 req/s and CPU (x = ratio to the
     best peer in the same case; CPU and +p50 lower is better, req/s higher)."""
     cases = sorted({(r["mode"], r["stream"]) for r in rows if "rps" in r})
@@ -255,7 +262,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
         print("| --- | " + " | ".join("---" for _ in cols) + " |")
 
         here = [r for r in rows if "rps" in r and r["mode"] == mode and r["stream"] == stream]
-        for target in ("motor", "motor (co-located)"):
+        for target in ("motor", "motor (co-located)", CO_WORKERS):
             cells = []
             for f in flavours:
                 c1, c64 = _pick(here, target, f, 1), _pick(here, target, f, 64)

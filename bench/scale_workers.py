@@ -1,7 +1,9 @@
-"""Gateway worker processes: throughput, CPU per request, and a model for more cores (not a test).
+"""Front worker processes (gateway and co-located): throughput, CPU per request, and a model for
+more cores (not a test).
 
-    .venv/bin/python bench/scale_workers.py [--workers 1,2] [--conc 64] [--seconds 3] [--rounds 2]
-                                            [--flavour vllm|sglang] [--no-pinned] [--no-co-located]
+    .venv/bin/python bench/scale_workers.py [--workers 1,2] [--co-workers 1,2] [--conc 64] [--seconds 3]
+                                            [--rounds 2] [--flavour vllm|sglang] [--no-pinned]
+                                            [--no-gateway] [--no-co-located]
     .venv/bin/python bench/scale_workers.py --metrics-cost   # Prometheus multiprocess mode's price
 
 Same zero-latency engines (1 prefill + 1 decode ``motor-sim``) throughout; per round every variant
@@ -12,15 +14,24 @@ is started fresh and measured in turn (so drifting load biases none):
 * ``gw-N@cpu0`` (unless ``--no-pinned``): the same with the whole gateway tier (parent, workers,
   every thread) pinned to CPU 0 and the coordinator to CPU 1 (``sched_setaffinity`` on every task,
   as ``taskset -a``): the gateway's per-core cost when it has exactly one core;
-* ``co-located`` (unless ``--no-co-located``): the coordinator's own OpenAI front, one process.
+* ``co-N`` (unless ``--no-co-located``; N from ``--co-workers``): the coordinator's own OpenAI
+  front with ``http: {port, workers: N}``. ``co-1`` is the one-process co-located front; with
+  N > 1 the front is N worker processes (children of the coordinator), each dispatching itself,
+  and the coordinator process keeps the control plane and one sync stream per worker;
+* ``co-N@cpu0`` and ``co-N@spread`` (N > 1, unless ``--no-pinned``): the worker tier (every
+  thread of every worker) pinned to CPU 0 and the coordinator process to CPU 1; or worker i on
+  CPU i mod 2 and the coordinator unpinned.
 
-For each: req/s, p50, and CPU microseconds per request of each part (gateway tier, coordinator,
-engines, this load generator), the gateway tier's and the coordinator's utilisation (CPU seconds
-per wall second), and the load average. Then the model: a front with P cores, one for the
-coordinator and P-1 for gateway workers (engines and clients elsewhere) serves at most
-``min((P-1) / gateway_cpu_per_request, 1 / coordinator_cpu_per_request)`` requests per second,
-with the per-request costs measured here. That is a prediction, not a measurement: this box has
-2 cores shared with the engines, the load generator and other users.
+The ``gw`` rows are skipped with ``--no-gateway``. For each: req/s, p50, and CPU microseconds per
+request of each part, the tier's and the coordinator's utilisation (CPU seconds per wall second),
+and the load average. The *tier* is the gateway (parent + workers) for ``gw`` rows and the front
+workers (the coordinator's children) for ``co-N`` rows, N > 1; the *coordinator* is the
+coordinator process alone for ``co-N`` rows (control plane + sync streams; for ``co-1`` the whole
+front) and its whole process tree for ``gw`` rows. Then the model: a front with P cores, one for
+the coordinator and P-1 for the tier (engines and clients elsewhere) serves at most
+``min((P-1) / tier_cpu_per_request, 1 / coordinator_cpu_per_request)`` requests per second,
+with the per-request costs measured here (:func:`front_capacity`). That is a prediction, not a
+measurement: this box has 2 cores shared with the engines, the load generator and other users.
 """
 
 from __future__ import annotations
@@ -53,8 +64,8 @@ class Row:
     rps: float
     p50_ms: float
     failures: int
-    us_gateway: float  # CPU µs per request: gateway tier (parent + workers)
-    us_coordinator: float
+    us_gateway: float  # CPU µs per request: the tier (gateway parent + workers, or the front workers)
+    us_coordinator: float  # the coordinator: its tree (gw rows), the process alone (co rows)
     us_engines: float
     us_client: float  # this process: the load generator
     util_gateway: float  # CPU seconds per wall second
@@ -73,26 +84,76 @@ def pin(pid: int, cpus: set[int]) -> None:
                 pass
 
 
+def pin_each(pids: list[int], cpus: list[set[int]]) -> None:
+    """Process tree *pids[i]* onto *cpus[i mod len(cpus)]*."""
+    for i, pid in enumerate(pids):
+        pin(pid, cpus[i % len(cpus)])
+
+
+def front_capacity(cores: int, tier_us: float, coordinator_us: float) -> float:
+    """Requests per second a front on *cores* cores can serve, predicted from CPU per request: one
+    core for the coordinator process (it is one process: it can use one core at most), the other
+    ``cores - 1`` for the tier (gateway workers, or the co-located front workers). Engines and
+    clients are assumed elsewhere. 0 when there is no core for the tier."""
+    if tier_us <= 0 or coordinator_us <= 0:
+        raise ValueError("CPU per request must be positive")
+    return max(0.0, min((cores - 1) * 1e6 / tier_us, 1e6 / coordinator_us))
+
+
+def median_row(xs: list[Row]) -> Row:
+    """The per-field median of rows of one variant and concurrency (failures as an int)."""
+    m = Row(xs[0].variant, xs[0].conc, *(statistics.median(getattr(x, f) for x in xs) for f in (
+        "rps", "p50_ms", "failures", "us_gateway", "us_coordinator", "us_engines", "us_client",
+        "util_gateway", "util_coordinator", "load1")))
+    m.failures = int(m.failures)
+    return m
+
+
 def own_cpu() -> float:
     t = psutil.Process().cpu_times()
-    return t.user + t.system
+    return float(t.user + t.system)
+
+
+def proc_cpu(pid: int) -> float:
+    """User+system CPU seconds of *pid* alone (not its children)."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return float(t.user + t.system)
+
+
+def front_worker_pids(coordinator_pid: int) -> list[int]:
+    """The co-located front's worker processes: the coordinator's children."""
+    return [c.pid for c in psutil.Process(coordinator_pid).children()]
 
 
 async def measure(t: Target, variant: str, engines_pids: list[int], conc: int, seconds: float,
                   stream: bool) -> Row:
-    gw_pid = t.pids[1] if len(t.pids) > 1 else None
     coord_pid = t.pids[0]
+    if len(t.pids) > 1:  # gateway + coordinator: the gateway's tree, the coordinator's tree
+        def tier() -> float:
+            return tree_cpu([t.pids[1]])
+
+        def coordinator() -> float:
+            return tree_cpu([coord_pid])
+    else:  # co-located: the front workers (children, live now), the coordinator process alone
+        def tier() -> float:
+            return tree_cpu(front_worker_pids(coord_pid))
+
+        def coordinator() -> float:
+            return proc_cpu(coord_pid)
     snap: dict[str, float] = {}
 
     def start() -> None:
-        snap.update(gw=tree_cpu([gw_pid]) if gw_pid else 0.0, co=tree_cpu([coord_pid]),
-                    en=tree_cpu(engines_pids), me=own_cpu(), wall=time.perf_counter())
+        snap.update(gw=tier(), co=coordinator(), en=tree_cpu(engines_pids), me=own_cpu(),
+                    wall=time.perf_counter())
 
     r = await run_load(variant, t.url + "/v1/completions", make_body_factory(stream), concurrency=conc,
                        requests=0, duration=seconds, warmup=conc, on_start=start)
     wall = time.perf_counter() - snap["wall"]
-    gw = (tree_cpu([gw_pid]) if gw_pid else 0.0) - snap["gw"]
-    co = tree_cpu([coord_pid]) - snap["co"]
+    gw = tier() - snap["gw"]
+    co = coordinator() - snap["co"]
     en = tree_cpu(engines_pids) - snap["en"]
     me = own_cpu() - snap["me"]
     n = max(1, len(r.samples))
@@ -101,20 +162,43 @@ async def measure(t: Target, variant: str, engines_pids: list[int], conc: int, s
                gw / n * 1e6, co / n * 1e6, en / n * 1e6, me / n * 1e6, gw / wall, co / wall, os.getloadavg()[0])
 
 
-def variants(a: argparse.Namespace) -> list[tuple[str, dict[str, Any], bool]]:
-    out: list[tuple[str, dict[str, Any], bool]] = []
-    for n in a.workers:
-        out.append((f"gw-{n}", {"gateway_config": {"workers": n}}, False))
-    if a.pinned:
+def variants(a: argparse.Namespace) -> list[tuple[str, dict[str, Any], str]]:
+    """(name, start_motor keywords, pinning: "" | "cpu0" | "spread") per variant, in run order."""
+    out: list[tuple[str, dict[str, Any], str]] = []
+    if a.gateway:
         for n in a.workers:
-            out.append((f"gw-{n}@cpu0", {"gateway_config": {"workers": n}}, True))
+            out.append((f"gw-{n}", {"gateway_config": {"workers": n}}, ""))
+        if a.pinned:
+            for n in a.workers:
+                out.append((f"gw-{n}@cpu0", {"gateway_config": {"workers": n}}, "cpu0"))
     if a.co_located:
-        out.append(("co-located", {"co_located": True}, False))
+        for n in a.co_workers:
+            out.append((f"co-{n}", {"co_located": True, "config": {"http": {"workers": n}}}, ""))
+        if a.pinned:
+            for how in ("cpu0", "spread"):
+                for n in a.co_workers:
+                    if n > 1:
+                        out.append((f"co-{n}@{how}", {"co_located": True, "config": {"http": {"workers": n}}},
+                                    how))
     return out
 
 
+def apply_pinning(t: Target, how: str) -> None:
+    if not how:
+        return
+    coord_pid = t.pids[0]
+    if len(t.pids) > 1:  # the gateway tier on CPU 0, the coordinator on CPU 1
+        pin(t.pids[1], {0})
+        pin(coord_pid, {1})
+    elif how == "cpu0":  # the front workers on CPU 0, the coordinator process on CPU 1
+        pin(coord_pid, {1})
+        pin_each(front_worker_pids(coord_pid), [{0}])
+    else:  # worker i on CPU i mod 2, the coordinator where the kernel puts it
+        pin_each(front_worker_pids(coord_pid), [{0}, {1}])
+
+
 def fmt(r: Row) -> str:
-    return (f"{r.variant:11} c={r.conc:<3} req/s {r.rps:7.0f}  p50 {r.p50_ms:7.2f} ms  fail {r.failures}  "
+    return (f"{r.variant:12} c={r.conc:<3} req/s {r.rps:7.0f}  p50 {r.p50_ms:7.2f} ms  fail {r.failures}  "
             f"CPU µs/req: gateway {r.us_gateway:6.0f} coordinator {r.us_coordinator:6.0f} "
             f"engines {r.us_engines:6.0f} client {r.us_client:6.0f}  "
             f"util gw {r.util_gateway:4.2f} co {r.util_coordinator:4.2f}  load1 {r.load1:5.2f}")
@@ -128,12 +212,10 @@ async def main(a: argparse.Namespace) -> int:
         async with start_engines(a.flavour, d, ZERO) as e:
             engine_pids = [p.pid for p in (*e.prefills, *e.decodes)]
             for rnd in range(a.rounds):
-                for name, kw, pinned in variants(a):
+                for name, kw, pinning in variants(a):
                     async with AsyncExitStack() as es:
                         t = await es.enter_async_context(start_motor(e, d, name=name, **kw))
-                        if pinned:
-                            pin(t.pids[1], {0})
-                            pin(t.pids[0], {1})
+                        apply_pinning(t, pinning)
                         for c in a.conc:
                             row = await measure(t, name, engine_pids, c, a.seconds, a.stream)
                             rows.setdefault((name, c), []).append(row)
@@ -142,21 +224,19 @@ async def main(a: argparse.Namespace) -> int:
     print("\nmedians:")
     med: dict[tuple[str, int], Row] = {}
     for key, xs in rows.items():
-        m = Row(key[0], key[1], *(statistics.median(getattr(x, f) for x in xs) for f in (
-            "rps", "p50_ms", "failures", "us_gateway", "us_coordinator", "us_engines", "us_client",
-            "util_gateway", "util_coordinator", "load1")))
-        m.failures = int(m.failures)
-        med[key] = m
+        med[key] = m = median_row(xs)
         print("  " + fmt(m))
     print("\nmodel (a prediction from the per-request CPU above, not a measurement): one core for the "
-          "coordinator, P-1 for gateway workers, engines and clients on other machines")
+          "coordinator, P-1 for the tier (gateway workers, or the co-located front workers), engines and "
+          "clients on other machines")
     for key, m in sorted(med.items()):
-        if not key[0].startswith("gw") or m.us_gateway <= 0 or m.us_coordinator <= 0:
-            continue
-        gw_core, co_core = 1e6 / m.us_gateway, 1e6 / m.us_coordinator
-        preds = "  ".join(f"P={p}: {min((p - 1) * gw_core, co_core):6.0f}" for p in (2, 4, 8, 16))
-        print(f"  from {key[0]:11} c={key[1]:<3}: one gateway core {gw_core:6.0f} req/s, the coordinator's core "
-              f"{co_core:6.0f} req/s -> {preds} req/s")
+        if key[0] == "co-1" or m.us_gateway <= 0 or m.us_coordinator <= 0:
+            continue  # co-1: one process, nothing to split over cores
+        tier = "gateway" if key[0].startswith("gw") else "front worker"
+        preds = "  ".join(f"P={p}: {front_capacity(p, m.us_gateway, m.us_coordinator):6.0f}"
+                          for p in (2, 4, 8, 16))
+        print(f"  from {key[0]:12} c={key[1]:<3}: one {tier} core {1e6 / m.us_gateway:6.0f} req/s, the "
+              f"coordinator's core {1e6 / m.us_coordinator:6.0f} req/s -> {preds} req/s")
     failed = sum(m.failures for m in med.values())
     return 1 if failed else 0
 
@@ -195,13 +275,15 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--flavour", default="vllm", choices=["vllm", "sglang"])
-    ap.add_argument("--workers", type=_ints, default=[1, 2])
+    ap.add_argument("--workers", type=_ints, default=[1, 2], help="gateway workers: gw-N rows")
+    ap.add_argument("--co-workers", type=_ints, default=[1, 2], help="co-located front workers: co-N rows")
     ap.add_argument("--conc", type=_ints, default=[64])
     ap.add_argument("--seconds", type=float, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--no-pinned", dest="pinned", action="store_false")
-    ap.add_argument("--no-co-located", dest="co_located", action="store_false")
+    ap.add_argument("--no-gateway", dest="gateway", action="store_false", help="no gw-N rows")
+    ap.add_argument("--no-co-located", dest="co_located", action="store_false", help="no co-N rows")
     ap.add_argument("--metrics-cost", action="store_true",
                     help="only time the front's metric updates per request, one process vs multiprocess mode")
     args = ap.parse_args()
