@@ -60,6 +60,11 @@ def check_topology(topology: Topology, *, coordinators: int, gateway_workers: in
                 f"--front-workers {front_workers} needs --co-located: it runs the coordinator's own OpenAI "
                 "front as worker processes; with the gateway (the default topology) use --gateway-workers "
                 f"{front_workers} for more front processes, or add --co-located")
+        gateway = overrides.get("gateway", {})
+        if gateway_workers > 1 and isinstance(gateway, Mapping) and "workers" in gateway:
+            raise ConfigError(
+                f"gateway.workers is set twice: {gateway['workers']!r} in the fleet config and "
+                f"--gateway-workers {gateway_workers}; keep one of them")
         return
     if coordinators > 1:
         raise ConfigError(

@@ -202,3 +202,13 @@ def test_front_workers_and_the_fleet_configs_http_workers_are_refused_together()
         opts(co_located=True, front_workers=2, overrides={"coordinator": {"http": {"workers": 4}}})
     assert refused.value.message == ("coordinator.http.workers is set twice: 4 in the fleet config and "
                                      "--front-workers 2; keep one of them")
+
+
+def test_gateway_workers_and_the_fleet_configs_gateway_workers_are_refused_together() -> None:
+    with pytest.raises(ConfigError) as refused:
+        opts(gateway_workers=2, overrides={"gateway": {"workers": 3}})
+    assert refused.value.message == ("gateway.workers is set twice: 3 in the fleet config and "
+                                     "--gateway-workers 2; keep one of them")
+    # either one alone is taken
+    assert opts(gateway_workers=2).gateway_workers == 2
+    opts(overrides={"gateway": {"workers": 3}})
