@@ -30,7 +30,10 @@ coordinator process alone for ``co-N`` rows (control plane + sync streams; for `
 front) and its whole process tree for ``gw`` rows. Then the model: a front with P cores, one for
 the coordinator and P-1 for the tier (engines and clients elsewhere) serves at most
 ``min((P-1) / tier_cpu_per_request, 1 / coordinator_cpu_per_request)`` requests per second,
-with the per-request costs measured here (:func:`front_capacity`). That is a prediction, not a
+with the per-request costs measured here (:func:`front_capacity`). Before the load, each start
+waits until the front has settled (workers that answer after the first are still starting) and
+reports its *idle* CPU per wall second (tier, coordinator): the background work (heartbeats,
+engine health probes and scrapes, load reports) that is paid per worker whatever the rate. That is a prediction, not a
 measurement: this box has 2 cores shared with the engines, the load generator and other users.
 """
 
@@ -71,6 +74,8 @@ class Row:
     util_gateway: float  # CPU seconds per wall second
     util_coordinator: float
     load1: float
+    idle_gateway: float = 0.0  # CPU seconds per wall second with no requests: the tier
+    idle_coordinator: float = 0.0  # and the coordinator (measured once per start, before the load)
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -104,9 +109,15 @@ def median_row(xs: list[Row]) -> Row:
     """The per-field median of rows of one variant and concurrency (failures as an int)."""
     m = Row(xs[0].variant, xs[0].conc, *(statistics.median(getattr(x, f) for x in xs) for f in (
         "rps", "p50_ms", "failures", "us_gateway", "us_coordinator", "us_engines", "us_client",
-        "util_gateway", "util_coordinator", "load1")))
+        "util_gateway", "util_coordinator", "load1", "idle_gateway", "idle_coordinator")))
     m.failures = int(m.failures)
     return m
+
+
+def settled(rates: list[float], threshold: float, window: int = 2) -> bool:
+    """Whether the last *window* CPU rates (CPU seconds per wall second) are all below *threshold*:
+    the processes are done starting up (imports, first connections) and idle."""
+    return len(rates) >= window and all(r < threshold for r in rates[-window:])
 
 
 def own_cpu() -> float:
@@ -128,21 +139,35 @@ def front_worker_pids(coordinator_pid: int) -> list[int]:
     return [c.pid for c in psutil.Process(coordinator_pid).children()]
 
 
-async def measure(t: Target, variant: str, engines_pids: list[int], conc: int, seconds: float,
-                  stream: bool) -> Row:
+def parts(t: Target) -> tuple[Any, Any]:
+    """(tier CPU seconds, coordinator CPU seconds) readers for *t* (see the module's docstring)."""
     coord_pid = t.pids[0]
     if len(t.pids) > 1:  # gateway + coordinator: the gateway's tree, the coordinator's tree
-        def tier() -> float:
-            return tree_cpu([t.pids[1]])
+        return (lambda: tree_cpu([t.pids[1]])), (lambda: tree_cpu([coord_pid]))
+    # co-located: the front workers (children, live now), the coordinator process alone
+    return (lambda: tree_cpu(front_worker_pids(coord_pid))), (lambda: proc_cpu(coord_pid))
 
-        def coordinator() -> float:
-            return tree_cpu([coord_pid])
-    else:  # co-located: the front workers (children, live now), the coordinator process alone
-        def tier() -> float:
-            return tree_cpu(front_worker_pids(coord_pid))
 
-        def coordinator() -> float:
-            return proc_cpu(coord_pid)
+async def idle(t: Target, seconds: float, settle_timeout: float = 30.0) -> tuple[float, float]:
+    """Wait (at most *settle_timeout*) until the front is done starting (its CPU below 0.1 core in
+    two 0.5 s windows: workers that answer later than the first one are still importing), then its
+    CPU per wall second over *seconds* with no requests: (tier, coordinator)."""
+    tier, coordinator = parts(t)
+    rates: list[float] = []
+    deadline = time.monotonic() + settle_timeout
+    while not settled(rates, 0.1) and time.monotonic() < deadline:
+        c0 = tier() + coordinator()
+        await asyncio.sleep(0.5)
+        rates.append((tier() + coordinator() - c0) / 0.5)
+    g0, c0, w0 = tier(), coordinator(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - w0
+    return (tier() - g0) / wall, (coordinator() - c0) / wall
+
+
+async def measure(t: Target, variant: str, engines_pids: list[int], conc: int, seconds: float,
+                  stream: bool) -> Row:
+    tier, coordinator = parts(t)
     snap: dict[str, float] = {}
 
     def start() -> None:
@@ -201,7 +226,8 @@ def fmt(r: Row) -> str:
     return (f"{r.variant:12} c={r.conc:<3} req/s {r.rps:7.0f}  p50 {r.p50_ms:7.2f} ms  fail {r.failures}  "
             f"CPU µs/req: gateway {r.us_gateway:6.0f} coordinator {r.us_coordinator:6.0f} "
             f"engines {r.us_engines:6.0f} client {r.us_client:6.0f}  "
-            f"util gw {r.util_gateway:4.2f} co {r.util_coordinator:4.2f}  load1 {r.load1:5.2f}")
+            f"util gw {r.util_gateway:4.2f} co {r.util_coordinator:4.2f}  "
+            f"idle gw {r.idle_gateway:5.3f} co {r.idle_coordinator:5.3f}  load1 {r.load1:5.2f}")
 
 
 async def main(a: argparse.Namespace) -> int:
@@ -216,8 +242,10 @@ async def main(a: argparse.Namespace) -> int:
                     async with AsyncExitStack() as es:
                         t = await es.enter_async_context(start_motor(e, d, name=name, **kw))
                         apply_pinning(t, pinning)
+                        idle_tier, idle_co = await idle(t, a.idle_seconds)
                         for c in a.conc:
                             row = await measure(t, name, engine_pids, c, a.seconds, a.stream)
+                            row.idle_gateway, row.idle_coordinator = idle_tier, idle_co
                             rows.setdefault((name, c), []).append(row)
                             print(f"round {rnd} {fmt(row)}", flush=True)
     print(f"load average at end {os.getloadavg()}")
@@ -281,6 +309,8 @@ if __name__ == "__main__":
     ap.add_argument("--seconds", type=float, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--stream", action="store_true")
+    ap.add_argument("--idle-seconds", type=float, default=2,
+                    help="per start: the front's CPU with no requests over this long (after it settles)")
     ap.add_argument("--no-pinned", dest="pinned", action="store_false")
     ap.add_argument("--no-gateway", dest="gateway", action="store_false", help="no gw-N rows")
     ap.add_argument("--no-co-located", dest="co_located", action="store_false", help="no co-N rows")

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from bench.scale_workers import Row, front_capacity, median_row, variants
+from bench.scale_workers import Row, front_capacity, median_row, settled, variants
 
 
 def test_the_front_is_capped_by_the_tier_until_the_coordinators_core() -> None:
@@ -56,3 +56,11 @@ def test_variants_keep_the_gateway_rows() -> None:
     names = [name for name, _, _ in variants(_args(co_located=False, pinned=False))]
     assert names == ["gw-1", "gw-2"]
     assert [n for n, _, p in variants(_args(co_located=False)) if p] == ["gw-1@cpu0", "gw-2@cpu0"]
+
+
+def test_settled_needs_the_last_windows_all_below_the_threshold() -> None:
+    assert not settled([], 0.1)
+    assert not settled([0.05], 0.1)  # one window is not enough
+    assert not settled([0.05, 0.9], 0.1)  # a worker still importing
+    assert settled([0.9, 0.05, 0.02], 0.1)
+    assert not settled([0.05, 0.02, 0.1], 0.1)  # at the threshold is not below it
