@@ -268,3 +268,62 @@ def test_pending_settings_are_validated() -> None:
     i.add_pending("a", [1, 2])
     assert i.pending_count("a") == 0
     i.add_pending("unknown", [1])  # an engine not tracked: ignored
+
+
+def test_an_evicted_block_remembers_its_last_holder_until_someone_stores_it() -> None:
+    i = idx("a", "b")
+    i.apply("a", 0, stored(1, 2, 3, 4))
+    i.apply("b", 0, stored(1))
+    i.apply("a", 1, removed(4, 3))  # tail first, as vLLM and motor-sim evict
+    held = i.prefix_lengths("m", [1, 2, 3, 4], ["a", "b"])
+    assert held == {"a": 2, "b": 1}
+    # runs start where each engine's held prefix ends: a evicted 3 and 4; b holds 1 and not 2
+    assert i.evicted_runs("m", [1, 2, 3, 4], held) == {"a": 2, "b": 0}
+    assert i.evicted_count("a") == 2
+    i.apply("a", 2, removed(2))
+    assert i.evicted_runs("m", [1, 2, 3, 4], {"a": 1}) == {"a": 3}
+    i.apply("b", 1, stored(3))  # stored elsewhere: b holds it now, a is no longer its last holder
+    assert i.evicted_runs("m", [1, 2, 3, 4], {"a": 1}) == {"a": 1}
+    assert i.evicted_count("a") == 2
+    i.apply("b", 2, removed(3))  # the last eviction wins
+    assert i.evicted_runs("m", [2, 3], {"a": 0, "b": 0}) == {"a": 1, "b": 0}
+    assert i.evicted_runs("m", [3], {"a": 0, "b": 0}) == {"a": 0, "b": 1}
+    assert i.evicted_count("a") == 2 and i.evicted_count("b") == 1
+    i.apply("a", 3, stored(2, 4))  # a stores them again: held, not evicted
+    assert i.evicted_count("a") == 0
+    assert i._evicted["m"] == {3: "b"}
+
+
+def test_evicted_blocks_are_forgotten_with_the_engine_and_ignored_while_stale() -> None:
+    i = idx("a", "b")
+    i.apply("a", 0, removed(1))
+    i.apply("b", 0, removed(2))
+    i.mark_stale("a")
+    assert i.evicted_runs("m", [1], {"a": 0, "zz": 0}) == {"a": 0, "zz": 0}  # stale, unknown
+    i.mark_live("a")
+    assert i.evicted_runs("m", [1], {"a": 0}) == {"a": 1}
+    assert i.evicted_runs("other", [1], {"a": 0}) == {"a": 0}  # models do not mix
+    i.apply("a", 0, stored(9))  # the publisher restarted
+    assert i.evicted_count("a") == 0 and i.evicted_runs("m", [1], {"a": 0}) == {"a": 0}
+    i.apply("a", 1, removed(1))
+    i.apply("a", 2, CLEARED)
+    assert i.evicted_count("a") == 0
+    i.apply("a", 3, removed(1))
+    i.resync("a", 10)
+    assert i.evicted_count("a") == 0
+    i.apply("a", 10, removed(1))
+    i.restarted("a")
+    assert i.evicted_count("a") == 0
+    i.remove_engine("b")
+    assert i._evicted["m"] == {}
+
+
+def test_evicted_blocks_are_bounded_per_engine_least_recently_evicted_dropped_first() -> None:
+    i = idx("a", cap=3)
+    i.apply("a", 0, removed(1, 2, 3))
+    i.apply("a", 1, removed(1))  # 1 evicted again: the most recent
+    i.apply("a", 2, removed(4))  # drops 2, the least recent
+    assert i.evicted_count("a") == 3
+    assert i.evicted_runs("m", [1, 3, 4], {"a": 0}) == {"a": 3}
+    assert i.evicted_runs("m", [2], {"a": 0}) == {"a": 0}
+    assert set(i._evicted["m"]) == {1, 3, 4}
