@@ -96,4 +96,4 @@ def test_evicted_affinity_is_read_from_the_config_file_into_the_policy(tmp_path:
     cfg = load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")
     policy = make_policy(cfg.scheduler, PolicyContext(KvIndex()))
     assert policy.evicted_affinity == 1.5  # type: ignore[attr-defined]
-    assert KvEventsConfig().evicted_affinity == 0.0  # off unless configured
+    assert KvEventsConfig().evicted_affinity == 1.0  # the default: an evicted token counts once
