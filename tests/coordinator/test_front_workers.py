@@ -4,8 +4,7 @@ worker processes on one port (policy ``prefix_aware``: prefill by prompt prefix,
 load).
 
 Each worker dispatches itself, with its own scheduler; what must nevertheless hold for the front
-as a whole (which worker took a connection is read from the kernel, as in
-tests/gateway/test_workers.py):
+as a whole (the checks of ``tests/worker_fronts.py``, which gateway workers pass too):
 
 * connections spread over the workers, and the front's ``/metrics`` sums them whichever worker
   answers, with the supervisor's gauges;
@@ -18,10 +17,7 @@ tests/gateway/test_workers.py):
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
-import signal
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -31,23 +27,25 @@ import pytest
 import pytest_asyncio
 
 from tests.e2e.test_standalone import motor_cli, register_engines
-from tests.gateway.test_workers import (
-    Client,
-    _all_ready,
-    _ready_on,
-    _running,
-    client_on,
-    closing,
-    gateway_metric,
-    served,
-    worker_pids,
-)
 from tests.helpers import wait_for
 from tests.procs import Proc, start_coordinator, start_simulator
+from tests.worker_fronts import (
+    MODEL,
+    Client,
+    a_killed_worker_is_replaced,
+    a_prefix_stays_on_one_prefill,
+    all_ready,
+    closing,
+    connections_spread_and_metrics_sum,
+    least_load_sees_another_workers_request,
+    served,
+    sigterm_drains_every_worker,
+    two_clients,
+    worker_pids,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(240)]
 
-MODEL = "tiny"
 KEY = "front-workers-management-key"
 
 
@@ -89,7 +87,7 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
         (logs / "cli.key").write_text(KEY)
         env = await register_engines(coordinator.address, logs / "cli.key", MODEL, "vllm",
                                      [*(("prefill", s) for s in prefills), *(("decode", s) for s in decodes)])
-        await wait_for(lambda: _all_ready(front), timeout=60, what="both workers ready")
+        await wait_for(lambda: all_ready(front), timeout=60, what="both workers ready")
         yield Fleet(coordinator, front, logs, prefills, decodes, env)
 
 
@@ -104,75 +102,23 @@ async def in_flight_seen(client: Client, instance_count: int) -> list[float]:
 
 
 async def test_connections_spread_over_the_workers_and_metrics_sum_them(fleet: Fleet) -> None:
-    name = 'motor_gateway_requests_total{route="/v1/completions",status="200"'
-    probe = Client(fleet.front)
-    async with closing(probe):
-        await probe.connect()
-        before = await gateway_metric(probe, name)
-    clients = [Client(fleet.front) for _ in range(16)]
-    async with closing(*clients):
-        pids = [await c.connect() for c in clients]
-        for i, c in enumerate(clients):
-            assert (await c.complete(f"spread {i}"))["choices"]
-        # 16 connections on 2 workers: both took some (all on one: probability 2^-15).
-        assert set(pids) == worker_pids(fleet.front) and len(set(pids)) == 2
-    a = await client_on(fleet.front, lambda pid: pid == pids[0], "a connection on the first worker")
-    b = await client_on(fleet.front, lambda pid: pid != pids[0], "a connection on the other worker")
-    async with closing(a, b):
-        assert await gateway_metric(a, name) == before + 16
-        assert await gateway_metric(b, name) == before + 16
-        assert await gateway_metric(a, "motor_coordinator_front_workers") == 4  # configured 2 + running 2
+    await connections_spread_and_metrics_sum(fleet.front, "motor_coordinator_front_workers")
 
 
 async def test_least_load_sees_the_in_flight_request_of_another_worker(fleet: Fleet) -> None:
-    a = await client_on(fleet.front, lambda _: True, "a connection")
-    b = await client_on(fleet.front, lambda pid: pid != a.worker, "a connection on the other worker")
-    async with closing(a, b):
-        # Worker A holds a long streamed answer open on one decode engine.
-        resp = await a.session.post(fleet.front.url + "/v1/completions", json={
-            "model": MODEL, "prompt": "a long story", "max_tokens": 2000, "stream": True})
-        assert resp.status == 200
-        await resp.content.readline()  # the first event: decoding has started
-        running = await wait_for(
-            lambda: _running(fleet.decodes), timeout=20, what="the long stream running on one decode engine")
-        busy = running.index(1.0)
-        # Worker B counts A's request (reported through the coordinator) ...
-        seen = await wait_for(lambda: _seen_busy(b), timeout=10, what="worker B seeing A's request in flight")
-        assert sum(seen) == 1
-        # ... so all of B's requests go to the other decode engine.
-        before = await served(fleet.decodes)
-        for i in range(4):
-            await b.complete(f"while busy {i}")
-        after = await served(fleet.decodes)
-        assert after[busy] == before[busy]
-        assert after[1 - busy] == before[1 - busy] + 4
-        resp.close()
-    await wait_for(lambda: _running(fleet.decodes, total=0), timeout=30, what="the stream cancelled")
+    # worker B counts worker A's request (A's report, relayed by the coordinator) before B's
+    # requests are sent: then they all go to the other decode engine
+    await least_load_sees_another_workers_request(
+        fleet.front, fleet.decodes,
+        seen=lambda b: wait_for(lambda: _seen_busy(b), timeout=10, what="worker B seeing A's request in flight"))
 
 
-async def _seen_busy(c: Client) -> list[float] | None:
-    seen = await in_flight_seen(c, 4)
-    return seen if sum(seen) == 1 else None
+async def _seen_busy(c: Client) -> bool:
+    return sum(await in_flight_seen(c, 4)) == 1
 
 
 async def test_a_prefix_goes_to_the_same_prefill_engine_from_either_worker(fleet: Fleet) -> None:
-    a = await client_on(fleet.front, lambda _: True, "a connection")
-    b = await client_on(fleet.front, lambda pid: pid != a.worker, "a connection on the other worker")
-    homes: set[int] = set()
-    async with closing(a, b):
-        for n in range(6):
-            prompt = f"system prompt number {n}: " + "you are a helpful assistant. " * 8
-            engines = []
-            for client in (a, b, a, b):
-                before = await served(fleet.prefills)
-                await client.complete(prompt + f"question from {client.worker}")
-                after = await served(fleet.prefills)
-                moved = [i for i in range(2) if after[i] != before[i]]
-                assert len(moved) == 1, (before, after)
-                engines.append(moved[0])
-            assert len(set(engines)) == 1, f"prefix {n} went to prefills {engines}"
-            homes.add(engines[0])
-    assert homes == {0, 1}, "6 prefixes all hashed to one prefill: the ring is not spreading"
+    await a_prefix_stays_on_one_prefill(fleet.front, fleet.prefills)
 
 
 async def test_an_instance_set_change_reaches_every_worker(fleet: Fleet) -> None:
@@ -180,8 +126,7 @@ async def test_an_instance_set_change_reaches_every_worker(fleet: Fleet) -> None
     rc, out, err = await motor_cli("register", "del", "--endpoint", f"127.0.0.1:{gone.port}", env=fleet.cli_env)
     assert rc == 0, out + err
     try:
-        a = await client_on(fleet.front, lambda _: True, "a connection")
-        b = await client_on(fleet.front, lambda pid: pid != a.worker, "a connection on the other worker")
+        a, b = await two_clients(fleet.front)
         async with closing(a, b):
             for c in (a, b):
                 await wait_for(lambda c=c: _instances_seen(c, 3), timeout=10, what="the worker mirroring the delete")
@@ -192,7 +137,7 @@ async def test_an_instance_set_change_reaches_every_worker(fleet: Fleet) -> None
             assert after[0] == before[0] and after[1] == before[1] + 4
     finally:
         await register_engines(fleet.coordinator.address, fleet.logs / "cli.key", MODEL, "vllm", [("decode", gone)])
-        await wait_for(lambda: _all_ready(fleet.front), timeout=60, what="both workers ready")
+        await wait_for(lambda: all_ready(fleet.front), timeout=60, what="both workers ready")
 
 
 async def _instances_seen(c: Client, n: int) -> bool:
@@ -202,22 +147,8 @@ async def _instances_seen(c: Client, n: int) -> bool:
 
 
 async def test_a_killed_worker_is_restarted_and_the_port_keeps_serving(fleet: Fleet) -> None:
-    old = worker_pids(fleet.front)
-    victim = min(old)
-    os.kill(victim, signal.SIGKILL)
-    new = await wait_for(lambda: (lambda p: p if len(p) == 2 and victim not in p else None)(worker_pids(fleet.front)),
-                         timeout=30, what="the killed worker replaced")
-    assert len(new & old) == 1
-    assert "coordinator front worker died; restarting it" in fleet.coordinator.log()
-    assert f"pid={victim} code=-9 reason=exited" in fleet.coordinator.log()
-    (fresh,) = new - old
-    c = await client_on(fleet.front, lambda pid: pid == fresh, "a connection on the new worker")
-    async with closing(c):
-        # the new worker gets the instance set from the coordinator: ready, and it serves
-        await wait_for(lambda: _ready_on(c), timeout=30, what="the new worker ready")
-        assert (await c.complete("after the restart"))["choices"]
-        assert await gateway_metric(c, 'motor_coordinator_front_worker_restarts_total{reason="exited"') >= 1
-        assert await gateway_metric(c, 'motor_coordinator_front_workers{state="running"') == 2
+    # the new worker gets the instance set from the coordinator: ready, and it serves
+    await a_killed_worker_is_replaced(fleet.front, "coordinator front", "motor_coordinator_front")
 
 
 async def test_sigterm_drains_the_requests_of_every_worker(fleet: Fleet) -> None:
@@ -226,19 +157,5 @@ async def test_sigterm_drains_the_requests_of_every_worker(fleet: Fleet) -> None
         front = _front(coordinator)
         await register_engines(coordinator.address, fleet.logs / "cli.key", MODEL, "vllm",
                                [("prefill", fleet.prefills[0]), ("decode", fleet.decodes[0])])
-        await wait_for(lambda: _all_ready(front), timeout=60, what="both workers ready")
-        a = await client_on(front, lambda _: True, "a connection")
-        b = await client_on(front, lambda pid: pid != a.worker, "a connection on the other worker")
-        async with closing(a, b):
-            streams = [await c.session.post(front.url + "/v1/completions", json={
-                "model": MODEL, "prompt": f"drain {i}", "max_tokens": 300, "stream": True})
-                for i, c in enumerate((a, b))]
-            for s in streams:
-                assert s.status == 200
-                await s.content.readline()
-            coordinator.popen.send_signal(signal.SIGTERM)
-            bodies = [await s.read() for s in streams]
-            for body in bodies:
-                assert body.rstrip().endswith(b"data: [DONE]"), body[-200:]
-            code = await asyncio.to_thread(coordinator.popen.wait, 60)
-            assert code == 0, coordinator.log()[-3000:]
+        await wait_for(lambda: all_ready(front), timeout=60, what="both workers ready")
+        await sigterm_drains_every_worker(front, "coordinator front")
