@@ -27,6 +27,7 @@ from motor_coordinator.front_sync import FrontSync
 from motor_coordinator.front_workers import FrontWorkers
 from motor_coordinator.http_front import CoordinatorBackend, HttpFront
 from motor_coordinator.leadership import Leadership, Standalone, campaign_hold
+from motor_coordinator.load_board import endpoint_keys
 from motor_coordinator.precision_monitor import PrecisionMonitor
 from motor_coordinator.promotion import ControllerAlarms, PromotionAnnouncer
 from motor_coordinator.readiness import Readiness, evaluate
@@ -98,8 +99,11 @@ class Coordinator:
         if cfg.http.enabled and cfg.http.workers > 1:
             sync = self.front_sync = FrontSync(lambda: self.state, self.leadership, lambda: self.scheduler.alarmed)
             self.scheduler.on_alarmed = sync.alarms_changed
-            sync.on_loads = self.scheduler.set_peer_loads
             self.leadership.subscribe(sync.leadership_changed)
+            self.front = FrontWorkers(cfg, sync)
+            board = self.front.board
+            # this process counts the front's load too (its own Dispatch, /metrics)
+            self.scheduler.peer_source = lambda force: board.others(force=force)
         self._dirty: asyncio.Event | None = None
         self._serving: bool | None = None
         self.scheduler.subscribe(self._mark_dirty)
@@ -112,6 +116,8 @@ class Coordinator:
         self.plane.accept(new)
         became_authoritative = new.authoritative and not self.state.authoritative
         self.state = new
+        if self.front is not None:
+            self.front.board.set_endpoints(endpoint_keys(new.instances.values()))
         if self.front_sync is not None:
             self.front_sync.registry_changed()
         if became_authoritative:
@@ -206,10 +212,8 @@ class Coordinator:
             # the ops port's and the co-located front's (which may be the only one).
             self._collector = CoordinatorCollector(self)
             REGISTRY.register(self._collector)
-        if h.enabled and h.workers > 1:
-            assert self.front_sync is not None
-            self.front = FrontWorkers(self.cfg, self.front_sync, coordinator_address=self.address)
-            await self.front.start()
+        if self.front is not None:
+            await self.front.start(self.address)
         elif h.enabled:
             assert h.port is not None
             self.http = HttpFront(CoordinatorBackend(self), h.host, h.port, request_timeout=self.cfg.dispatch.request_timeout_sec,

@@ -2,19 +2,18 @@
 
 ``FrontWorkerService/Sync`` is served on a unix socket in the coordinator's private directory
 (``FrontSyncServer``). Each worker's stream gets the instance set, leadership and precision
-alarms in full first, then each part whenever it changes, and the other workers' load whenever a
-worker reports a change (``front_load.LoadTable``). Sends are coalesced: a part that changed
-several times while the previous message was being written goes out once, as it is now.
+alarms in full first, then each part whenever it changes. Sends are coalesced: a part that changed
+several times while the previous message was being written goes out once, as it is now. (The
+workers' load goes over the shared-memory board, ``load_board.py``, not this stream.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,6 @@ from motor_common.convert import instance_to_pb
 from motor_common.gen.motor.coordinator.v1 import front_worker_pb2 as fpb
 from motor_common.gen.motor.coordinator.v1 import front_worker_pb2_grpc as fgrpc
 from motor_coordinator.dispatch_service import ROLE_TO_PB
-from motor_coordinator.front_load import EndpointKey, Load, LoadTable
 from motor_coordinator.leadership import Leadership
 from motor_coordinator.precision import Group
 from motor_coordinator.registry import RegistryState
@@ -35,15 +33,6 @@ ROLE_FROM_PB = {v: k for k, v in ROLE_TO_PB.items()}
 SOCKET_NAME = "sync.sock"
 # The largest message on the stream: a registry of many instances (the chassis' own bound is 4 MiB).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-
-def loads_to_pb(loads: Mapping[EndpointKey, Load]) -> list[fpb.EndpointLoad]:
-    return [fpb.EndpointLoad(ip=ip, port=port, in_flight=n, queued_tokens=t)
-            for (ip, port), (n, t) in loads.items()]
-
-
-def loads_from_pb(msgs: Iterable[fpb.EndpointLoad]) -> dict[EndpointKey, Load]:
-    return {(m.ip, m.port): (m.in_flight, m.queued_tokens) for m in msgs}
 
 
 def registry_to_pb(state: RegistryState) -> fpb.FrontWorkerRegistry:
@@ -63,19 +52,16 @@ def alarms_to_pb(groups: frozenset[Group]) -> fpb.FrontWorkerAlarms:
 
 @dataclass
 class _Stream:
-    """What one worker's stream still has to send. Its load is kept under *serial* (unique per
-    stream: a restarted worker's new stream never shares a row with its predecessor's)."""
+    """What one worker's stream still has to send."""
 
-    serial: int
     worker: int = -1
     registry: bool = True
     leadership: bool = True
     alarms: bool = True
-    peers: bool = True
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def due(self) -> bool:
-        return self.registry or self.leadership or self.alarms or self.peers
+        return self.registry or self.leadership or self.alarms
 
 
 class FrontSync:
@@ -86,23 +72,19 @@ class FrontSync:
         self._state = state
         self._leadership = leadership
         self._alarmed = alarmed
-        self.loads = LoadTable()
         self._streams: list[_Stream] = []
-        self._serials = itertools.count()
-        # Called with every worker's load summed, whenever it changed (the coordinator's own
-        # scheduler counts the front's work too: its /metrics and a gateway's Dispatch see it).
-        self.on_loads: Callable[[dict[EndpointKey, Load]], None] | None = None
+        # Called with a worker's index when its stream ended (it died: its load must not count).
+        self.on_worker_gone: Callable[[int], None] | None = None
 
     @property
     def workers(self) -> int:
         """Open worker streams."""
         return len(self._streams)
 
-    def _mark(self, part: str, skip: _Stream | None = None) -> None:
+    def _mark(self, part: str) -> None:
         for s in self._streams:
-            if s is not skip:
-                setattr(s, part, True)
-                s.wake.set()
+            setattr(s, part, True)
+            s.wake.set()
 
     def registry_changed(self) -> None:
         self._mark("registry")
@@ -113,15 +95,8 @@ class FrontSync:
     def alarms_changed(self) -> None:
         self._mark("alarms")
 
-    def report(self, stream: _Stream, msg: fpb.SyncRequest) -> None:
+    def hello(self, stream: _Stream, msg: fpb.SyncRequest) -> None:
         stream.worker = msg.worker_index
-        if self.loads.report(stream.serial, loads_from_pb(msg.loads)):
-            self._mark("peers", skip=stream)
-            self._loads_changed()
-
-    def _loads_changed(self) -> None:
-        if self.on_loads is not None:
-            self.on_loads(self.loads.total())
 
     def message(self, stream: _Stream) -> fpb.SyncResponse:
         """What *stream* is due now (its flags cleared)."""
@@ -132,18 +107,16 @@ class FrontSync:
             out.leadership.CopyFrom(leadership_to_pb(self._leadership))
         if stream.alarms:
             out.alarms.CopyFrom(alarms_to_pb(self._alarmed()))
-        if stream.peers:
-            out.peers.CopyFrom(fpb.FrontWorkerPeers(loads=loads_to_pb(self.loads.others(stream.serial))))
-        stream.registry = stream.leadership = stream.alarms = stream.peers = False
+        stream.registry = stream.leadership = stream.alarms = False
         return out
 
     async def serve(self, requests: AsyncIterator[fpb.SyncRequest]) -> AsyncIterator[fpb.SyncResponse]:
-        stream = _Stream(next(self._serials))
+        stream = _Stream()
         self._streams.append(stream)
 
         async def read() -> None:
             async for msg in requests:
-                self.report(stream, msg)
+                self.hello(stream, msg)
 
         reader = asyncio.ensure_future(read())
         try:
@@ -163,9 +136,8 @@ class FrontSync:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             self._streams.remove(stream)
-            if self.loads.forget(stream.serial):
-                self._mark("peers")
-                self._loads_changed()
+            if stream.worker >= 0 and self.on_worker_gone is not None:
+                self.on_worker_gone(stream.worker)
             log.info("front worker sync stream ended", extra={"worker": stream.worker})
 
 

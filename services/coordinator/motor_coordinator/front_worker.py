@@ -14,8 +14,8 @@ prefix ring is the same in every worker because it is built from the same instan
 Without its stream (the coordinator restarting it) a worker keeps serving with what it last
 received and reconnects; before its first instance set it is not ready (REGISTRY_NOT_SYNCED).
 
-    python -m motor_coordinator.front_worker --config-json FILE --sync unix:PATH --port P \\
-        --ports-file F --worker-dir D --worker-index I --worker-count N
+    python -m motor_coordinator.front_worker --config-json FILE --sync unix:PATH --board FILE \\
+        --port P --ports-file F --worker-dir D --worker-index I --worker-count N
 """
 
 from __future__ import annotations
@@ -45,17 +45,16 @@ from motor_common.worker_policy import admission_share
 from motor_common.worker_supervisor import beat_forever, worker_registry
 from motor_coordinator.config import CoordinatorConfig
 from motor_coordinator.data_plane import DataPlane
-from motor_coordinator.front_sync import MAX_MESSAGE_BYTES, ROLE_FROM_PB, loads_from_pb, loads_to_pb
+from motor_coordinator.front_sync import MAX_MESSAGE_BYTES, ROLE_FROM_PB
 from motor_coordinator.front_workers import WORKER_NAMES
 from motor_coordinator.http_front import CoordinatorBackend, HttpFront
+from motor_coordinator.load_board import LoadBoard, endpoint_keys
 from motor_coordinator.readiness import Readiness, evaluate
 from motor_coordinator.registry import RegistryState
 from motor_coordinator.state_metrics import CoordinatorCollector
 
 log = logging.getLogger("motor_coordinator.front_worker")
 
-# A worker reports its load at most this often (its changes in between are coalesced into one report).
-REPORT_INTERVAL_SEC = 0.005
 RECONNECT_MIN_SEC = 0.05
 RECONNECT_MAX_SEC = 1.0
 
@@ -96,7 +95,7 @@ class FrontWorker:
     """One worker's state and life cycle (what ``CoordinatorBackend`` and the state metrics read)."""
 
     def __init__(self, cfg: CoordinatorConfig, *, index: int, count: int, sync_target: str,
-                 coordinator_address: str = "") -> None:
+                 board: LoadBoard, coordinator_address: str = "") -> None:
         self.cfg = cfg
         self.index = index
         self.count = count
@@ -113,8 +112,9 @@ class FrontWorker:
         self.state = RegistryState()
         self.synced = asyncio.Event()  # set by the first complete Sync message
         self._model_created: dict[str, int] = {}
-        self._load_dirty = asyncio.Event()
-        self.scheduler.on_load_change = self._load_dirty.set
+        self.board = board
+        self.scheduler.on_load_change = board.write
+        self.scheduler.peer_source = lambda force: board.others(force=force)
         self.tasks = TaskOwner(f"front-worker-{index}")
         self.http: HttpFront | None = None
 
@@ -133,6 +133,7 @@ class FrontWorker:
         if msg.HasField("registry"):
             state = registry_from_pb(msg.registry)
             self.plane.accept(state)
+            self.board.set_endpoints(endpoint_keys(state.instances.values()), own=self.scheduler.own_loads())
             self.state = state
             now = int(time.time())
             for inst in state.instances.values():
@@ -142,18 +143,14 @@ class FrontWorker:
             self.leadership.set(ROLE_FROM_PB.get(lead.role, LeaderRole.STANDBY), lead.isolated, lead.store_available)
         if msg.HasField("alarms"):
             self.scheduler.set_alarmed(frozenset(tuple(g.instance_ids) for g in msg.alarms.groups))
-        if msg.HasField("peers"):
-            self.scheduler.set_peer_loads(loads_from_pb(msg.peers.loads))
         if msg.HasField("registry") and msg.HasField("leadership"):
             self.synced.set()
 
-    async def _reports(self) -> AsyncIterator[fpb.SyncRequest]:
-        """This worker's load: now, then after each change (at most every REPORT_INTERVAL_SEC)."""
-        while True:
-            self._load_dirty.clear()
-            yield fpb.SyncRequest(worker_index=self.index, loads=loads_to_pb(self.scheduler.own_loads()))
-            await asyncio.sleep(REPORT_INTERVAL_SEC)
-            await self._load_dirty.wait()
+    async def _hello(self) -> AsyncIterator[fpb.SyncRequest]:
+        """Who this worker is; then the stream stays open (its end tells the coordinator the
+        worker is gone)."""
+        yield fpb.SyncRequest(worker_index=self.index)
+        await asyncio.Event().wait()
 
     async def _sync_forever(self) -> None:
         delay = RECONNECT_MIN_SEC
@@ -162,7 +159,7 @@ class FrontWorker:
         while True:
             try:
                 async with grpc.aio.insecure_channel(self.sync_target, options=options) as channel:
-                    call = fgrpc.FrontWorkerServiceStub(channel).Sync(self._reports())
+                    call = fgrpc.FrontWorkerServiceStub(channel).Sync(self._hello())
                     async for msg in call:
                         self.apply(msg)
                         delay = RECONNECT_MIN_SEC
@@ -201,6 +198,7 @@ class FrontWorker:
             await self.http.stop()  # drains the requests in flight (http.shutdown_grace_sec)
         await self.tasks.close()
         await self.plane.close()
+        self.board.close()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -208,6 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 description="A coordinator's co-located front worker (started by the coordinator).")
     p.add_argument("--config-json", required=True, help="the coordinator's effective configuration")
     p.add_argument("--sync", required=True, help="the coordinator's FrontWorkerService (unix:PATH)")
+    p.add_argument("--board", required=True, help="the coordinator's load board file (load_board.py)")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--ports-file", required=True)
     p.add_argument("--worker-dir", required=True)
@@ -222,8 +221,9 @@ async def amain(args: argparse.Namespace) -> int:
     setup_logging("coordinator", cfg.log.level, cfg.log.format)
     setup_tracing(cfg.tracing, "coordinator")
     stop = stop_event_on_signals()
+    board = LoadBoard(args.board, args.worker_count, args.worker_index)
     worker = FrontWorker(cfg, index=args.worker_index, count=args.worker_count, sync_target=args.sync,
-                         coordinator_address=args.coordinator_address)
+                         board=board, coordinator_address=args.coordinator_address)
     try:
         port = await worker.start(port=args.port, worker_dir=args.worker_dir)
         write_ports_file(args.ports_file, {"http": port})

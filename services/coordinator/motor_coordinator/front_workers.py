@@ -2,7 +2,7 @@
 
 The coordinator reserves ``http.port`` (a ``SO_REUSEPORT`` socket bound, not listening, so the
 port stays taken while workers restart), serves ``FrontWorkerService`` on a unix socket in a
-private directory (mode 0700) and starts ``python -m motor_coordinator.front_worker`` once per
+private directory (mode 0700), creates the load board there (``load_board.py``) and starts ``python -m motor_coordinator.front_worker`` once per
 slot under ``motor_common.worker_supervisor``: a worker that exits or stops sending heartbeats is
 restarted; SIGTERM drains every worker. The workers share a Prometheus multiprocess directory, so
 the front's ``/metrics`` (whichever worker answers) has every worker's request metrics, plus
@@ -36,6 +36,7 @@ from motor_common.worker_supervisor import (
 )
 from motor_coordinator.config import CoordinatorConfig
 from motor_coordinator.front_sync import FrontSync, FrontSyncServer
+from motor_coordinator.load_board import LoadBoard
 
 log = logging.getLogger("motor_coordinator.front_workers")
 
@@ -44,29 +45,32 @@ WORKER_NAMES = WorkerNames(label="coordinator front", metric_prefix="motor_coord
 
 
 class FrontWorkers:
-    def __init__(self, cfg: CoordinatorConfig, sync: FrontSync, *, coordinator_address: str,
-                 startup_timeout: float = STARTUP_GRACE_SEC) -> None:
+    def __init__(self, cfg: CoordinatorConfig, sync: FrontSync, *, startup_timeout: float = STARTUP_GRACE_SEC) -> None:
         self.cfg = cfg
         self.sync = sync
-        self.coordinator_address = coordinator_address
+        self.coordinator_address = ""
         self.startup_timeout = startup_timeout
         self.port: int | None = None
         self.supervisor: Supervisor | None = None
-        self._dir: str | None = None
+        self._dir: str = tempfile.mkdtemp(prefix="motor-coordinator-front-")  # mode 0700
+        # The workers' load, read by this process too (its Dispatch and /metrics count the front's).
+        self.board = LoadBoard.create(str(Path(self._dir) / "load.board"), cfg.http.workers)
+        sync.on_worker_gone = self.board.clear_row
         self._server: FrontSyncServer | None = None
         self._stop = asyncio.Event()
         self._tasks = TaskOwner("front-workers")
         self._reserved: socket.socket | None = None
 
     def _command(self, index: int, ports_file: str) -> list[str]:
-        assert self._dir is not None and self._server is not None and self.port is not None
+        assert self._server is not None and self.port is not None
         return [sys.executable, "-m", "motor_coordinator.front_worker",
                 "--config-json", str(Path(self._dir) / "config.json"), "--sync", self._server.target,
+                "--board", self.board.path,
                 "--port", str(self.port), "--ports-file", ports_file, "--worker-dir", self._dir,
                 "--worker-index", str(index), "--worker-count", str(self.cfg.http.workers),
                 "--coordinator-address", self.coordinator_address]
 
-    async def start(self) -> int:
+    async def start(self, coordinator_address: str) -> int:
         """Reserve the port, serve the sync socket, start the workers; return the port once every
         worker serves. ``ConfigError`` when the port is taken or a worker never comes up."""
         h = self.cfg.http
@@ -74,7 +78,7 @@ class FrontWorkers:
         reserved = reserve_port(h.host, h.port)  # ConfigError: busy
         self._reserved = reserved
         self.port = int(reserved.getsockname()[1])
-        self._dir = tempfile.mkdtemp(prefix="motor-coordinator-front-")  # mode 0700
+        self.coordinator_address = coordinator_address
         (Path(self._dir) / "config.json").write_bytes(orjson.dumps(to_dict(self.cfg)))
         self._server = FrontSyncServer(self.sync, self._dir)
         await self._server.start()
@@ -103,5 +107,5 @@ class FrontWorkers:
         if self._reserved is not None:
             with contextlib.suppress(OSError):
                 self._reserved.close()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        self.board.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

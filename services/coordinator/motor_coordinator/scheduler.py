@@ -156,11 +156,14 @@ class Scheduler:
         self._queued_tokens: dict[EndpointKey, int] = {}  # Candidate.queued_tokens
         self._loads: dict[EndpointKey, EngineLoad] = {}
         # The other front workers' in-flight requests and queued prompt tokens per endpoint
-        # (``http.workers`` > 1: front_sync.py); counted in every load score and candidate.
+        # (``http.workers`` > 1: load_board.py); counted in every load score and candidate.
         self._peer_inflight: dict[EndpointKey, int] = {}
         self._peer_tokens: dict[EndpointKey, int] = {}
-        # Called whenever this process's own in-flight accounting changed (a front worker reports it).
-        self.on_load_change: Callable[[], None] | None = None
+        # Called with (endpoint, in flight, queued tokens) whenever this process's own count on an
+        # endpoint changed (a front worker writes it on the load board).
+        self.on_load_change: Callable[[EndpointKey, int, int], None] | None = None
+        # Where the others' load is read (``refresh``): (force) -> the new sum, or None if unchanged.
+        self.peer_source: Callable[[bool], Mapping[EndpointKey, tuple[int, int]] | None] | None = None
         self._listeners: list[Callable[[], None]] = []
         # Per-snapshot indexes (built in accept, read on every request): available endpoints per
         # (model, role) in (instance id, endpoint id) order, and registered instances per model.
@@ -285,6 +288,13 @@ class Scheduler:
         tokens = self._queued_tokens
         return {k: (n, tokens.get(k, 0)) for k, n in self._inflight.items()}
 
+    def refresh(self, force: bool = False) -> None:
+        """Read the other front workers' load (``peer_source``) if it is due (or *force*)."""
+        if self.peer_source is not None:
+            loads = self.peer_source(force)
+            if loads is not None:
+                self.set_peer_loads(loads)
+
     def set_peer_loads(self, loads: Mapping[EndpointKey, tuple[int, int]]) -> None:
         """Replace the other front workers' load (in flight, queued prompt tokens) per endpoint;
         the endpoints whose figure changed are rescored."""
@@ -308,8 +318,8 @@ class Scheduler:
             if tokens:
                 self._queued_tokens[k] = self._queued_tokens.get(k, 0) + tokens
             self._rescore(k)
-        if keys and self.on_load_change is not None:
-            self.on_load_change()
+            if self.on_load_change is not None:
+                self.on_load_change(k, self._inflight[k], self._queued_tokens.get(k, 0))
         try:
             yield
         finally:
@@ -326,8 +336,8 @@ class Scheduler:
                     else:
                         self._queued_tokens.pop(k, None)
                 self._rescore(k)
-            if keys and self.on_load_change is not None:
-                self.on_load_change()
+                if self.on_load_change is not None:
+                    self.on_load_change(k, self._inflight.get(k, 0), self._queued_tokens.get(k, 0))
 
     def probe_targets(self) -> list[ProbeTarget]:
         seen: dict[EndpointKey, ProbeTarget] = {}
@@ -371,6 +381,8 @@ class Scheduler:
         engine: EngineType | None = None,
         exclude: Iterable[EndpointKey] = (),
     ) -> Candidate | None:
+        if self.peer_source is not None:
+            self.refresh()
         cands = self._candidates(req.model, role, engine, exclude)
         if not cands:
             self._decided(role, "no_candidate")
@@ -384,6 +396,8 @@ class Scheduler:
         """An endpoint of the first of *roles* (in order) that has a schedulable one (pass-through
         requests, ``passthrough.py``); counted as ``routed`` for that role, ``no_candidate`` for the
         last role when none has one (with *count*)."""
+        if self.peer_source is not None:
+            self.refresh()
         for role in roles:
             cands = self._candidates(req.model, role, None, exclude)
             if cands:
@@ -455,6 +469,8 @@ class Scheduler:
                 reason="MODEL_NOT_FOUND",
                 metadata={"model": model},
             )
+        if self.peer_source is not None:
+            self.refresh()
         fast = self._fast_route(req)
         if fast is not None:
             return fast

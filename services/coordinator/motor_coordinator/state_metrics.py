@@ -80,6 +80,7 @@ class CoordinatorCollector(Collector):
                                      "request counts on its prefill and on its decode instance)",
                                      labels=["instance", "role", "model"])
         sched = self.app.scheduler
+        sched.refresh(force=True)  # the other front workers' load, as of now (http.workers > 1)
         for iid in sorted(state.instances):
             inst = state.instances[iid]
             n = sum(sched.inflight(ep) for ep in inst.endpoints)

@@ -62,20 +62,12 @@ class FrontWorkerAlarms(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[PrecisionGroup]
     def __init__(self, groups: _Optional[_Iterable[_Union[PrecisionGroup, _Mapping]]] = ...) -> None: ...
 
-class FrontWorkerPeers(_message.Message):
-    __slots__ = ("loads",)
-    LOADS_FIELD_NUMBER: _ClassVar[int]
-    loads: _containers.RepeatedCompositeFieldContainer[EndpointLoad]
-    def __init__(self, loads: _Optional[_Iterable[_Union[EndpointLoad, _Mapping]]] = ...) -> None: ...
-
 class SyncResponse(_message.Message):
-    __slots__ = ("registry", "leadership", "alarms", "peers")
+    __slots__ = ("registry", "leadership", "alarms")
     REGISTRY_FIELD_NUMBER: _ClassVar[int]
     LEADERSHIP_FIELD_NUMBER: _ClassVar[int]
     ALARMS_FIELD_NUMBER: _ClassVar[int]
-    PEERS_FIELD_NUMBER: _ClassVar[int]
     registry: FrontWorkerRegistry
     leadership: FrontWorkerLeadership
     alarms: FrontWorkerAlarms
-    peers: FrontWorkerPeers
-    def __init__(self, registry: _Optional[_Union[FrontWorkerRegistry, _Mapping]] = ..., leadership: _Optional[_Union[FrontWorkerLeadership, _Mapping]] = ..., alarms: _Optional[_Union[FrontWorkerAlarms, _Mapping]] = ..., peers: _Optional[_Union[FrontWorkerPeers, _Mapping]] = ...) -> None: ...
+    def __init__(self, registry: _Optional[_Union[FrontWorkerRegistry, _Mapping]] = ..., leadership: _Optional[_Union[FrontWorkerLeadership, _Mapping]] = ..., alarms: _Optional[_Union[FrontWorkerAlarms, _Mapping]] = ...) -> None: ...
