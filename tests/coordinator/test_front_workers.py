@@ -18,11 +18,15 @@ as a whole (the checks of ``tests/worker_fronts.py``, which gateway workers pass
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -159,3 +163,20 @@ async def test_sigterm_drains_the_requests_of_every_worker(fleet: Fleet) -> None
                                [("prefill", fleet.prefills[0]), ("decode", fleet.decodes[0])])
         await wait_for(lambda: all_ready(front), timeout=60, what="both workers ready")
         await sigterm_drains_every_worker(front, "coordinator front")
+
+
+async def test_the_sync_service_is_private(fleet: Fleet) -> None:
+    """FrontWorkerService is not on the coordinator's gRPC port, only on a unix socket in a
+    directory only the coordinator's user can open; the load board is that user's alone too."""
+    async with grpc.aio.insecure_channel(fleet.coordinator.address) as ch:
+        sync = ch.stream_stream("/motor.coordinator.v1.FrontWorkerService/Sync")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in sync(iter([b""]), timeout=5):
+                pass
+        assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    workers = psutil.Process(fleet.coordinator.pid).children()
+    board = next(w.cmdline()[w.cmdline().index("--board") + 1] for w in workers)
+    directory = os.path.dirname(board)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(board).st_mode) == 0o600
+    assert os.path.exists(os.path.join(directory, "sync.sock"))

@@ -62,6 +62,9 @@ def test_a_reader_sums_the_other_rows_of_its_epoch(tmp_path: Path) -> None:
     # a worker that died: its row no longer counts
     coordinator.clear_row(1)
     assert w2.others(force=True) == {A: (2, 100)}
+    coordinator.clear_row(3)  # not a row of this board (a bogus hello): nothing happens
+    coordinator.clear_row(-1)
+    assert w2.others(force=True) is None
     for b in (coordinator, w0, w1, w2):
         b.close()
 

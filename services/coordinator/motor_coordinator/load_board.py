@@ -109,8 +109,10 @@ class LoadBoard:
             w[base] = epoch
 
     def clear_row(self, index: int) -> None:
-        """Row *index*'s writer is gone (its worker died): its load no longer counts."""
-        self._words[index * _WORDS_PER_ROW] = 0
+        """Row *index*'s writer is gone (its worker died): its load no longer counts. An index
+        outside the board (no worker of this coordinator) changes nothing."""
+        if 0 <= index < self.rows:
+            self._words[index * _WORDS_PER_ROW] = 0
 
     # -- writing and reading ------------------------------------------------------------------
 
