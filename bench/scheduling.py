@@ -18,8 +18,7 @@ every router so every run starts cold.
 
 Routers, in one run: Motor ``round_robin`` (through motor-gateway and through the coordinator's
 co-located front), ``prefix_aware`` (the ring) and ``kv_events`` (the engines' KV events,
-simulator tokenizer; gateway and co-located), ``no_evicted_affinity`` (``kv_events`` with
-``scheduler.kv_events.evicted_affinity: 0``: an A/B in one run); vllm-router ``round_robin`` and ``cache_aware``; on
+simulator tokenizer; gateway and co-located); vllm-router ``round_robin`` and ``cache_aware``; on
 SGLang engines Motor ``kv_events`` (co-located) and sglang-router ``cache_aware``. Hit rate = prefix-cache hit tokens / queried
 tokens summed over the prefill engines (from their /metrics). Figures are benchmark figures, never
 pass/fail.
@@ -244,28 +243,17 @@ def _motor(config: dict[str, Any] | None = None, **kw: Any) -> Callable[..., Any
     return start
 
 
-def setups(only: str | None, evicted_affinity: float | None = None) -> list[tuple[str, str, Callable[..., Any]]]:
-    def kv_events(affinity: float | None) -> dict[str, Any]:
-        kv: dict[str, Any] = {**KV_EVENTS["kv_events"]}  # type: ignore[dict-item]
-        if affinity is not None:
-            kv["evicted_affinity"] = affinity
-        return {"scheduler": {**KV_EVENTS, "kv_events": kv}}
-
-    kv = kv_events(evicted_affinity)  # None: the coordinator's default
-    # the policy without the evicted affinity, as before issue 19's eighth round (an A/B in one run)
-    ev = kv_events(0.0)
+def setups(only: str | None) -> list[tuple[str, str, Callable[..., Any]]]:
+    kv = {"scheduler": KV_EVENTS}
     out: list[tuple[str, str, Callable[..., Any]]] = [
         ("vllm", "motor/round_robin", _motor(policy="round_robin")),
         ("vllm", "motor/round_robin co-located", _motor(policy="round_robin", co_located=True)),
         ("vllm", "motor/prefix_aware", _motor(policy="prefix_aware")),
         ("vllm", "motor/kv_events", _motor(kv)),
         ("vllm", "motor/kv_events co-located", _motor(kv, co_located=True)),
-        ("vllm", "motor/no_evicted_affinity", _motor(ev)),
-        ("vllm", "motor/no_evicted_affinity co-located", _motor(ev, co_located=True)),
         ("vllm", "vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin")),
         ("vllm", "vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
         ("sglang", "motor/kv_events co-located", _motor(kv, co_located=True)),
-        ("sglang", "motor/no_evicted_affinity co-located", _motor(ev, co_located=True)),
         ("sglang", "sglang-router/round_robin", lambda e, d: start_sglang_router(e, d, "round_robin")),
         ("sglang", "sglang-router/cache_aware", lambda e, d: start_sglang_router(e, d, "cache_aware")),
     ]
@@ -287,7 +275,7 @@ async def amain(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="motor-sched-") as tmp:
         for rnd in range(args.rounds):  # interleaved: every router once per round
             for rate in rates:
-                for flavour, name, starter in setups(args.only, args.evicted_affinity):
+                for flavour, name, starter in setups(args.only):
                     row = await one(flavour, name, starter, reqs, args, Path(tmp), rate)
                     row["round"] = rnd
                     rows.append(row)
@@ -349,9 +337,6 @@ def main() -> None:
     ap.add_argument("--prefill-kv-blocks", type=int, default=512)
     ap.add_argument("--decode-kv-blocks", type=int, default=4096)
     ap.add_argument("--only", help="regex over 'flavour router': run only the matching setups")
-    ap.add_argument("--evicted-affinity", type=float, default=None,
-                    help="scheduler.kv_events.evicted_affinity of the 'motor/kv_events' setups (default: the "
-                         "coordinator's); the 'motor/no_evicted_affinity' setups run with 0")
     asyncio.run(amain(ap.parse_args()))
 
 

@@ -80,20 +80,7 @@ def test_bad_kv_events_keys_are_config_errors(tmp_path: object) -> None:
     for text, what in (("scheduler: {kv_events: {tokenizer: gpt}}", "tokenizer"),
                        ("scheduler: {kv_events: {block_size: 0}}", "block_size"),
                        ("scheduler: {kv_events: {replay_timeout: 1}}", "replay_timeout"),
-                       ("scheduler: {kv_events: {silence_timeout_sec: -1}}", "silence_timeout_sec"),
-                       ("scheduler: {kv_events: {evicted_affinity: 2.5}}", "evicted_affinity"),
-                       ("scheduler: {kv_events: {evicted_affinity: -1}}", "evicted_affinity")):  # fmt: skip
+                       ("scheduler: {kv_events: {silence_timeout_sec: -1}}", "silence_timeout_sec")):  # fmt: skip
         p.write_text(text)
         with pytest.raises(ConfigError, match=what):
             load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")
-
-
-def test_evicted_affinity_is_read_from_the_config_file_into_the_policy(tmp_path: object) -> None:
-    from pathlib import Path
-
-    p = Path(str(tmp_path)) / "c.yaml"
-    p.write_text("scheduler: {policy: kv_events, kv_events: {evicted_affinity: 1.5}}")
-    cfg = load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")
-    policy = make_policy(cfg.scheduler, PolicyContext(KvIndex()))
-    assert policy.evicted_affinity == 1.5  # type: ignore[attr-defined]
-    assert KvEventsConfig().evicted_affinity == 1.0  # the default: an evicted token counts once

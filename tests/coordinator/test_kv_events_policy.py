@@ -11,7 +11,7 @@ from motor_common.kv_events import (
     EventBatch,
     vllm_event_hashes,
 )
-from motor_coordinator.config import KvEventsConfig, SchedulerConfig
+from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.policies.base import (
     Candidate,
@@ -296,47 +296,3 @@ def test_pending_blocks_are_bounded_per_engine_oldest_dropped_first() -> None:
     assert index.pending_count("e") == 6
     index.add_pending("e", second)
     assert index.pending_count("e") == 6
-
-
-def evicted_chat(affinity: float, queued: list[int]) -> tuple[KvIndex, KvEvents, list[Candidate]]:
-    """Every engine holds the system prompt (4 blocks); c[2] held the whole chat (6 blocks) and
-    evicted its last two, tail first (as vLLM and motor-sim do)."""
-    index = KvIndex(pending_ttl=0)  # the cost alone
-    p = KvEvents(SchedulerConfig(kv_events=KvEventsConfig(evicted_affinity=affinity)), index)
-    c = cands(3, queued=queued)
-    live(index, c)
-    for x in c:
-        hold(index, x.key, SYSTEM)
-    hold(index, c[2].key, PROMPT, seq=2)
-    tail = vllm_event_hashes(PROMPT, 16)[4:]
-    index.apply(c[2].key, 3, EventBatch(0.0, (BlockRemoved(tuple(reversed(tail))),)))
-    return index, p, c
-
-
-def test_without_evicted_affinity_a_chat_whose_blocks_were_evicted_goes_to_the_shortest_queue() -> None:
-    _, p, c = evicted_chat(0.0, queued=[5, 9, 1])
-    # every engine computes 35 tokens (2 blocks + 3): the shortest queue wins, c[2]'s past is ignored
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 35)
-    _, p, c = evicted_chat(0.0, queued=[0, 9, 1])
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 35)
-
-
-def test_evicted_affinity_keeps_a_chat_on_the_engine_that_evicted_it_until_its_queue_outweighs_the_credit() -> None:
-    """c[2] evicted the chat's 32 tokens after the system prompt: with affinity 1 they cost once
-    there (this request's wait) instead of twice, a credit of 32 tokens against its queue."""
-    _, p, c = evicted_chat(1.0, queued=[0, 9, 31])
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 35)  # 31 + 70 - 32 < 0 + 70
-    _, p, c = evicted_chat(1.0, queued=[0, 9, 33])
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 35)  # 33 + 70 - 32 > 70: load wins
-    _, p, c = evicted_chat(2.0, queued=[0, 9, 63])  # affinity 2: the credit is 64 tokens
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 35)
-
-
-def test_evicted_affinity_ends_when_another_engine_stores_the_blocks_or_the_evicting_engine_restarts() -> None:
-    index, p, c = evicted_chat(1.0, queued=[0, 9, 20])
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[2], 35)  # 20 + 70 - 32 < 70
-    hold(index, c[1].key, PROMPT, seq=2)  # the chat was recomputed on c[1]: c[1] is its holder now
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 3)
-    index, p, c = evicted_chat(1.0, queued=[0, 9, 20])
-    index.apply(c[2].key, 0, EventBatch(0.0, ()))  # c[2]'s publisher restarted: it remembers nothing
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 35)

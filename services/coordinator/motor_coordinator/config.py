@@ -57,11 +57,6 @@ class KvEventsConfig:
     # An engine sent a prefill that stores new blocks and silent this long since: stale (holding
     # nothing) until it publishes again; 0 = never (trust a silent publisher).
     silence_timeout_sec: float = 30.0
-    # Affinity for the engine that evicted a prompt's blocks (docs/kv-events.md, "Evicted
-    # affinity"): each token of the prompt's blocks right after what an engine holds, that this
-    # engine evicted last and nobody stored since, costs this much less there than a token to
-    # compute (0..2; 0 = off; 1 = it counts once, for this request's wait, instead of twice).
-    evicted_affinity: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 4096:
@@ -84,8 +79,6 @@ class KvEventsConfig:
                                  f"directory; got {model!r}: {path!r}")
         if self.silence_timeout_sec < 0:
             raise ValueError("scheduler.kv_events.silence_timeout_sec must be >= 0 (0: never)")
-        if not 0 <= self.evicted_affinity <= 2:
-            raise ValueError("scheduler.kv_events.evicted_affinity must be in [0, 2] (0: off)")
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,6 @@ block when stored, and is dropped with the engine's blocks (restart, ``AllBlocks
 resync, removal) and when its stream goes stale. At most ``max_pending_per_engine`` per engine,
 the oldest dropped first.
 
-Blocks an engine evicted: a ``BlockRemoved`` records the engine as the block's *last holder*
-(:meth:`KvIndex.evicted_runs`) until some engine stores the block again. The ``kv_events`` policy
-uses it to keep a chat whose blocks were evicted on the engine that held them, rather than moving
-it (docs/kv-events.md). At most ``max_blocks_per_engine`` such hashes per engine, the least
-recently evicted forgotten first; forgotten with the engine's blocks (restart,
-``AllBlocksCleared``, resync, removal); a stale engine counts as having evicted nothing.
-
 The block size of a model's engines is learned from their ``BlockStored`` events
 (:meth:`KvIndex.block_size`), so two models may use different ones.
 """
@@ -50,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from motor_common.kv_events import (
@@ -95,8 +88,6 @@ class _Engine:
     awaiting_since: float | None = None
     # blocks sent to it in a prefill, not yet stored -> when they expire (oldest first)
     pending: OrderedDict[BlockHash, float] = field(default_factory=OrderedDict)
-    # blocks it evicted and nobody stored since (least recently evicted first)
-    evicted: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
 
 
 # How long a block sent in a prefill counts as held before its BlockStored arrives: a few queued
@@ -132,8 +123,6 @@ class KvIndex:
         self._holders: dict[str, dict[BlockHash, set[str]]] = {}
         # model -> block hash -> engines it was sent to and that have not stored it yet
         self._pending: dict[str, dict[BlockHash, set[str]]] = {}
-        # model -> block hash -> the engine that evicted it last (nobody stored it since)
-        self._evicted: dict[str, dict[BlockHash, str]] = {}
 
     # --- membership -------------------------------------------------------------------------
 
@@ -147,7 +136,6 @@ class KvIndex:
         self._engines[engine] = _Engine(model)
         self._holders.setdefault(model, {})
         self._pending.setdefault(model, {})
-        self._evicted.setdefault(model, {})
 
     def remove_engine(self, engine: str) -> None:
         e = self._engines.pop(engine, None)
@@ -200,10 +188,6 @@ class KvIndex:
 
     def block_count(self, engine: str) -> int:
         return len(self._engines[engine].blocks)
-
-    def evicted_count(self, engine: str) -> int:
-        """Blocks *engine* evicted that no engine has stored since (bounded per engine)."""
-        return len(self._engines[engine].evicted)
 
     def pending_count(self, engine: str) -> int:
         """Blocks sent to *engine* and not yet stored nor expired."""
@@ -297,7 +281,6 @@ class KvIndex:
     def _apply_events(self, engine: str, e: _Engine, batch: EventBatch) -> None:
         holders = self._holders[e.model]
         pend = self._pending[e.model]
-        evicted = self._evicted[e.model]
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 if ev.block_size > 0:
@@ -305,8 +288,6 @@ class KvIndex:
                 for h in ev.block_hashes:
                     if e.pending.pop(h, None) is not None:
                         self._unhold(pend, h, engine)
-                    if (last := evicted.pop(h, None)) is not None:
-                        del self._engines[last].evicted[h]
                     if h in e.blocks:
                         e.blocks.move_to_end(h)
                         continue
@@ -322,15 +303,6 @@ class KvIndex:
                     if h in e.blocks:
                         del e.blocks[h]
                         self._unhold(holders, h, engine)
-                    last = evicted.get(h)
-                    if last is not None and last != engine:
-                        del self._engines[last].evicted[h]
-                    evicted[h] = engine
-                    e.evicted[h] = None
-                    e.evicted.move_to_end(h)
-                while len(e.evicted) > self.max_blocks:
-                    old, _ = e.evicted.popitem(last=False)
-                    del evicted[old]
             elif isinstance(ev, AllBlocksCleared):
                 self._drop_blocks(engine, e)
 
@@ -348,10 +320,6 @@ class KvIndex:
             self._unhold(holders, h, engine)
         e.blocks.clear()
         self._drop_pending(engine, e)
-        evicted = self._evicted.get(e.model, {})
-        for h in e.evicted:
-            del evicted[h]
-        e.evicted.clear()
 
     def _drop_pending(self, engine: str, e: _Engine) -> None:
         pend = self._pending.get(e.model, {})
@@ -398,25 +366,4 @@ class KvIndex:
             depth += 1
             for name in live:
                 out[name] = depth
-        return out
-
-    def evicted_runs(
-        self, model: str, hashes: Sequence[BlockHash], starts: Mapping[str, int]
-    ) -> dict[str, int]:
-        """For each engine in *starts* (engine -> blocks of *hashes* it holds, as from
-        :meth:`prefix_lengths`): how many of the blocks right after those it evicted last, counted
-        until the first one it did not (0 for an unknown or stale engine)."""
-        evicted = self._evicted.get(model, {})
-        out = dict.fromkeys(starts, 0)
-        if not evicted:
-            return out
-        for name, start in starts.items():
-            if self.is_stale(name) or self._engines[name].model != model:
-                continue
-            run = 0
-            for h in hashes[start:]:
-                if evicted.get(h) != name:
-                    break
-                run += 1
-            out[name] = run
         return out

@@ -18,13 +18,6 @@ elsewhere, and then spreads (that engine then caches it too). The chosen tokens 
 (``Candidate.queued_tokens``). The engine's scraped gauges are a scrape interval old, so they only
 break ties; the ledger is current.
 
-With ``scheduler.kv_events.evicted_affinity`` *a* > 0, the blocks right after what a candidate
-holds that this candidate evicted last (nobody stored them since: :meth:`KvIndex.evicted_runs`)
-cost *a* less per token there: a chat whose document was evicted from its engine stays there
-unless that engine's queue is longer by more than *a* x the evicted tokens, instead of moving to
-the shortest queue and evicting another chat's blocks there (docs/kv-events.md, "Evicted
-affinity").
-
 Falls back to ``prefix_aware`` (the ring) when the request has no token ids, when it is shorter
 than one block, when no candidate has a live, gap-free event stream (stale or unknown engines
 count as holding nothing, so a partly stale set still uses what is known). A prefix no candidate
@@ -91,7 +84,6 @@ class KvEvents:
         self.fallbacks = 0  # no ids, too short, or every candidate stale
         self.cold = 0  # nobody holds the first block: the shortest queue
         self.routed = 0  # chosen by held prefix and queue
-        self.evicted_affinity = k.evicted_affinity
 
     def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
         if role is Role.DECODE:
@@ -121,27 +113,20 @@ class KvEvents:
             self.routed += 1
         else:
             self.cold += 1
-        uncached = {k: n - blocks * block for k, blocks in held.items()}
-        credit: dict[str, float] = {}
-        if self.evicted_affinity > 0:
-            runs = self.index.evicted_runs(req.model, hashes, held)
-            credit = {k: self.evicted_affinity * run * block for k, run in runs.items() if run}
-        choice = self._cheapest(candidates, req, uncached, credit)
+        choice = self._cheapest(candidates, req, {k: n - blocks * block for k, blocks in held.items()})
         if choice.tokens >= block:  # it stores a new block: its publisher should speak
             key = choice.candidate.key
             self.index.expect_events(key)
             self.index.add_pending(key, hashes[held[key]:])
         return choice
 
-    def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int],
-                  credit: dict[str, float]) -> PrefillChoice:
-        """The cheapest candidate: fewest queued + COMPUTE_WEIGHT x uncached tokens - the credit for
-        blocks it evicted, then the lowest load score, then in turn."""
-        best: tuple[float, float] | None = None
+    def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int]) -> PrefillChoice:
+        """The cheapest candidate: fewest queued + COMPUTE_WEIGHT x uncached tokens, then the lowest
+        load score, then in turn."""
+        best: tuple[int, float] | None = None
         tied: list[Candidate] = []
         for c in candidates:
-            cost = c.queued_tokens + COMPUTE_WEIGHT * uncached[c.key] - credit.get(c.key, 0.0)
-            rank = (cost, load_score(c, self.kv_usage_weight))
+            rank = (c.queued_tokens + COMPUTE_WEIGHT * uncached[c.key], load_score(c, self.kv_usage_weight))
             if best is None or rank < best:
                 best, tied = rank, [c]
             elif rank == best:
