@@ -2,12 +2,14 @@
 
     .venv/bin/pip install py-spy      # a profiling tool, deliberately not a project dependency
     .venv/bin/python bench/profile_motor.py [--flavour vllm] [--stream] [--concurrency 16] [--seconds 6]
-                                            [--co-located]
+                                            [--co-located [--front-workers N]]
 
 Starts zero-latency P and D simulators and Motor, drives load, records both processes with
 ``py-spy record --format raw`` and prints the top functions by own samples and by inclusive samples,
 and the own samples by where the code lives (Motor's packages, aiohttp, asyncio/uvloop, ...).
-``--co-located``: the coordinator's co-located front alone (no gateway).
+``--co-located``: the coordinator's co-located front alone (no gateway); with ``--front-workers N``
+(``http.workers: N``) the coordinator and each of its N worker processes are recorded (at c=1 one
+worker takes every request: one keep-alive connection).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -67,14 +71,21 @@ def summarise(raw: Path, top: int) -> str:
 async def amain(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="motor-prof-") as tmp:
         d = Path(tmp)
+        config = {"http": {"workers": args.front_workers}} if args.front_workers > 1 else None
         async with start_engines(args.flavour, d, ZERO) as engines, \
-                start_motor(engines, d, gateway_args=args.gateway_args, co_located=args.co_located) as target:
-            names = ("coordinator",) if args.co_located else ("coordinator", "gateway")
+                start_motor(engines, d, gateway_args=args.gateway_args, co_located=args.co_located,
+                            config=config) as target:
+            names: tuple[str, ...] = ("coordinator",) if args.co_located else ("coordinator", "gateway")
+            pids = list(target.pids)
+            if args.front_workers > 1:
+                kids = psutil.Process(target.pids[0]).children()
+                names += tuple(f"worker{i}" for i in range(len(kids)))
+                pids += [k.pid for k in kids]
             procs = [subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
                                        "--duration", str(int(args.seconds)), "--rate", "500", "--format", "raw",
                                        "--nonblocking", "--output", str(d / f"{name}.txt")],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-                     for name, pid in zip(names, target.pids, strict=True)]
+                     for name, pid in zip(names, pids, strict=True)]
             res = await run_load("motor", target.url + "/v1/completions", make_body_factory(args.stream),
                                  concurrency=args.concurrency, requests=0, duration=args.seconds + 1)
             print(res.summary())
@@ -97,8 +108,12 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--gateway-args", nargs="*", default=[])
     ap.add_argument("--co-located", action="store_true", help="profile the co-located front (no gateway)")
+    ap.add_argument("--front-workers", type=int, default=1,
+                    help="with --co-located: http.workers N, and record each worker too")
     ap.add_argument("--keep", help="copy py-spy's raw stacks (<process>.txt) into this directory")
     args = ap.parse_args()
+    if args.front_workers > 1 and not args.co_located:
+        ap.error("--front-workers needs --co-located")
     asyncio.run(amain(args))
 
 
