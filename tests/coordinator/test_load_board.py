@@ -19,7 +19,13 @@ from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.front_sync import FrontSync, _Stream, registry_to_pb
 from motor_coordinator.front_worker import MirroredLeadership, registry_from_pb
 from motor_coordinator.leadership import Standalone
-from motor_coordinator.load_board import MAX_ENDPOINTS, LoadBoard, endpoint_keys, slot_order
+from motor_coordinator.load_board import (
+    MAX_ENDPOINTS,
+    READ_BUDGET,
+    LoadBoard,
+    endpoint_keys,
+    slot_order,
+)
 from motor_coordinator.policies import RequestInfo, make_policy
 from motor_coordinator.registry import RegistryState, set_instances
 from motor_coordinator.scheduler import Scheduler, endpoint_key
@@ -66,6 +72,25 @@ def test_a_reader_sums_the_other_rows_of_its_epoch(tmp_path: Path) -> None:
     coordinator.clear_row(-1)
     assert w2.others(force=True) is None
     for b in (coordinator, w0, w1, w2):
+        b.close()
+
+
+def test_a_slow_read_puts_the_next_one_further_away(tmp_path: Path) -> None:
+    """A read that took 0.5 ms (a large fleet) is not repeated for READ_BUDGET x 0.5 ms, not 1 ms."""
+    now, ticks = [0.0], iter([0.0, 0.0005, 1.0, 1.0001])
+    board = LoadBoard.create(str(tmp_path / "board"), 2)
+    reader = LoadBoard(str(tmp_path / "board"), 2, 0, clock=lambda: now[0], timer=lambda: next(ticks))
+    writer = LoadBoard(str(tmp_path / "board"), 2, 1)
+    for b in (reader, writer):
+        b.set_endpoints([A])
+    writer.write(A, 1, 0)
+    assert reader.others() == {A: (1, 0)}  # took 0.5 ms
+    writer.write(A, 2, 0)
+    now[0] = 0.002
+    assert reader.others() is None  # 2 ms later: still within 10 x 0.5 ms
+    now[0] = READ_BUDGET * 0.0005
+    assert reader.others() == {A: (2, 0)}  # took 0.1 ms: the next one 1 ms later again
+    for b in (board, reader, writer):
         b.close()
 
 
