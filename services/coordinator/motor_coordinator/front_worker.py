@@ -169,6 +169,9 @@ class FrontWorker:
                 log.warning("sync stream to the coordinator failed; serving with the last state received, "
                             "reconnecting", extra={"worker": self.index, "code": exc.code().name,
                                                    "retry_in_sec": delay})
+            except Exception:  # a message it could not apply: a new stream starts with everything in full
+                log.exception("sync stream to the coordinator: a message could not be applied; serving with "
+                              "the last state applied, reconnecting", extra={"worker": self.index})
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX_SEC)
 

@@ -2,9 +2,10 @@
 
 The coordinator reserves ``http.port`` (a ``SO_REUSEPORT`` socket bound, not listening, so the
 port stays taken while workers restart), serves ``FrontWorkerService`` on a unix socket in a
-private directory (mode 0700), creates the load board there (``load_board.py``) and starts ``python -m motor_coordinator.front_worker`` once per
-slot under ``motor_common.worker_supervisor``: a worker that exits or stops sending heartbeats is
-restarted; SIGTERM drains every worker. The workers share a Prometheus multiprocess directory, so
+private directory (mode 0700), creates the load board there (``load_board.py``) and starts
+``python -m motor_coordinator.front_worker`` once per slot under
+``motor_common.worker_supervisor``: a worker that exits or stops sending heartbeats is restarted;
+SIGTERM drains every worker. The workers share a Prometheus multiprocess directory, so
 the front's ``/metrics`` (whichever worker answers) has every worker's request metrics, plus
 ``motor_coordinator_front_workers`` and ``motor_coordinator_front_worker_restarts_total``.
 """
