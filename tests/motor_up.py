@@ -118,3 +118,23 @@ async def _stop(fleet: UpFleet) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         await asyncio.to_thread(proc.wait, 10)
+
+
+def motor_down(up: UpFleet) -> list[int]:
+    """`motor down` on *up*'s fleet: it answers "stopped" and `motor up` exits 0. Returns the pids
+    of every process the fleet ran (for :func:`all_gone`)."""
+    pids = [p.pid for p in psutil.Process(up.proc.pid).children(recursive=True)]
+    down = subprocess.run([tool("motor"), "down", "--state-dir", str(up.state)],
+                          capture_output=True, text=True, timeout=60)
+    assert (down.returncode, down.stdout.strip()) == (0, "stopped"), down.stderr
+    assert up.proc.wait(30) == 0
+    return pids
+
+
+async def all_gone(pids: list[int], what: str) -> None:
+    """Every process of *pids* ended (zombies count as ended), within 10 s."""
+
+    def gone() -> bool:
+        return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+    await wait_for(gone, timeout=10, what=what)

@@ -23,7 +23,7 @@ import pytest
 from tests.cli.test_first_hour import run
 from tests.conftest import tool
 from tests.helpers import wait_for
-from tests.motor_up import UpFleet, motor_up
+from tests.motor_up import UpFleet, all_gone, motor_down, motor_up
 
 T = TypeVar("T")
 
@@ -123,17 +123,10 @@ async def test_co_located_fleet_serves_the_openai_sdk_without_a_gateway(tmp_path
         _, metrics = await _get(url + "/metrics")
         assert "motor_coordinator_" in metrics  # the coordinator's own state on the same scrape
 
-        pids = [p.pid for p in psutil.Process(up.proc.pid).children(recursive=True)]
-        down = subprocess.run([tool("motor"), "down", "--state-dir", str(up.state)],
-                              capture_output=True, text=True, timeout=60)
-        assert (down.returncode, down.stdout.strip()) == (0, "stopped"), down.stderr
-        assert up.proc.wait(30) == 0
+        pids = motor_down(up)
     assert "Stopped; no process left running." in up.log.read_text()
 
-    def gone() -> bool:
-        return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
-
-    await wait_for(gone, timeout=10, what="every program of the fleet gone")
+    await all_gone(pids, "every program of the fleet gone")
     assert not (up.state / "fleet.json").exists()
 
 

@@ -6,7 +6,6 @@ processes on the fleet's one port (``http.workers``, docs/coordinator.md "Front 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +15,8 @@ import pytest
 
 from tests.cli.test_first_hour import run
 from tests.cli.test_up_co_located import _get, _metric, _reached, _status
-from tests.conftest import tool
 from tests.helpers import wait_for
-from tests.motor_up import motor_up
+from tests.motor_up import all_gone, motor_down, motor_up
 
 
 @pytest.mark.slow
@@ -53,17 +51,10 @@ async def test_co_located_front_workers_serve_the_openai_sdk(tmp_path: Path) -> 
         assert view["topology"]["workers"] == 2
         assert f"OpenAI front {url}/v1 (2 worker processes)" in _status(up.state).stdout
 
-        pids = [p.pid for p in psutil.Process(up.proc.pid).children(recursive=True)]
-        down = subprocess.run([tool("motor"), "down", "--state-dir", str(up.state)],
-                              capture_output=True, text=True, timeout=60)
-        assert (down.returncode, down.stdout.strip()) == (0, "stopped"), down.stderr
-        assert up.proc.wait(30) == 0
+        pids = motor_down(up)
     assert "Stopped; no process left running." in up.log.read_text()
 
-    def gone() -> bool:
-        return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
-
-    await wait_for(gone, timeout=10, what="every program of the fleet, and both front workers, gone")
+    await all_gone(pids, "every program of the fleet, and both front workers, gone")
 
 
 REFUSED: list[tuple[list[str], dict[str, Any] | None, str]] = [
