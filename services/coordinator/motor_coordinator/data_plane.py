@@ -57,7 +57,7 @@ class DataPlane:
             clock=self.stall_clock,
         )
         self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec,
-                                   keepalive=d.engine_keepalive_sec)
+                                   keepalive=d.engine_keepalive_sec, clock=self.stall_clock)
         self.dispatcher = Dispatcher(
             self.scheduler, self.client, default_adapters(), d, prefix_chars=cfg.scheduler.prefix_chars,
             token_ids=token_ids, tokenize_offload=self.tokenize_offload,

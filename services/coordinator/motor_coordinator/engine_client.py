@@ -4,7 +4,9 @@ TCP_NODELAY on every connection). aiohttp/OS errors are translated here into
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,7 +16,14 @@ import orjson
 from motor_common.domain import Endpoint
 from motor_common.tracing import Carrier
 
+log = logging.getLogger(__name__)
+
 REQUEST_ID_HEADER = "X-Request-Id"
+# Seconds of this process's own stall during one engine call beyond which its timeout says nothing
+# about the engine (the monitor's probes use it too).
+STALL_TOLERANCE = 0.5
+# Connects tried again after timing out across a stall of this process (then it counts).
+STALLED_CONNECT_RETRIES = 2
 
 
 class EngineUnreachable(Exception):
@@ -35,8 +44,13 @@ def _unreachable(endpoint: Endpoint, exc: BaseException) -> EngineUnreachable:
 
 
 class EngineClient:
-    def __init__(self, *, connect_timeout: float, probe_timeout: float, keepalive: float) -> None:
+    def __init__(self, *, connect_timeout: float, probe_timeout: float, keepalive: float,
+                 clock: Callable[[], float] | None = None) -> None:
+        """*clock*: the stall-compensated clock (``motor_common.stall_clock``): a connect that
+        timed out while this process was frozen or starved is tried again (no connection was
+        made, so the engine saw nothing) instead of failing the request."""
         self._connect_timeout = connect_timeout
+        self._clock = clock
         self._keepalive = keepalive  # below the engines' own keep-alive: DispatchConfig.engine_keepalive_sec
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout)
         self._session: aiohttp.ClientSession | None = None
@@ -68,13 +82,26 @@ class EngineClient:
         """POST *body* as JSON (or GET, without a body) and return the response once its head
         arrived (caller closes it). *trace*: W3C trace headers (``traceparent``, ``tracestate``)."""
         headers = {REQUEST_ID_HEADER: request_id, **dict(trace)}
-        try:
-            if method == "GET":
-                return await self.session.get(endpoint.base_url + path, headers=headers)
+        data = None
+        if method != "GET":
             headers["Content-Type"] = "application/json"
-            return await self.session.post(endpoint.base_url + path, data=orjson.dumps(body), headers=headers)
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise _unreachable(endpoint, exc) from exc
+            data = orjson.dumps(body)
+        for attempt in range(STALLED_CONNECT_RETRIES + 1):
+            clock = self._clock
+            sent_at, raw_sent = (clock(), time.monotonic()) if clock is not None else (0.0, 0.0)
+            try:
+                if data is None:
+                    return await self.session.get(endpoint.base_url + path, headers=headers)
+                return await self.session.post(endpoint.base_url + path, data=data, headers=headers)
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                # total=None: the only timeouts here are connects, which never reached the engine
+                if (clock is not None and isinstance(exc, TimeoutError) and attempt < STALLED_CONNECT_RETRIES
+                        and (stalled := (time.monotonic() - raw_sent) - (clock() - sent_at)) > STALL_TOLERANCE):
+                    log.info("connect to engine %s timed out across a %.1fs stall of this process: trying "
+                             "again", endpoint.host_port, stalled)
+                    continue
+                raise _unreachable(endpoint, exc) from exc
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     @asynccontextmanager
     async def post(

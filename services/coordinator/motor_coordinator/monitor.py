@@ -12,14 +12,12 @@ from typing import Any
 from motor_common.domain import Endpoint, EngineType
 from motor_common.model_card import MAX_BODY_BYTES, ModelCard, parse_card
 from motor_coordinator import metrics
-from motor_coordinator.engine_client import EngineClient
+from motor_coordinator.engine_client import STALL_TOLERANCE, EngineClient
 from motor_coordinator.policies import EngineLoad
 from motor_coordinator.scheduler import EndpointKey, ProbeTarget, Scheduler, endpoint_key
 
 log = logging.getLogger(__name__)
 
-# Seconds of this process's own stall during one probe beyond which its failure is not counted.
-STALL_TOLERANCE = 0.5
 
 _GAUGES = {
     EngineType.VLLM: ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
