@@ -13,7 +13,7 @@ from google.protobuf import descriptor_pb2
 
 from motor_common.gen.motor.common.v1 import types_pb2
 from motor_common.gen.motor.controller.v1 import controller_pb2
-from motor_common.gen.motor.coordinator.v1 import coordinator_pb2
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2, front_worker_pb2
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2
 
 PROTOS = Path(__file__).resolve().parents[2] / "protos"
@@ -54,7 +54,7 @@ KEYWORDS: dict[str, set[str]] = {
         while Any as await false is nil self Self super throws true try Type Protocol""".split()),
 }
 
-FILES = [types_pb2, controller_pb2, coordinator_pb2, nodemanager_pb2]
+FILES = [types_pb2, controller_pb2, coordinator_pb2, front_worker_pb2, nodemanager_pb2]
 
 
 def _file_protos() -> list[descriptor_pb2.FileDescriptorProto]:
