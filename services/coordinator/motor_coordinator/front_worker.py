@@ -110,7 +110,6 @@ class FrontWorker:
         self.policy = self.plane.policy
         self.leadership = MirroredLeadership()
         self.state = RegistryState()
-        self.synced = asyncio.Event()  # set by the first complete Sync message
         self._model_created: dict[str, int] = {}
         self.board = board
         self.scheduler.on_load_change = board.write
@@ -143,8 +142,6 @@ class FrontWorker:
             self.leadership.set(ROLE_FROM_PB.get(lead.role, LeaderRole.STANDBY), lead.isolated, lead.store_available)
         if msg.HasField("alarms"):
             self.scheduler.set_alarmed(frozenset(tuple(g.instance_ids) for g in msg.alarms.groups))
-        if msg.HasField("registry") and msg.HasField("leadership"):
-            self.synced.set()
 
     async def _hello(self) -> AsyncIterator[fpb.SyncRequest]:
         """Who this worker is; then the stream stays open (its end tells the coordinator the
