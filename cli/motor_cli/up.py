@@ -521,7 +521,9 @@ async def _wait_ready(
             last = line
         if sup.fatal:
             return False
-        if ok and view.ok and view.active == view.expected(plan.options.node_count):
+        # Ready once every program has also finished starting (its ports file is written last): the
+        # co-located front can answer from its workers before the coordinator's start returns.
+        if ok and bound and view.ok and view.active == view.expected(plan.options.node_count):
             return True
         if time.monotonic() > deadline:
             _say(f"error: the fleet was not ready after {timeout:g} s; see the logs in {plan.options.state_dir}/logs")
