@@ -1,0 +1,345 @@
+"""What each piece of the co-located front's own per-request work costs, end to end (not a test).
+
+    flock /work/bench.lock .venv/bin/python bench/front_pieces.py [--pieces access_log,front_metrics,...]
+                                          [--rounds 4] [--seconds 3] [--conc 1,64] [--stream]
+
+Variants, each a co-located Motor (``motor-coordinator`` with ``http.port``, no gateway) started
+from a scratch copy of this tree's packages (``PYTHONPATH``, as ``bench/tree_ab.py`` starts its
+trees), except ``relay``:
+
+- ``front`` / ``front-b``: the copy unchanged, under two labels (the A/A pair: the box's noise);
+- ``-PIECE``: the copy with one piece of the front's own work taken out by a scratch patch
+  (:data:`PIECES`: text replacements in the copied sources; nothing shipped has a switch for
+  them); ``-all``: every piece out at once;
+- ``relay``: ``bench/http_stack.py``'s bare aiohttp relay (the same hot-path shape, none of the
+  front's own work): the floor.
+
+The same two zero-latency simulators serve every variant. Per round each variant is started,
+loaded at each concurrency with ``bench/loadgen.py`` for ``--seconds`` and stopped, in an order
+that rotates per round. Prints every measurement, the medians with the paired ratios to ``front``
+(``bench/http_stack.py``'s report) and, per piece, the CPU it costs: the median over the rounds
+of ``front`` minus ``-PIECE`` within the round, in µs per request and as a share of ``front``.
+
+``python bench/front_pieces.py micro [--n 20000] [--runs 5]`` times in process what this round cut
+from those pieces, each before (written out here) against the tree's code: the access-log line
+(stdlib logging defaults, a strftime per line) for the JSON and the text format, the request id
+(``uuid.uuid4().hex``) and the scheduler's load guard (an ``asynccontextmanager``; 2 per PD request).
+
+A patch whose text is no longer in the tree fails the run (and ``tests/bench``) with the piece's
+name: update :data:`PIECES` with the code it cuts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.http_stack import PATH, Results, report, rotation, start_relay  # noqa: E402
+
+PACKAGES = ("common", "gateway", "services/coordinator")
+_APP = "common/motor_common/openai_front/app.py"
+_HTTP_FRONT = "services/coordinator/motor_coordinator/http_front.py"
+_DISPATCHER = "services/coordinator/motor_coordinator/dispatcher.py"
+_TRACE = "services/coordinator/motor_coordinator/dispatch_trace.py"
+_MW = ("    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:\n")
+
+# piece -> (file, text, replacement): each text must occur exactly once in its file.
+Patch = tuple[str, str, str]
+PIECES: dict[str, list[Patch]] = {
+    # the access-log line (a LogRecord, the JSON formatter, a write) and the usage it reports
+    "access_log": [
+        (_APP, "            log_access(request.method, route, status, elapsed, access)\n", ""),
+        (_APP, "                    request[ACCESS_KEY].usage_from_json(data)\n", "                    pass\n"),
+        (_APP, "                access.usage_from_sse(chunk)\n", ""),
+    ],
+    # the front's motor_gateway_* metrics: in-flight gauge, request counter, latency histogram
+    "front_metrics": [
+        (_APP, "        in_flight.inc()\n", ""),
+        (_APP, "            in_flight.dec()\n            _count(route, status)\n", ""),
+        (_APP, "            _LATENCY[route].observe(elapsed)\n", ""),
+    ],
+    # the coordinator's per-request metrics (request_metrics.observed) and PD phase histograms
+    "coord_metrics": [
+        (_HTTP_FRONT, "return observed(self.app.dispatcher.dispatch(parsed, request_id, trace=incoming.get()), "
+                      "parsed.model)", "return self.app.dispatcher.dispatch(parsed, request_id, trace=incoming.get())"),
+        (_TRACE, "    child = _PHASES.get((model, role, phase))\n", "    return\n    child = None\n"),
+    ],
+    # a fresh uuid4 per request (the client sent no X-Request-Id)
+    "request_id": [(_APP, "or new_request_id()", 'or "0123456789abcdef0123456789abcdef"')],
+    # the request id's ContextVar, set and reset per request
+    "contextvar": [
+        (_APP, "        token = request_id_var.set(rid)\n", ""),
+        (_APP, "            request_id_var.reset(token)\n", ""),
+    ],
+    # tracing off: the middleware's look for a traceparent, the carrier handed to the dispatcher
+    "tracing": [
+        (_APP, "if route in _TRACED and (TRACEPARENT in request.headers or tracer().enabled):", "if False:"),
+        (_HTTP_FRONT, "trace=incoming.get())", "trace=())"),
+    ],
+    # admission: the front's queue/limits (acquire, release) and the coordinator's role check
+    "admission": [
+        (_APP, "ticket = await self.admission.acquire(model, request[API_KEY_ID], len(raw))", "ticket = None"),
+        (_APP, "            self.admission.release(ticket)\n", "            pass\n"),
+        (_HTTP_FRONT, "        admit(self.app, degraded_hint=False)\n", ""),
+    ],
+    # timers: the dispatcher's first-byte watchdog (two per PD request), the body-read timeout
+    "timers": [
+        (_DISPATCHER, "if self.cfg.health_probe_interval_sec > 0 else aw)", "if False else aw)"),
+        (_APP, "async with asyncio.timeout(self.limits.body_timeout_sec):", "if True:"),
+    ],
+    # the Server header (an on_response_prepare signal handler per response)
+    "server_header": [(_APP, "        app.on_response_prepare.append(_server_header)\n", "")],
+    # everything the middleware does (metrics, access log, request id, auth, tracing, contextvar)
+    "middleware": [(_APP, _MW, _MW + "        request[REQUEST_ID_KEY] = '0123456789abcdef0123456789abcdef'\n"
+                                      "        request[ACCESS_KEY] = Access()\n"
+                                      "        request[API_KEY_ID] = ANONYMOUS\n"
+                                      "        return await handler(request)\n")],
+}
+
+
+def patched(text: str, piece: str, patches: Sequence[Patch], path: str) -> str:
+    """*text* (the file *path*) with *piece*'s patches of that file applied."""
+    for file, old, new in patches:
+        if file != path:
+            continue
+        n = text.count(old)
+        if n != 1:
+            raise ValueError(f"piece {piece!r}: {old.strip()[:60]!r} occurs {n} times in {file}, not once: "
+                             "update bench/front_pieces.py's PIECES")
+        text = text.replace(old, new)
+    return text
+
+
+def scratch_tree(src: Path, dst: Path, pieces: Sequence[str]) -> Path:
+    """A copy of *src*'s packages in *dst* with *pieces* taken out; returns *dst*."""
+    for pkg in PACKAGES:
+        shutil.copytree(src / pkg, dst / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so"))
+    for piece in pieces:
+        for path in sorted({p[0] for p in PIECES[piece]}):
+            f = dst / path
+            f.write_text(patched(f.read_text(), piece, PIECES[piece], path))
+    return dst
+
+
+def variants(pieces: Sequence[str]) -> list[str]:
+    return ["front", "front-b", "relay", *(f"-{p}" for p in pieces), "-all"]
+
+
+def costs(res: Results, pieces: Sequence[str], conc: Sequence[int]) -> str:
+    """Per piece and concurrency: front - (front without it), µs per request, median of the rounds."""
+    lines = ["what each piece costs (median over rounds of front - variant, same round):"]
+    for c in conc:
+        front = res.get(("front", c), [])
+        full = statistics.median(x[0] for x in front) if front else 0.0
+        for v in ("front-b", "relay", *(f"-{p}" for p in pieces), "-all"):
+            diffs = [f[0] - x[0] for f, x in zip(front, res.get((v, c), []), strict=False)]
+            if not diffs or full <= 0:
+                continue
+            d = statistics.median(diffs)
+            lines.append(f"  c={c:<3} {v:16} {d:7.0f} us/req  {d / full * 100:5.1f}% of front"
+                         f"  [{min(diffs):.0f} .. {max(diffs):.0f}]")
+    return "\n".join(lines)
+
+
+async def bench(a: argparse.Namespace) -> Results:
+    from bench.common import ZERO, start_engines, start_motor, tree_cpu
+    from bench.loadgen import run_load
+    from bench.run import make_body_factory
+
+    res: Results = {}
+    names = variants(a.pieces)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        trees = {"front": scratch_tree(ROOT, d / "front", [])}
+        trees["front-b"] = trees["front"]
+        for p in a.pieces:
+            trees[f"-{p}"] = scratch_tree(ROOT, d / p, [p])
+        trees["-all"] = scratch_tree(ROOT, d / "all", [p for p in a.pieces if p != "middleware"] +
+                                     (["middleware"] if "middleware" in a.pieces else []))
+        async with start_engines("vllm", d, ZERO) as e:
+            prefill, decode = e.prefills[0].url, e.decodes[0].url
+            print(f"load average at start: {os.getloadavg()}", flush=True)
+            for rnd in range(a.rounds):
+                for v in rotation(names, rnd):
+                    if v == "relay":
+                        target = start_relay("aiohttp", prefill, decode, d)
+                    else:
+                        saved = os.environ.get("PYTHONPATH")
+                        os.environ["PYTHONPATH"] = os.pathsep.join(str(trees[v] / p) for p in PACKAGES)
+                        try:
+                            target = start_motor(e, d, name=v, co_located=True)
+                        finally:
+                            if saved is None:
+                                os.environ.pop("PYTHONPATH", None)
+                            else:
+                                os.environ["PYTHONPATH"] = saved
+                    async with target as t:
+                        pids = [t.pid] if v == "relay" else t.pids
+                        for c in a.conc:
+                            c0 = tree_cpu(pids)
+                            r = await run_load(v, t.url + PATH, make_body_factory(a.stream), concurrency=c,
+                                               requests=0, duration=a.seconds, warmup=20)
+                            cpu = (tree_cpu(pids) - c0) / max(1, len(r.samples)) * 1e6
+                            s = r.summary()
+                            res.setdefault((v, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
+                            print(f"round {rnd} {v:16} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f}"
+                                  f" cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
+                            if s["failures"]:
+                                print(f"  first failure: {next(x.error for x in r.samples if not x.ok)}", flush=True)
+            print(f"load average at end: {os.getloadavg()}", flush=True)
+    print(report(res, names, a.conc), flush=True)
+    print(costs(res, a.pieces, a.conc), flush=True)
+    return res
+
+
+# -- in process: what this round's cuts remove ----------------------------------------------------
+class _StrftimeJson(logging.Formatter):
+    """The JSON formatter before: a strftime per line (what ``JsonFormatter`` caches per second)."""
+
+    def __init__(self, new: logging.Formatter) -> None:
+        super().__init__()
+        self._new = new
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self._new.format(record)
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))  # the per-line cost it had
+        return line
+
+
+def _access_line_us(fmt: str, before: bool, n: int, out: Path) -> float:
+    from motor_common.logs import TextFormatter, request_id_var, setup_logging
+    from motor_common.openai_front.access_log import Access, log_access
+
+    saved = sys.stderr
+    with out.open("w") as sys.stderr:
+        setup_logging("coordinator", fmt=fmt)  # this tree's settings
+        handler = logging.getLogger().handlers[0]
+        if before:  # the stdlib defaults and the formatters' strftime per line
+            logging._srcfile = os.path.normcase(logging.addLevelName.__code__.co_filename)
+            logging.logThreads = logging.logProcesses = logging.logMultiprocessing = True
+            if fmt == "json":
+                handler.setFormatter(_StrftimeJson(handler.formatter))  # type: ignore[arg-type]
+            else:
+                class _StrftimeText(TextFormatter):
+                    formatTime = logging.Formatter.formatTime
+
+                handler.setFormatter(_StrftimeText("coordinator"))
+        token = request_id_var.set("0123456789abcdef0123456789abcdef")
+        a = Access(model="bench", stream=False, prompt_tokens=5, completion_tokens=16)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            log_access("POST", "/v1/completions", 200, 0.0012, a)
+        us = (time.perf_counter() - t0) / n * 1e6
+        request_id_var.reset(token)
+    sys.stderr = saved
+    return us
+
+
+def _request_id_us(before: bool, n: int) -> float:
+    from motor_common.logs import new_request_id
+
+    make = (lambda: uuid.uuid4().hex) if before else new_request_id
+    t0 = time.perf_counter()
+    for _ in range(n):
+        make()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+class _NoLoad:
+    def _load_enter(self, keys: list[Any], tokens: int) -> None:
+        pass
+
+    def _load_exit(self, keys: list[Any], tokens: int) -> None:
+        pass
+
+
+@asynccontextmanager
+async def _old_guard(s: _NoLoad) -> AsyncIterator[None]:
+    s._load_enter([], 0)
+    try:
+        yield
+    finally:
+        s._load_exit([], 0)
+
+
+async def _guard_us(before: bool, n: int) -> float:
+    from motor_coordinator.scheduler import LoadGuard
+
+    s = _NoLoad()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        async with (_old_guard(s) if before else LoadGuard(s, [], 0)):  # type: ignore[arg-type]
+            pass
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def micro(n: int, runs: int) -> dict[str, tuple[float, float]]:
+    """Per item: the median over *runs* of (before, after) µs per request; runs interleave."""
+    import uvloop
+
+    got: dict[str, list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(runs):
+            for fmt in ("json", "text"):
+                got.setdefault(f"access-log line ({fmt})", []).append(
+                    (_access_line_us(fmt, True, n, Path(tmp) / "a.log"), _access_line_us(fmt, False, n, Path(tmp) / "b.log")))
+            got.setdefault("request id", []).append((_request_id_us(True, n), _request_id_us(False, n)))
+            got.setdefault("load guard (x2 per PD request)", []).append(
+                (uvloop.run(_guard_us(True, n)), uvloop.run(_guard_us(False, n))))
+    out = {k: (statistics.median(b for b, _ in v), statistics.median(a for _, a in v)) for k, v in got.items()}
+    for k, (b, a) in out.items():
+        print(f"  {k:32} before {b:6.2f} us  after {a:6.2f} us  saved {b - a:6.2f} us", flush=True)
+    return out
+
+
+def _csv(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def _pieces(text: str) -> list[str]:
+    out = _csv(text)
+    unknown = [p for p in out if p not in PIECES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown piece(s) {', '.join(unknown)}; known: {', '.join(PIECES)}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd")
+    mi = sub.add_parser("micro", help="in process: what this round's cuts remove, before vs after")
+    mi.add_argument("--n", type=int, default=20000)
+    mi.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--pieces", type=_pieces, default=list(PIECES))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=3)
+    ap.add_argument("--conc", type=lambda t: [int(x) for x in _csv(t)], default=[1, 64])
+    ap.add_argument("--stream", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "micro":
+        print(f"load average: {os.getloadavg()}", flush=True)
+        micro(a.n, a.runs)
+        return
+    from motor_common.runner import install_uvloop
+
+    install_uvloop()
+    asyncio.run(bench(a))
+
+
+if __name__ == "__main__":
+    main()
