@@ -11,7 +11,8 @@ from __future__ import annotations
 import heapq
 import time
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, TypeVar, cast
@@ -135,25 +136,6 @@ class ProbeTarget:
     endpoint: Endpoint
     engine: EngineType
 
-
-
-class LoadGuard:
-    """:meth:`Scheduler.load_guard`'s context: the in-flight accounting on entry, undone on exit
-    however the block ends. A plain object, not an ``asynccontextmanager`` generator: two per PD
-    request."""
-
-    __slots__ = ("_keys", "_scheduler", "_tokens")
-
-    def __init__(self, scheduler: Scheduler, keys: list[EndpointKey], tokens: int) -> None:
-        self._scheduler = scheduler
-        self._keys = keys
-        self._tokens = tokens
-
-    async def __aenter__(self) -> None:
-        self._scheduler._load_enter(self._keys, self._tokens)
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._scheduler._load_exit(self._keys, self._tokens)
 
 class Scheduler:
     def __init__(
@@ -325,12 +307,12 @@ class Scheduler:
         for k in changed:
             self._rescore(k)
 
-    def load_guard(self, *candidates: Candidate | None, tokens: int = 0) -> LoadGuard:
-        """``async with``: count a request in flight on each of *candidates* while the block runs;
-        *tokens* (prompt tokens a prefill computes) are queued on each of them meanwhile."""
-        return LoadGuard(self, [endpoint_key(c.endpoint) for c in candidates if c is not None], max(0, tokens))
-
-    def _load_enter(self, keys: list[EndpointKey], tokens: int) -> None:
+    @asynccontextmanager
+    async def load_guard(self, *candidates: Candidate | None, tokens: int = 0) -> AsyncIterator[None]:
+        """Count a request in flight on each of *candidates* while the block runs; *tokens*
+        (prompt tokens a prefill computes) are queued on each of them meanwhile."""
+        keys = [endpoint_key(c.endpoint) for c in candidates if c is not None]
+        tokens = max(0, tokens)
         for k in keys:
             self._inflight[k] = self._inflight.get(k, 0) + 1
             if tokens:
@@ -338,23 +320,24 @@ class Scheduler:
             self._rescore(k)
             if self.on_load_change is not None:
                 self.on_load_change(k, self._inflight[k], self._queued_tokens.get(k, 0))
-
-    def _load_exit(self, keys: list[EndpointKey], tokens: int) -> None:
-        for k in keys:
-            left = self._inflight.get(k, 0) - 1
-            if left > 0:
-                self._inflight[k] = left
-            else:
-                self._inflight.pop(k, None)
-            if tokens:
-                queued = self._queued_tokens.get(k, 0) - tokens
-                if queued > 0:
-                    self._queued_tokens[k] = queued
+        try:
+            yield
+        finally:
+            for k in keys:
+                left = self._inflight.get(k, 0) - 1
+                if left > 0:
+                    self._inflight[k] = left
                 else:
-                    self._queued_tokens.pop(k, None)
-            self._rescore(k)
-            if self.on_load_change is not None:
-                self.on_load_change(k, self._inflight.get(k, 0), self._queued_tokens.get(k, 0))
+                    self._inflight.pop(k, None)
+                if tokens:
+                    queued = self._queued_tokens.get(k, 0) - tokens
+                    if queued > 0:
+                        self._queued_tokens[k] = queued
+                    else:
+                        self._queued_tokens.pop(k, None)
+                self._rescore(k)
+                if self.on_load_change is not None:
+                    self.on_load_change(k, self._inflight.get(k, 0), self._queued_tokens.get(k, 0))
 
     def probe_targets(self) -> list[ProbeTarget]:
         seen: dict[EndpointKey, ProbeTarget] = {}
