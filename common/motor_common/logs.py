@@ -8,9 +8,9 @@ in every process, carries the same id.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
+import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,31 +37,19 @@ class LogConfig:
             raise ValueError(f"log.level {self.level!r} is not one of {', '.join(_LEVELS)}")
 
 
-# uuid.uuid4()'s version (4) and variant (RFC 4122) bits, set in 16 random bytes
-_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
-_UUID4_SET = (0x8000 << 48) | (4 << 76)
-
-
 def new_request_id() -> str:
-    """A random (version 4) UUID's 32 hex digits, as ``uuid.uuid4().hex`` writes them, without
-    building the ``UUID`` object (a fresh one per request that sent no ``X-Request-Id``)."""
-    return f"{(int.from_bytes(os.urandom(16), 'big') & _UUID4_CLEAR) | _UUID4_SET:032x}"
+    return uuid.uuid4().hex
 
 
 class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
         self.service = service
-        self._second = -1  # the whole second of the last record, and its formatted UTC time
-        self._stamp = ""
 
     def format(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
-        if second != self._second:  # one strftime per second, not per line
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
         out: dict[str, Any] = {
-            "ts": f"{self._stamp}.{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
@@ -81,16 +69,6 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__("%(asctime)s %(levelname)-7s " + service + " %(name)s: %(message)s")
-        self._second = -1  # the whole second of the last record, and its formatted local time
-        self._stamp = ""
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        """``logging.Formatter``'s default time, with one strftime per second, not per line."""
-        second = int(record.created)
-        if second != self._second:
-            self._stamp = time.strftime(self.default_time_format, self.converter(second))
-            self._second = second
-        return f"{self._stamp},{int(record.msecs):03d}"
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -112,12 +90,5 @@ def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # Neither formatter writes a record's source file and line, thread, process or process name:
-    # not looking them up saves a stack walk and three lookups per record, one record per request
-    # in the access log (the logging HOWTO's "Optimization" settings).
-    logging._srcfile = None
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
     for noisy in ("aiohttp.access", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
