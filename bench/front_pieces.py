@@ -20,10 +20,11 @@ that rotates per round. Prints every measurement, the medians with the paired ra
 (``bench/http_stack.py``'s report) and, per piece, the CPU it costs: the median over the rounds
 of ``front`` minus ``-PIECE`` within the round, in µs per request and as a share of ``front``.
 
-``python bench/front_pieces.py micro [--n 20000] [--runs 5]`` times in process what this round cut
-from those pieces, each before (written out here) against the tree's code: the access-log line
-(stdlib logging defaults, a strftime per line) for the JSON and the text format, the request id
-(``uuid.uuid4().hex``) and the scheduler's load guard (an ``asynccontextmanager``; 2 per PD request).
+``python bench/front_pieces.py micro [--n 20000] [--runs 5]`` times in process the cuts tried on
+2026-12-02 (not kept: end to end they were below the box's noise), each written out here against
+the tree's code: the access-log line without the caller/thread/process lookups and with one
+strftime per second, for the JSON and the text format; the request id without a ``UUID`` object;
+the scheduler's load guard as a plain async context object (2 per PD request).
 
 A patch whose text is no longer in the tree fails the run (and ``tests/bench``) with the piece's
 name: update :data:`PIECES` with the code it cuts.
@@ -40,7 +41,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -207,83 +207,112 @@ async def bench(a: argparse.Namespace) -> Results:
     return res
 
 
-# -- in process: what this round's cuts remove ----------------------------------------------------
-class _StrftimeJson(logging.Formatter):
-    """The JSON formatter before: a strftime per line (what ``JsonFormatter`` caches per second)."""
-
-    def __init__(self, new: logging.Formatter) -> None:
-        super().__init__()
-        self._new = new
-
-    def format(self, record: logging.LogRecord) -> str:
-        line = self._new.format(record)
-        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))  # the per-line cost it had
-        return line
+# -- in process: what the cuts tried on 2026-12-02 would remove (not kept: below the box's noise) ----
+# "before" is this tree's code; "after" is each cut written out here.
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))  # uuid4's version and variant bits
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
 
 
-def _access_line_us(fmt: str, before: bool, n: int, out: Path) -> float:
+def _fast_request_id() -> str:
+    """``uuid.uuid4().hex`` without the ``UUID`` object."""
+    return f"{(int.from_bytes(os.urandom(16), 'big') & _UUID4_CLEAR) | _UUID4_SET:032x}"
+
+
+def _cached_time(base: type[logging.Formatter]) -> type[logging.Formatter]:
+    """*base* (the text formatter) with one strftime per second in ``formatTime``."""
+
+    class Cached(base):  # type: ignore[valid-type,misc]
+        _second, _stamp = -1, ""
+
+        def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+            second = int(record.created)
+            if second != self._second:
+                self._stamp, self._second = time.strftime(self.default_time_format, self.converter(second)), second
+            return f"{self._stamp},{int(record.msecs):03d}"
+
+    return Cached
+
+
+def _access_line_us(fmt: str, cut: bool, n: int, out: Path) -> float:
     from motor_common.logs import TextFormatter, request_id_var, setup_logging
     from motor_common.openai_front.access_log import Access, log_access
 
     saved = sys.stderr
+    flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
     with out.open("w") as sys.stderr:
         setup_logging("coordinator", fmt=fmt)  # this tree's settings
-        handler = logging.getLogger().handlers[0]
-        if before:  # the stdlib defaults and the formatters' strftime per line
-            logging._srcfile = os.path.normcase(logging.addLevelName.__code__.co_filename)
-            logging.logThreads = logging.logProcesses = logging.logMultiprocessing = True
-            if fmt == "json":
-                handler.setFormatter(_StrftimeJson(handler.formatter))  # type: ignore[arg-type]
-            else:
-                class _StrftimeText(TextFormatter):
-                    formatTime = logging.Formatter.formatTime
-
-                handler.setFormatter(_StrftimeText("coordinator"))
+        if cut:  # the logging HOWTO's "Optimization" settings, and a strftime per second
+            logging._srcfile = None
+            logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+            if fmt == "text":
+                logging.getLogger().handlers[0].setFormatter(_cached_time(TextFormatter)("coordinator"))
         token = request_id_var.set("0123456789abcdef0123456789abcdef")
         a = Access(model="bench", stream=False, prompt_tokens=5, completion_tokens=16)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            log_access("POST", "/v1/completions", 200, 0.0012, a)
-        us = (time.perf_counter() - t0) / n * 1e6
-        request_id_var.reset(token)
+        strftime = time.strftime
+        if cut and fmt == "json":  # JsonFormatter's strftime per line, as if cached per second
+            stamp = strftime("%Y-%m-%dT%H:%M:%S")
+            time.strftime = lambda *_: stamp  # type: ignore[assignment]
+        try:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                log_access("POST", "/v1/completions", 200, 0.0012, a)
+            us = (time.perf_counter() - t0) / n * 1e6
+        finally:
+            time.strftime = strftime
+            request_id_var.reset(token)
+            logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = flags
     sys.stderr = saved
     return us
 
 
-def _request_id_us(before: bool, n: int) -> float:
+def _request_id_us(cut: bool, n: int) -> float:
     from motor_common.logs import new_request_id
 
-    make = (lambda: uuid.uuid4().hex) if before else new_request_id
+    make = _fast_request_id if cut else new_request_id
     t0 = time.perf_counter()
     for _ in range(n):
         make()
     return (time.perf_counter() - t0) / n * 1e6
 
 
+class _Guard:
+    """The load guard as a plain async context object (what the cut made of ``load_guard``)."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, s: Any) -> None:
+        self._s = s
+
+    async def __aenter__(self) -> None:
+        self._s.enter()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._s.exit()
+
+
 class _NoLoad:
-    def _load_enter(self, keys: list[Any], tokens: int) -> None:
+    def enter(self) -> None:
         pass
 
-    def _load_exit(self, keys: list[Any], tokens: int) -> None:
+    def exit(self) -> None:
         pass
 
 
 @asynccontextmanager
-async def _old_guard(s: _NoLoad) -> AsyncIterator[None]:
-    s._load_enter([], 0)
+async def _generator_guard(s: _NoLoad) -> AsyncIterator[None]:
+    """``Scheduler.load_guard``'s shape in this tree: an ``asynccontextmanager`` generator."""
+    s.enter()
     try:
         yield
     finally:
-        s._load_exit([], 0)
+        s.exit()
 
 
-async def _guard_us(before: bool, n: int) -> float:
-    from motor_coordinator.scheduler import LoadGuard
-
+async def _guard_us(cut: bool, n: int) -> float:
     s = _NoLoad()
     t0 = time.perf_counter()
     for _ in range(n):
-        async with (_old_guard(s) if before else LoadGuard(s, [], 0)):  # type: ignore[arg-type]
+        async with (_Guard(s) if cut else _generator_guard(s)):
             pass
     return (time.perf_counter() - t0) / n * 1e6
 
@@ -297,10 +326,10 @@ def micro(n: int, runs: int) -> dict[str, tuple[float, float]]:
         for _ in range(runs):
             for fmt in ("json", "text"):
                 got.setdefault(f"access-log line ({fmt})", []).append(
-                    (_access_line_us(fmt, True, n, Path(tmp) / "a.log"), _access_line_us(fmt, False, n, Path(tmp) / "b.log")))
-            got.setdefault("request id", []).append((_request_id_us(True, n), _request_id_us(False, n)))
+                    (_access_line_us(fmt, False, n, Path(tmp) / "a.log"), _access_line_us(fmt, True, n, Path(tmp) / "b.log")))
+            got.setdefault("request id", []).append((_request_id_us(False, n), _request_id_us(True, n)))
             got.setdefault("load guard (x2 per PD request)", []).append(
-                (uvloop.run(_guard_us(True, n)), uvloop.run(_guard_us(False, n))))
+                (uvloop.run(_guard_us(False, n)), uvloop.run(_guard_us(True, n))))
     out = {k: (statistics.median(b for b, _ in v), statistics.median(a for _, a in v)) for k, v in got.items()}
     for k, (b, a) in out.items():
         print(f"  {k:32} before {b:6.2f} us  after {a:6.2f} us  saved {b - a:6.2f} us", flush=True)
@@ -322,7 +351,7 @@ def _pieces(text: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     sub = ap.add_subparsers(dest="cmd")
-    mi = sub.add_parser("micro", help="in process: what this round's cuts remove, before vs after")
+    mi = sub.add_parser("micro", help="in process: what the tried cuts remove, tree vs cut")
     mi.add_argument("--n", type=int, default=20000)
     mi.add_argument("--runs", type=int, default=5)
     ap.add_argument("--pieces", type=_pieces, default=list(PIECES))

@@ -1,17 +1,31 @@
 """bench/front_pieces.py still runs against this tree: every scratch patch finds the code it cuts,
-the patched copies import, and a short run serves every variant. No benchmark figures."""
+the patched copies import, a short run serves every variant, and the in-process timings of the
+tried cuts run (and restore logging). No benchmark figures."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 
-from bench.front_pieces import PACKAGES, PIECES, ROOT, bench, costs, patched, scratch_tree, variants
+from bench.front_pieces import (
+    PACKAGES,
+    PIECES,
+    ROOT,
+    _fast_request_id,
+    bench,
+    costs,
+    micro,
+    patched,
+    scratch_tree,
+    variants,
+)
 
 _IMPORTS = ("import motor_common.openai_front.app as a, motor_coordinator.http_front, "
             "motor_coordinator.dispatcher, motor_coordinator.dispatch_trace, motor_coordinator.main; "
@@ -52,3 +66,18 @@ async def test_a_short_run_serves_every_variant() -> None:
     res = await bench(a)
     assert sorted(v for v, _ in res) == sorted(variants(["access_log"]))
     assert all(x[0][1] > 0 and x[0][0] > 0 for x in res.values()), res  # each served and used CPU
+
+
+def test_micro_times_every_tried_cut_and_leaves_logging_as_it_found_it() -> None:
+    flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    handlers = logging.getLogger().handlers[:]
+    try:
+        out = micro(200, 1)
+    finally:
+        logging.getLogger().handlers[:] = handlers
+    assert set(out) == {"access-log line (json)", "access-log line (text)", "request id",
+                        "load guard (x2 per PD request)"}
+    assert all(before > 0 and after > 0 for before, after in out.values())
+    assert (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing) == flags
+    rid = _fast_request_id()
+    assert uuid.UUID(rid).hex == rid and uuid.UUID(rid).version == 4 and uuid.UUID(rid).variant == uuid.RFC_4122
