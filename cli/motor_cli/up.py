@@ -501,7 +501,9 @@ async def _wait_ready(
     last = ""
     while not stop.is_set():
         sup.poll()
-        bound = all(c.spec.ports_file.exists() or c.proc is None for c in sup.children)
+        # Every program wrote its ports file (etcd writes none: Motor's programs reach it before they write
+        # theirs) or has exited.
+        bound = all(c.spec.kind == "etcd" or c.spec.ports_file.exists() or c.proc is None for c in sup.children)
         if picking is not None and (bound or time.monotonic() > started + PORT_PICK_HOLD_SEC):
             picking.release()  # every program holds its port (or has exited): another motor up may pick
         for event in sup.events:
