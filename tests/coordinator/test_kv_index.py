@@ -268,3 +268,47 @@ def test_pending_settings_are_validated() -> None:
     i.add_pending("a", [1, 2])
     assert i.pending_count("a") == 0
     i.add_pending("unknown", [1])  # an engine not tracked: ignored
+
+
+def test_victim_times_follow_least_recently_used_order_beyond_the_capacity_seen_when_it_evicted() -> None:
+    now = [0.0]
+    i = KvIndex(1000, clock=lambda: now[0], pending_ttl=0)
+    i.add_engine("a", "m")
+    assert i.victim_times("a", 5, set()) is None  # no stream yet: unknown
+    for t, h in enumerate((1, 2, 3, 4)):
+        now[0] = float(t)
+        i.apply("a", t, stored(h))
+    assert i.victim_times("a", 100, set()) == []  # never evicted: capacity unknown, it has room
+    i.apply("a", 4, removed(1))  # evicts while holding 4 blocks: its capacity is 4
+    assert i.victim_times("a", 1, set()) == []  # 3 held: room for one more
+    assert i.victim_times("a", 2, set()) == [1.0]  # one must go: the least recently used (block 2)
+    now[0] = 10.0
+    i.touch("a", [2, 99])  # a prefill hit block 2 (99 is not held: ignored)
+    assert i.victim_times("a", 3, set()) == [2.0, 3.0]  # blocks 3 and 4; block 2 is now the newest
+    assert i.victim_times("a", 3, {3}) == [3.0, 10.0]  # the prompt's own blocks (3) are not victims
+    i.apply("a", 5, stored(5))  # stored now (t 10)
+    assert i.victim_times("a", 1, set()) == [2.0]
+
+
+def test_victim_times_forget_the_capacity_on_restart_and_know_nothing_when_stale() -> None:
+    i = KvIndex(1000, pending_ttl=0)
+    i.add_engine("a", "m")
+    i.apply("a", 0, stored(1, 2))
+    i.apply("a", 1, removed(1))
+    assert i.victim_times("a", 5, set()) == [i.victim_times("a", 5, set())[0]]  # type: ignore[index]
+    i.apply("a", 0, stored(7))  # restarted (seq 0 again): capacity unknown again
+    assert i.victim_times("a", 5, set()) == []
+    i.apply("a", 1, removed(7))
+    assert i.victim_times("a", 5, set()) is not None
+    i.mark_stale("a")
+    assert i.victim_times("a", 5, set()) is None
+
+
+def test_pending_blocks_take_room() -> None:
+    i = KvIndex(1000, pending_ttl=5.0)
+    i.add_engine("a", "m")
+    i.apply("a", 0, stored(1, 2, 3))
+    i.apply("a", 1, removed(3))  # capacity 3, holds 2
+    assert i.victim_times("a", 1, set()) == []
+    i.add_pending("a", [8])
+    assert len(i.victim_times("a", 1, set()) or []) == 1  # the pending block took the free one
