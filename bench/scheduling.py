@@ -18,8 +18,7 @@ every router so every run starts cold.
 
 Routers, in one run: Motor ``round_robin`` (through motor-gateway and through the coordinator's
 co-located front), ``prefix_aware`` (the ring) and ``kv_events`` (the engines' KV events,
-simulator tokenizer; gateway and co-located), ``room`` (``kv_events`` with
-``scheduler.kv_events.room``: an A/B in one run); vllm-router ``round_robin`` and ``cache_aware``; on
+simulator tokenizer; gateway and co-located); vllm-router ``round_robin`` and ``cache_aware``; on
 SGLang engines Motor ``kv_events`` (co-located) and sglang-router ``cache_aware``. Hit rate = prefix-cache hit tokens / queried
 tokens summed over the prefill engines (from their /metrics). Figures are benchmark figures, never
 pass/fail.
@@ -246,15 +245,12 @@ def _motor(config: dict[str, Any] | None = None, **kw: Any) -> Callable[..., Any
 
 def setups(only: str | None) -> list[tuple[str, str, Callable[..., Any]]]:
     kv = {"scheduler": KV_EVENTS}
-    room = {"scheduler": {**KV_EVENTS, "kv_events": {**KV_EVENTS["kv_events"], "room": True}}}
     out: list[tuple[str, str, Callable[..., Any]]] = [
         ("vllm", "motor/round_robin", _motor(policy="round_robin")),
         ("vllm", "motor/round_robin co-located", _motor(policy="round_robin", co_located=True)),
         ("vllm", "motor/prefix_aware", _motor(policy="prefix_aware")),
         ("vllm", "motor/kv_events", _motor(kv)),
-        ("vllm", "motor/room", _motor(room)),
         ("vllm", "motor/kv_events co-located", _motor(kv, co_located=True)),
-        ("vllm", "motor/room co-located", _motor(room, co_located=True)),
         ("vllm", "vllm-router/round_robin", lambda e, d: start_vllm_router(e, d, "round_robin")),
         ("vllm", "vllm-router/cache_aware", lambda e, d: start_vllm_router(e, d, "cache_aware")),
         ("sglang", "motor/kv_events co-located", _motor(kv, co_located=True)),

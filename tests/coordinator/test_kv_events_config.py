@@ -84,17 +84,3 @@ def test_bad_kv_events_keys_are_config_errors(tmp_path: object) -> None:
         p.write_text(text)
         with pytest.raises(ConfigError, match=what):
             load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")
-
-
-def test_room_is_read_from_the_config_file_into_the_policy(tmp_path: object) -> None:
-    from pathlib import Path
-
-    p = Path(str(tmp_path)) / "c.yaml"
-    p.write_text("scheduler: {policy: kv_events, kv_events: {room: true}}")
-    cfg = load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")
-    policy = make_policy(cfg.scheduler, PolicyContext(KvIndex()))
-    assert policy.room is True  # type: ignore[attr-defined]
-    assert KvEventsConfig().room is False  # off unless configured
-    p.write_text("scheduler: {policy: kv_events, kv_events: {room: 3}}")
-    with pytest.raises(ConfigError, match="room"):
-        load_config(CoordinatorConfig, str(p), env_prefix="MOTOR_COORDINATOR")

@@ -11,7 +11,7 @@ from motor_common.kv_events import (
     EventBatch,
     vllm_event_hashes,
 )
-from motor_coordinator.config import KvEventsConfig, SchedulerConfig
+from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.policies.base import (
     Candidate,
@@ -296,54 +296,3 @@ def test_pending_blocks_are_bounded_per_engine_oldest_dropped_first() -> None:
     assert index.pending_count("e") == 6
     index.add_pending("e", second)
     assert index.pending_count("e") == 6
-
-
-def _room_setup(room: bool) -> tuple[KvIndex, KvEvents, list[Candidate], list[float]]:
-    """Two full engines holding the system prompt: engine 1 also holds another chat's blocks used
-    at t 9 (hot), engine 2 another chat's blocks used at t 1 (cold). Each has room for one block."""
-    now = [0.0]
-    index = KvIndex(clock=lambda: now[0], pending_ttl=0)
-    c = cands(2, queued=[0, 20])  # engine 1 has the shorter queue
-    live(index, c)
-    for i, (x, t) in enumerate(((c[0], 9.0), (c[1], 1.0))):
-        hold(index, x.key, SYSTEM, seq=1)
-        now[0] = t
-        hold(index, x.key, list(range(5000 + 100 * i, 5032 + 100 * i)), seq=2)  # 2 blocks of a chat
-        now[0] = 0.0
-        hold(index, x.key, list(range(7000 + 100 * i, 7016 + 100 * i)), seq=3)
-        index.apply(x.key, 4, EventBatch(0.0, (BlockRemoved(tuple(vllm_event_hashes(
-            list(range(7000 + 100 * i, 7016 + 100 * i)), 16))),)))  # evicted holding 7: capacity 7
-    now[0] = 10.0
-    cfg = SchedulerConfig(kv_events=KvEventsConfig(room=True)) if room else SchedulerConfig()
-    return index, KvEvents(cfg, index, BlockHashing(block_size=16)), c, now
-
-
-def test_with_room_a_chat_holding_only_the_system_prompt_goes_where_it_evicts_the_coldest_blocks() -> None:
-    # PROMPT = SYSTEM (held by both) + 2 new blocks: each engine must evict one block (6 held of 7)
-    index, p, c, _ = _room_setup(room=True)
-    assert p.room is True
-    assert [index.victim_times(x.key, 2, set(vllm_event_hashes(PROMPT, 16))) for x in c] == [[9.0], [1.0]]
-    # engine 1: 0 queued + 2 x 35 computed + 2 x 16 for evicting a block used after engine 2's
-    # victim = 102; engine 2: 20 + 2 x 35 = 90
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[1], 35)
-
-
-def test_without_room_the_same_chat_goes_to_the_shortest_queue() -> None:
-    _, p, c, _ = _room_setup(room=False)
-    assert p.room is False
-    assert p.select_prefill(c, req(0, PROMPT)) == PrefillChoice(c[0], 35)
-
-
-def test_with_room_a_shorter_queue_by_more_than_the_hot_victims_still_wins() -> None:
-    _, p, c, _ = _room_setup(room=True)
-    c = [Candidate(x.instance, x.endpoint, 0, None, q) for x, q in zip(c, (0, 33), strict=True)]
-    assert p.select_prefill(c, req(0, PROMPT)).candidate is c[0]  # 102 < 33 + 70
-
-
-def test_a_prefill_sent_to_an_engine_makes_the_blocks_it_hits_the_most_recently_used_there() -> None:
-    index, p, c, now = _room_setup(room=True)
-    now[0] = 20.0
-    assert p.select_prefill(c, req(0, PROMPT)).candidate is c[1]
-    # the system prompt's 4 blocks on engine 2 were used at t 20: with no prompt kept, its LRU
-    # order is now the chat's blocks (t 1) and then the system prompt's
-    assert index.victim_times(c[1].key, 4, set()) == [1.0, 1.0, 20.0]  # before: [0.0, 0.0, 0.0]

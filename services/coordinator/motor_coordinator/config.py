@@ -57,9 +57,6 @@ class KvEventsConfig:
     # An engine sent a prefill that stores new blocks and silent this long since: stale (holding
     # nothing) until it publishes again; 0 = never (trust a silent publisher).
     silence_timeout_sec: float = 30.0
-    # Place by room: a candidate pays, as tokens to compute, for the blocks it would evict that
-    # were used more recently than those the roomiest candidate would evict (policies/kv_events.py).
-    room: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_size <= 4096:

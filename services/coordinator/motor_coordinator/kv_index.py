@@ -35,12 +35,6 @@ block when stored, and is dropped with the engine's blocks (restart, ``AllBlocks
 resync, removal) and when its stream goes stale. At most ``max_pending_per_engine`` per engine,
 the oldest dropped first.
 
-Room: the index keeps each engine's held blocks in the order the engine would evict them (least
-recently used first: stored per its events, or hit by a prefill sent there, :meth:`KvIndex.touch`)
-and its capacity as seen when it evicted (the most blocks it held then; an engine's capacity is not
-in its events). :meth:`KvIndex.victim_times` says how recently the blocks a new prompt would evict
-there were used: the kv_events policy's ``room``.
-
 The block size of a model's engines is learned from their ``BlockStored`` events
 (:meth:`KvIndex.block_size`), so two models may use different ones.
 """
@@ -49,7 +43,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from motor_common.kv_events import (
@@ -86,10 +80,7 @@ class _Engine:
     model: str
     last_seq: int | None = None
     stale: bool = False
-    # held blocks -> when last stored or touched (a prefill sent here hit it), least recent first
-    blocks: OrderedDict[BlockHash, float] = field(default_factory=OrderedDict)
-    # the most blocks it held when it evicted one (0: it never did): its capacity, as seen
-    capacity: int = 0
+    blocks: OrderedDict[BlockHash, None] = field(default_factory=OrderedDict)
     restarts: int = 0
     # the last applied batch came from a replay: live copies of it may still be queued
     last_replayed: bool = False
@@ -258,7 +249,6 @@ class KvIndex:
             if seq == 0 and not replayed:
                 # A live stream only repeats 0 when the engine's publisher restarted.
                 e.restarts += 1
-                e.capacity = 0  # it may have come back with another cache size
                 self._drop_blocks(engine, e)
             elif seq <= e.last_seq:
                 # Replayed twice, or live batches queued while a replay already delivered them.
@@ -277,7 +267,6 @@ class KvIndex:
         its blocks; the next batch of any sequence number starts it afresh."""
         e = self._engines[engine]
         e.restarts += 1
-        e.capacity = 0
         self._drop_blocks(engine, e)
         e.last_seq = None
 
@@ -292,7 +281,6 @@ class KvIndex:
     def _apply_events(self, engine: str, e: _Engine, batch: EventBatch) -> None:
         holders = self._holders[e.model]
         pend = self._pending[e.model]
-        now = self._clock()
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 if ev.block_size > 0:
@@ -301,10 +289,9 @@ class KvIndex:
                     if e.pending.pop(h, None) is not None:
                         self._unhold(pend, h, engine)
                     if h in e.blocks:
-                        e.blocks[h] = now
                         e.blocks.move_to_end(h)
                         continue
-                    e.blocks[h] = now
+                    e.blocks[h] = None
                     holders.setdefault(h, set()).add(engine)
                 while len(e.blocks) > self.max_blocks:
                     old, _ = e.blocks.popitem(last=False)
@@ -314,7 +301,6 @@ class KvIndex:
                     if e.pending.pop(h, None) is not None:
                         self._unhold(pend, h, engine)
                     if h in e.blocks:
-                        e.capacity = max(e.capacity, len(e.blocks))  # it evicts: it is full
                         del e.blocks[h]
                         self._unhold(holders, h, engine)
             elif isinstance(ev, AllBlocksCleared):
@@ -340,43 +326,6 @@ class KvIndex:
         for h in e.pending:
             self._unhold(pend, h, engine)
         e.pending.clear()
-
-    def touch(self, engine: str, hashes: Iterable[BlockHash]) -> None:
-        """A prefill that hits these blocks was sent to *engine*: they are the most recently used
-        there (an engine reports a hit with no event; it evicts the least recently used first)."""
-        e = self._engines.get(engine)
-        if e is None:
-            return
-        now = self._clock()
-        blocks = e.blocks
-        for h in hashes:
-            if h in blocks:
-                blocks[h] = now
-                blocks.move_to_end(h)
-
-    def victim_times(self, engine: str, new_blocks: int, keep: Container[BlockHash]) -> list[float] | None:
-        """When the blocks *engine* would evict to store *new_blocks* more were last used, least
-        recent first: its least recently used held blocks not in *keep* (the prompt's own), beyond
-        the room it has left (its capacity as seen when it last evicted, minus what it holds and has
-        pending). [] when it has room (or never evicted: its capacity is unknown, it is not full);
-        None when the index cannot know (unknown or stale engine)."""
-        e = self._engines.get(engine)
-        if e is None or e.stale or e.last_seq is None or self._silent(e):
-            return None
-        if e.capacity == 0:
-            return []
-        self._expire(engine, e, self._clock())
-        evict = new_blocks - (e.capacity - len(e.blocks) - len(e.pending))
-        out: list[float] = []
-        if evict <= 0:
-            return out
-        for h, used in e.blocks.items():
-            if h in keep:
-                continue
-            out.append(used)
-            if len(out) == evict:
-                break
-        return out
 
     # --- lookup -----------------------------------------------------------------------------
 

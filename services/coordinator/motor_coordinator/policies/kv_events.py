@@ -18,16 +18,6 @@ elsewhere, and then spreads (that engine then caches it too). The chosen tokens 
 (``Candidate.queued_tokens``). The engine's scraped gauges are a scrape interval old, so they only
 break ties; the ledger is current.
 
-With ``scheduler.kv_events.room``, a candidate also pays for the room it lacks. Storing the blocks
-it would compute makes a full engine evict its least recently used ones (:meth:`KvIndex.victim_times`:
-used per the events and the prefills sent there; capacity as seen when it last evicted). The
-candidate whose victims were used least recently (or that has room) pays nothing; any other pays
-``COMPUTE_WEIGHT`` x the tokens of its victims used more recently than that one's newest victim:
-blocks of a chat that will likely come back and be computed again. So a new chat, or one whose
-document was evicted (only the shared system prompt held, every holder looking alike), goes where
-it evicts the coldest blocks instead of to the shortest queue, unless the queue there is longer by
-more than that.
-
 Falls back to ``prefix_aware`` (the ring) when the request has no token ids, when it is shorter
 than one block, when no candidate has a live, gap-free event stream (stale or unknown engines
 count as holding nothing, so a partly stale set still uses what is known). A prefix no candidate
@@ -51,13 +41,11 @@ come from :mod:`motor_coordinator.prompt_tokens`.
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from motor_common.domain import EngineType, Role
-from motor_common.kv_events import DEFAULT_VLLM_SEED, BlockHash, Flavour, iter_block_hashes
+from motor_common.kv_events import DEFAULT_VLLM_SEED, Flavour, iter_block_hashes
 from motor_coordinator.config import SchedulerConfig
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.policies.base import Candidate, PrefillChoice, RequestInfo, load_score
@@ -96,7 +84,6 @@ class KvEvents:
         self.fallbacks = 0  # no ids, too short, or every candidate stale
         self.cold = 0  # nobody holds the first block: the shortest queue
         self.routed = 0  # chosen by held prefix and queue
-        self.room = k.room
 
     def select(self, role: Role, candidates: Sequence[Candidate], req: RequestInfo) -> Candidate:
         if role is Role.DECODE:
@@ -126,39 +113,20 @@ class KvEvents:
             self.routed += 1
         else:
             self.cold += 1
-        uncached = {k: n - blocks * block for k, blocks in held.items()}
-        extra = self._room_cost(req, hashes, held, block) if self.room else {}
-        choice = self._cheapest(candidates, req, uncached, extra)
-        key = choice.candidate.key
-        self.index.touch(key, hashes[:held[key]])
+        choice = self._cheapest(candidates, req, {k: n - blocks * block for k, blocks in held.items()})
         if choice.tokens >= block:  # it stores a new block: its publisher should speak
+            key = choice.candidate.key
             self.index.expect_events(key)
             self.index.add_pending(key, hashes[held[key]:])
         return choice
 
-    def _room_cost(self, req: RequestInfo, hashes: list[BlockHash], held: dict[str, int],
-                   block: int) -> dict[str, int]:
-        """Per candidate: COMPUTE_WEIGHT x the tokens of the blocks it would evict that were used
-        more recently than the newest victim of the candidate with the coldest victims (or room).
-        Candidates the index knows nothing about pay nothing and set no baseline."""
-        keep = set(hashes)
-        victims = {k: self.index.victim_times(k, len(hashes) - h, keep) for k, h in held.items()}
-        known = [v for v in victims.values() if v is not None]
-        if not known:
-            return {}
-        coldest = min(v[-1] if v else -math.inf for v in known)
-        return {k: COMPUTE_WEIGHT * block * (len(v) - bisect_right(v, coldest))
-                for k, v in victims.items() if v}
-
-    def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int],
-                  extra: dict[str, int]) -> PrefillChoice:
-        """The cheapest candidate: fewest queued + COMPUTE_WEIGHT x uncached tokens (+ its room
-        cost), then the lowest load score, then in turn."""
+    def _cheapest(self, candidates: Sequence[Candidate], req: RequestInfo, uncached: dict[str, int]) -> PrefillChoice:
+        """The cheapest candidate: fewest queued + COMPUTE_WEIGHT x uncached tokens, then the lowest
+        load score, then in turn."""
         best: tuple[int, float] | None = None
         tied: list[Candidate] = []
         for c in candidates:
-            cost = c.queued_tokens + COMPUTE_WEIGHT * uncached[c.key] + extra.get(c.key, 0)
-            rank = (cost, load_score(c, self.kv_usage_weight))
+            rank = (c.queued_tokens + COMPUTE_WEIGHT * uncached[c.key], load_score(c, self.kv_usage_weight))
             if best is None or rank < best:
                 best, tied = rank, [c]
             elif rank == best:
