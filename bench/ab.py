@@ -16,17 +16,21 @@ Results = dict[tuple[str, int], list[tuple[float, float, float]]]
 
 
 async def measure(t: Any, variant: str, rnd: int, conc: list[int], stream: bool, seconds: float,
-                  res: Results) -> None:
-    """Load the started Motor *t* at each concurrency for *seconds*; append to *res* and print."""
+                  res: Results, *, pids: list[int] | None = None, width: int = 6) -> None:
+    """Load the started target *t* (its ``url``; the CPU of *pids*, default ``t.pids``) at each
+    concurrency for *seconds*; append to *res* and print, with the first failure if any."""
+    pids = t.pids if pids is None else pids
     for c in conc:
-        c0 = tree_cpu(t.pids)
-        r = await run_load(t.name, t.url + "/v1/completions", make_body_factory(stream),
+        c0 = tree_cpu(pids)
+        r = await run_load(variant, t.url + "/v1/completions", make_body_factory(stream),
                            concurrency=c, requests=0, duration=seconds, warmup=20)
-        cpu = (tree_cpu(t.pids) - c0) / len(r.samples) * 1e6
+        cpu = (tree_cpu(pids) - c0) / max(1, len(r.samples)) * 1e6
         s = r.summary()
         res.setdefault((variant, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
-        print(f"round {rnd} {variant:6} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f} "
+        print(f"round {rnd} {variant:{width}} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f} "
               f"cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
+        if s["failures"]:
+            print(f"  first failure: {next(x.error for x in r.samples if not x.ok)}", flush=True)
 
 
 def print_medians(res: Results) -> None:

@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.http_stack import PATH, Results, report, rotation, start_relay  # noqa: E402
+from bench.http_stack import Results, report, rotation, start_relay  # noqa: E402
 
 PACKAGES = ("common", "gateway", "services/coordinator")
 _APP = "common/motor_common/openai_front/app.py"
@@ -157,9 +157,8 @@ def costs(res: Results, pieces: Sequence[str], conc: Sequence[int]) -> str:
 
 
 async def bench(a: argparse.Namespace) -> Results:
-    from bench.common import ZERO, start_engines, start_motor, tree_cpu
-    from bench.loadgen import run_load
-    from bench.run import make_body_factory
+    from bench.ab import measure
+    from bench.common import ZERO, start_engines, start_motor
 
     res: Results = {}
     names = variants(a.pieces)
@@ -190,17 +189,7 @@ async def bench(a: argparse.Namespace) -> Results:
                                 os.environ["PYTHONPATH"] = saved
                     async with target as t:
                         pids = [t.pid] if v == "relay" else t.pids
-                        for c in a.conc:
-                            c0 = tree_cpu(pids)
-                            r = await run_load(v, t.url + PATH, make_body_factory(a.stream), concurrency=c,
-                                               requests=0, duration=a.seconds, warmup=20)
-                            cpu = (tree_cpu(pids) - c0) / max(1, len(r.samples)) * 1e6
-                            s = r.summary()
-                            res.setdefault((v, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
-                            print(f"round {rnd} {v:16} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f}"
-                                  f" cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
-                            if s["failures"]:
-                                print(f"  first failure: {next(x.error for x in r.samples if not x.ok)}", flush=True)
+                        await measure(t, v, rnd, a.conc, a.stream, a.seconds, res, pids=pids, width=16)
             print(f"load average at end: {os.getloadavg()}", flush=True)
     print(report(res, names, a.conc), flush=True)
     print(costs(res, a.pieces, a.conc), flush=True)

@@ -368,9 +368,8 @@ async def start_relay(stack: str, prefill: str, decode: str, log_dir: Path) -> A
 
 
 async def bench(a: argparse.Namespace) -> Results:
-    from bench.common import ZERO, start_engines, tree_cpu
-    from bench.loadgen import run_load
-    from bench.run import make_body_factory
+    from bench.ab import measure
+    from bench.common import ZERO, start_engines
 
     res: Results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -381,17 +380,7 @@ async def bench(a: argparse.Namespace) -> Results:
             for rnd in range(a.rounds):
                 for stack in rotation(a.stacks, rnd):
                     async with start_relay(stack, prefill, decode, d) as p:
-                        for c in a.conc:
-                            c0 = tree_cpu([p.pid])
-                            r = await run_load(stack, p.url + PATH, make_body_factory(a.stream), concurrency=c,
-                                               requests=0, duration=a.seconds, warmup=20)
-                            cpu = (tree_cpu([p.pid]) - c0) / max(1, len(r.samples)) * 1e6
-                            s = r.summary()
-                            res.setdefault((stack, c), []).append((cpu, s["rps"], s["latency_p50_ms"]))
-                            print(f"round {rnd} {stack:16} c={c:<3} rps={s['rps']:7} p50={s['latency_p50_ms']:7.2f}"
-                                  f" cpu/req={cpu:6.0f}us fail={s['failures']}", flush=True)
-                            if s["failures"]:
-                                print(f"  first failure: {next(x.error for x in r.samples if not x.ok)}", flush=True)
+                        await measure(p, stack, rnd, a.conc, a.stream, a.seconds, res, pids=[p.pid], width=16)
             print(f"load average at end: {os.getloadavg()}", flush=True)
     print(report(res, a.stacks, a.conc), flush=True)
     return res
