@@ -9,7 +9,11 @@ remove, each against its replacement, on uvloop.
   await (``failover._first_frame`` with one coordinator);
 * ``Counter.labels(...).inc()`` vs a cached child (``request_metrics``);
 * the pass-through span the front made per request with tracing off vs a header check;
-* a frame already queued for the gateway's HTTP side, read under a deadline timer vs taken at once.
+* a frame already queued for the gateway's HTTP side, read under a deadline timer vs taken at once;
+* the dispatcher's chain of async generators (``frames`` → ``observed`` → ``dispatch`` →
+  ``_migrating`` → ``_once`` → ``_sequential``: ``LAYERS`` pass-through layers between the engine's
+  frames and their reader) vs reading the frames flat, for a whole answer (2 frames: head, body)
+  and a streamed 16-token one (18 frames).
 """
 
 from __future__ import annotations
@@ -62,6 +66,29 @@ async def old_first():
 async def plain():
     return await engine()
 
+LAYERS = 5
+
+
+async def frames(n):
+    for _ in range(n):
+        yield b"x"
+
+
+def passthrough(inner):
+    async def layer():
+        async for x in inner:
+            yield x
+    return layer()
+
+
+async def read_through(layers, n):
+    g = frames(n)
+    for _ in range(layers):
+        g = passthrough(g)
+    async for _ in g:
+        pass
+
+
 async def bench(fn):
     t0 = time.perf_counter()
     for _ in range(N):
@@ -112,6 +139,11 @@ async def main():
             q.get_nowait()
     b = (time.perf_counter() - t0) / N * 1e6
     print(f"{a:6.2f} us a queued frame read under timeout_at vs {b:6.2f} us taken at once (gateway, per frame)")
+    for n in (2, 18):
+        flat = min([await bench(lambda n=n: read_through(0, n)) for _ in range(3)])
+        chained = min([await bench(lambda n=n: read_through(LAYERS, n)) for _ in range(3)])
+        print(f"{chained - flat:6.1f} us {LAYERS} async-generator layers over reading {n} frames flat "
+              f"({flat:.1f} vs {chained:.1f} us per answer)")
 
 if __name__ == "__main__":
     uvloop.install()
