@@ -109,19 +109,23 @@ async def test_vllm_sim_publishes_vllm_events_with_evictions_and_replay(sims: Si
         assert await replay(ctx, f"tcp://127.0.0.1:{rep}", 1, topic=True) == batches[1:]
         live: dict[int, bytes] = {}
 
-        async def drain() -> bool:
+        async def drain_past(seq: int) -> bool:
             while await sub.poll(0):
-                topic, seq, payload = await sub.recv_multipart()
+                topic, s, payload = await sub.recv_multipart()
                 assert topic == b"kv-events"
-                live[parse_seq(seq)] = payload
-            return bool(live)
+                live[parse_seq(s)] = payload
+            return bool(live) and max(live) > seq
 
         # the SUB may have joined after the first batches (ZMQ slow joiner): that is what replay
-        # is for; a batch published now reaches it live
+        # is for; a batch published now reaches it live (an earlier one may have too: the SUB may
+        # have joined in time for it, so wait for one newer than the replayed ones)
         await complete(sim, A)
-        await wait_for(drain, what="a batch on the live stream")
+        last = batches[-1][0]
+        await wait_for(lambda: drain_past(last), what="a new batch on the live stream")
         everything = dict(await replay(ctx, f"tcp://127.0.0.1:{rep}", 0, topic=True))
-        assert max(live) == max(everything) > batches[-1][0]
+        # the completion may have been published as more than one batch: the live stream catches up
+        await wait_for(lambda: drain_past(max(everything) - 1), what="the live stream up to the replay's newest")
+        assert max(live) == max(everything) > last
         assert all(everything[s] == p for s, p in live.items())
     finally:
         sub.close(0)
