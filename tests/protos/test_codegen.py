@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,12 @@ def test_go_import_paths_come_from_go_package(tmp_path: Path) -> None:
     generated = out / "motor" / "clients" / "go" / "gen" / "motor" / "controller" / "v1" / "controller.pb.go"
     text = generated.read_text()
     assert "package controllerv1" in text and '"motor/clients/go/gen/motor/common/v1"' in text
+
+
+def test_check_generated_without_grpcio_tools_says_what_to_run() -> None:
+    # -S: no site-packages, so this interpreter cannot import grpc_tools (a bare python3 without .venv)
+    run = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "gen_protos.py"), "--check"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "has no grpcio-tools: run scripts/setup" in run.stderr
+    assert "Traceback" not in run.stderr
