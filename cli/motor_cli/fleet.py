@@ -100,6 +100,11 @@ class ProgramSpec:
     port: int
     role: str = ""
 
+    @property
+    def writes_ports_file(self) -> bool:
+        """Motor's programs write *ports_file* once started (their last start-up step); etcd none."""
+        return self.kind != "etcd"
+
 
 @dataclass(frozen=True)
 class FleetPlan:

@@ -321,7 +321,7 @@ def _client_ssl(tls: TlsConfig | None) -> ssl.SSLContext | bool:
 def _ops_url(plan: FleetPlan, spec: ProgramSpec) -> str | None:
     """Where program *spec* serves /metrics, /health and /ready: the gateway on its own port, the
     gRPC programs on the ops port their ports file names (None until it is written)."""
-    if spec.kind == "etcd":
+    if not spec.writes_ports_file:
         return None
     if spec.kind == "gateway":
         return plan.gateway_url
@@ -501,9 +501,9 @@ async def _wait_ready(
     last = ""
     while not stop.is_set():
         sup.poll()
-        # Every program wrote its ports file (etcd writes none: Motor's programs reach it before they write
-        # theirs) or has exited.
-        bound = all(c.spec.kind == "etcd" or c.spec.ports_file.exists() or c.proc is None for c in sup.children)
+        # Every program that writes a ports file has written it, or has exited.
+        bound = all(not c.spec.writes_ports_file or c.spec.ports_file.exists() or c.proc is None
+                    for c in sup.children)
         if picking is not None and (bound or time.monotonic() > started + PORT_PICK_HOLD_SEC):
             picking.release()  # every program holds its port (or has exited): another motor up may pick
         for event in sup.events:
