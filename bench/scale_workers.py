@@ -35,6 +35,11 @@ waits until the front has settled (workers that answer after the first are still
 reports its *idle* CPU per wall second (tier, coordinator): the background work (heartbeats,
 engine health probes and scrapes, load reports) that is paid per worker whatever the rate. That is a prediction, not a
 measurement: this box has 2 cores shared with the engines, the load generator and other users.
+
+Each row also splits the tier's and the coordinator's CPU per request by thread
+(:func:`thread_cpu`): the event loop (a process's main thread: the HTTP side, the dispatch, the
+``DispatchMany`` server side, the scheduler), gRPC's own threads (its C core's pollers, timers
+and executors), and the rest (other threads, and threads that ended during the measurement).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +81,58 @@ class Row:
     load1: float
     idle_gateway: float = 0.0  # CPU seconds per wall second with no requests: the tier
     idle_coordinator: float = 0.0  # and the coordinator (measured once per start, before the load)
+    # CPU µs per request by part and thread group ("gateway loop", "coordinator grpc", ...: THREAD_GROUPS)
+    threads: dict[str, float] = field(default_factory=dict)
+
+
+THREAD_GROUPS = ("loop", "grpc", "other")
+# thread names (/proc/<pid>/task/<tid>/comm, at most 15 characters) of gRPC's C core: its pollers,
+# timer manager, executors and resolver (the grpc_* threads and "default-executo", "resolver-execu")
+_GRPC_THREADS = ("grpc", "default-execut", "resolver-execu", "global-execut")
+
+
+def thread_group(pid: int, tid: int, name: str) -> str:
+    """Which of :data:`THREAD_GROUPS` thread *tid* of process *pid*, named *name*, belongs to: the
+    main thread runs the event loop; gRPC's C core names its threads; anything else is "other"."""
+    if tid == pid:
+        return "loop"
+    if name.startswith(_GRPC_THREADS):
+        return "grpc"
+    return "other"
+
+
+def thread_cpu(pids: list[int]) -> dict[str, float]:
+    """User+system CPU seconds of processes *pids* together, by :func:`thread_group`. "other" is
+    each process's total minus its live loop and gRPC threads, so a thread that ended (its CPU
+    stays in the process's total) counts there instead of vanishing."""
+    out = dict.fromkeys(THREAD_GROUPS, 0.0)
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            threads = proc.threads()
+            total = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        counted = 0.0
+        for t in threads:
+            try:
+                name = Path(f"/proc/{pid}/task/{t.id}/comm").read_text().strip()
+            except OSError:  # ended since
+                continue
+            group = thread_group(pid, t.id, name)
+            if group != "other":
+                out[group] += t.user_time + t.system_time
+                counted += t.user_time + t.system_time
+        out["other"] += max(0.0, total.user + total.system - counted)
+    return out
+
+
+def thread_split(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
+                 requests: int) -> dict[str, float]:
+    """CPU µs per request by "<part> <group>" from two :func:`thread_cpu` snapshots per part."""
+    n = max(1, requests)
+    return {f"{part} {g}": max(0.0, after[part][g] - before[part][g]) / n * 1e6
+            for part in before for g in THREAD_GROUPS}
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -111,6 +168,7 @@ def median_row(xs: list[Row]) -> Row:
         "rps", "p50_ms", "failures", "us_gateway", "us_coordinator", "us_engines", "us_client",
         "util_gateway", "util_coordinator", "load1", "idle_gateway", "idle_coordinator")))
     m.failures = int(m.failures)
+    m.threads = {k: statistics.median(x.threads.get(k, 0.0) for x in xs) for k in xs[0].threads}
     return m
 
 
@@ -137,6 +195,20 @@ def proc_cpu(pid: int) -> float:
 def front_worker_pids(coordinator_pid: int) -> list[int]:
     """The co-located front's worker processes: the coordinator's children."""
     return [c.pid for c in psutil.Process(coordinator_pid).children()]
+
+
+def part_pids(t: Target) -> dict[str, list[int]]:
+    """The processes of each part now (see the module's docstring): "gateway" (the tier) and
+    "coordinator"."""
+    coord_pid = t.pids[0]
+    if len(t.pids) > 1:
+        def tree(pid: int) -> list[int]:
+            try:
+                return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+            except psutil.NoSuchProcess:
+                return []
+        return {"gateway": tree(t.pids[1]), "coordinator": tree(coord_pid)}
+    return {"gateway": front_worker_pids(coord_pid), "coordinator": [coord_pid]}
 
 
 def parts(t: Target) -> tuple[Any, Any]:
@@ -170,7 +242,11 @@ async def measure(t: Target, variant: str, engines_pids: list[int], conc: int, s
     tier, coordinator = parts(t)
     snap: dict[str, float] = {}
 
+    by_thread: dict[str, dict[str, float]] = {}
+    pids = part_pids(t)
+
     def start() -> None:
+        by_thread.update({part: thread_cpu(ps) for part, ps in pids.items()})
         snap.update(gw=tier(), co=coordinator(), en=tree_cpu(engines_pids), me=own_cpu(),
                     wall=time.perf_counter())
 
@@ -181,10 +257,12 @@ async def measure(t: Target, variant: str, engines_pids: list[int], conc: int, s
     co = coordinator() - snap["co"]
     en = tree_cpu(engines_pids) - snap["en"]
     me = own_cpu() - snap["me"]
+    threads = thread_split(by_thread, {part: thread_cpu(ps) for part, ps in pids.items()}, len(r.samples))
     n = max(1, len(r.samples))
     s = r.summary()
     return Row(variant, conc, float(s["rps"]), float(s["latency_p50_ms"]), int(s["failures"]),
-               gw / n * 1e6, co / n * 1e6, en / n * 1e6, me / n * 1e6, gw / wall, co / wall, os.getloadavg()[0])
+               gw / n * 1e6, co / n * 1e6, en / n * 1e6, me / n * 1e6, gw / wall, co / wall, os.getloadavg()[0],
+               threads=threads)
 
 
 def variants(a: argparse.Namespace) -> list[tuple[str, dict[str, Any], str]]:
@@ -227,7 +305,9 @@ def fmt(r: Row) -> str:
             f"CPU µs/req: gateway {r.us_gateway:6.0f} coordinator {r.us_coordinator:6.0f} "
             f"engines {r.us_engines:6.0f} client {r.us_client:6.0f}  "
             f"util gw {r.util_gateway:4.2f} co {r.util_coordinator:4.2f}  "
-            f"idle gw {r.idle_gateway:5.3f} co {r.idle_coordinator:5.3f}  load1 {r.load1:5.2f}")
+            f"idle gw {r.idle_gateway:5.3f} co {r.idle_coordinator:5.3f}  load1 {r.load1:5.2f}"
+            + ("\n      by thread, CPU µs/req: " + "  ".join(f"{k} {v:5.0f}" for k, v in r.threads.items())
+               if r.threads else ""))
 
 
 async def main(a: argparse.Namespace) -> int:

@@ -1,13 +1,26 @@
-"""bench/scale_workers.py's pure helpers: the model for more cores and the median of rounds. No
-processes, no benchmark figures."""
+"""bench/scale_workers.py's helpers: the model for more cores, the median of rounds, and the CPU
+split by thread (read from this test's own threads). No benchmark figures."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from bench.scale_workers import Row, front_capacity, median_row, settled, variants
+from bench.scale_workers import (
+    Row,
+    front_capacity,
+    median_row,
+    settled,
+    thread_cpu,
+    thread_group,
+    thread_split,
+    variants,
+)
 
 
 def test_the_front_is_capped_by_the_tier_until_the_coordinators_core() -> None:
@@ -64,3 +77,55 @@ def test_settled_needs_the_last_windows_all_below_the_threshold() -> None:
     assert not settled([0.05, 0.9], 0.1)  # a worker still importing
     assert settled([0.9, 0.05, 0.02], 0.1)
     assert not settled([0.05, 0.02, 0.1], 0.1)  # at the threshold is not below it
+
+
+def test_thread_group_names_the_event_loop_grpc_and_the_rest() -> None:
+    assert thread_group(100, 100, "motor-coordinat") == "loop"  # the main thread, whatever its name
+    assert thread_group(100, 101, "grpc_global_tim") == "grpc"
+    assert thread_group(100, 102, "default-executo") == "grpc"
+    assert thread_group(100, 103, "resolver-execu") == "grpc"
+    assert thread_group(100, 104, "asyncio_0") == "other"
+
+
+def _spin(name: str, seconds: float, ready: threading.Event, done: threading.Event) -> None:
+    # the OS thread name is what thread_cpu reads (Python's own thread name is not the comm)
+    Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    ready.set()
+    done.wait(10)
+
+
+def test_thread_cpu_counts_a_grpc_named_thread_and_moves_it_to_other_when_it_ends() -> None:
+    ready, done = threading.Event(), threading.Event()
+    t = threading.Thread(target=_spin, args=("grpc_bench_test", 0.2, ready, done))
+    before = thread_cpu([os.getpid()])
+    t.start()
+    assert ready.wait(10)
+    live = thread_cpu([os.getpid()])
+    assert live["grpc"] - before["grpc"] >= 0.15  # the spinning thread's CPU
+    assert live["loop"] >= before["loop"]
+    done.set()
+    t.join(10)
+    ended = thread_cpu([os.getpid()])
+    assert ended["grpc"] < live["grpc"] - 0.15  # it is gone from the live threads...
+    assert ended["other"] - live["other"] >= 0.15  # ...and its CPU stays in the process's total
+    assert thread_cpu([2**22 + 12345]) == {"loop": 0.0, "grpc": 0.0, "other": 0.0}  # no such process
+
+
+def test_thread_split_is_per_request_microseconds_and_never_negative() -> None:
+    before = {"gateway": {"loop": 1.0, "grpc": 0.5, "other": 0.1},
+              "coordinator": {"loop": 2.0, "grpc": 0.2, "other": 0.3}}
+    after = {"gateway": {"loop": 1.5, "grpc": 0.4, "other": 0.2},
+             "coordinator": {"loop": 3.0, "grpc": 0.21, "other": 0.3}}
+    split = thread_split(before, after, 1000)
+    assert split == pytest.approx({"gateway loop": 500, "gateway grpc": 0, "gateway other": 100,
+                                   "coordinator loop": 1000, "coordinator grpc": 10, "coordinator other": 0})
+
+
+def test_median_row_takes_the_median_of_each_thread_group() -> None:
+    rows = [_row(100, 0, 500), _row(300, 0, 700), _row(200, 0, 600)]
+    for r, v in zip(rows, (10.0, 30.0, 20.0), strict=True):
+        r.threads = {"coordinator loop": v * 10, "coordinator grpc": v}
+    assert median_row(rows).threads == {"coordinator loop": 200, "coordinator grpc": 20}
