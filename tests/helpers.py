@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import random
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
-from motor_common.ports import engine_port_picker
+from motor_common.ports import ephemeral_range, scan_free_port
 
 T = TypeVar("T")
 
@@ -20,20 +21,55 @@ _port_pickers: dict[str, Callable[[], int]] = {}
 PORT_STRIDE = 16  # room above each pick: programs derive ports from a given one (DP rank offsets)
 
 
+def harness_span() -> tuple[int, int]:
+    """The ports [low, high) this test process picks from: below the kernel's ephemeral range (as
+    the nodemanager picks engine ports: :func:`motor_common.ports.engine_port_picker`), and under
+    pytest-xdist (``PYTEST_XDIST_WORKER`` gwN of ``PYTEST_XDIST_WORKER_COUNT``) only the worker's own
+    slice of it, so two workers never pick one port in the seconds before its program binds it."""
+    low, high = ephemeral_range()
+    lo, hi = (10000, low - 2000) if low > 12000 else (high + 1, 63000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        size = (hi - lo) // count
+        i = int(worker[2:]) % count
+        lo, hi = lo + i * size, lo + (i + 1) * size
+    return lo, hi
+
+
+def _port_picker(host: str) -> Callable[[], int]:
+    lo, hi = harness_span()
+    nxt = random.randrange(lo, max(lo + 1, hi - 1000))
+
+    def pick() -> int:
+        nonlocal nxt
+        for start in (nxt, lo):  # past the span's top: ports handed out long ago are free again
+            try:
+                port = scan_free_port(host, start, count=max(1, hi - start))
+            except OSError:
+                continue
+            if port < hi:
+                nxt = port + PORT_STRIDE
+                return port
+        raise OSError(f"no free port in the test harness's span {lo}-{hi} on {host}")
+
+    return pick
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port for a server a test starts (often a subprocess that binds it seconds later).
 
-    Picked as the nodemanager picks engine ports (:func:`motor_common.ports.engine_port_picker`):
-    outside the kernel's ephemeral range, so no port-0 server and no outgoing connection can be
-    handed it before its program binds it, and from one picker per test process, so two picks never
-    repeat - not even for servers started at once (``asyncio.gather``). Picks lie :data:`PORT_STRIDE` apart, since engines derive ports from
-    the one they are given (a DP rank's KV-event port is the base plus its rank). The kernel's own
-    pick (``bind(0)``) could hand one port to two servers bound in between; a CI run lost a
-    simulator to that ("address already in use")."""
+    Picked outside the kernel's ephemeral range (:func:`harness_span`), so no port-0 server and no
+    outgoing connection can be handed it before its program binds it, and from one picker per test
+    process, so two picks never repeat - not even for servers started at once (``asyncio.gather``);
+    under pytest-xdist each worker picks from a slice of its own. Picks lie :data:`PORT_STRIDE`
+    apart, since engines derive ports from the one they are given (a DP rank's KV-event port is the
+    base plus its rank). The kernel's own pick (``bind(0)``) could hand one port to two servers bound
+    in between; a CI run lost a simulator to that ("address already in use")."""
     with _port_lock:
         pick = _port_pickers.get(host)
         if pick is None:
-            pick = _port_pickers[host] = engine_port_picker(host, PORT_STRIDE)
+            pick = _port_pickers[host] = _port_picker(host)
         return pick()
 
 
