@@ -38,8 +38,9 @@ measurement: this box has 2 cores shared with the engines, the load generator an
 
 Each row also splits the tier's and the coordinator's CPU per request by thread
 (:func:`thread_cpu`): the event loop (a process's main thread: the HTTP side, the dispatch, the
-``DispatchMany`` server side, the scheduler), gRPC's own threads (its C core's pollers, timers
-and executors), and the rest (other threads, and threads that ended during the measurement).
+``DispatchMany`` server side, the scheduler), the threads gRPC's C core starts (EventEngine,
+timer, executors), and the rest: threads started from Python (grpc.aio's poller among them, and
+asyncio's executor) and threads that ended during the measurement.
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class Row:
 
 
 THREAD_GROUPS = ("loop", "grpc", "other")
-# thread names (/proc/<pid>/task/<tid>/comm, at most 15 characters) of gRPC's C core: its pollers,
-# timer manager, executors and resolver (the grpc_* threads and "default-executo", "resolver-execu")
-_GRPC_THREADS = ("grpc", "default-execut", "resolver-execu", "global-execut")
+# thread names (/proc/<pid>/task/<tid>/comm, at most 15 characters) of gRPC's C core: its timer
+# manager, EventEngine and executor threads and their lifeguard. Threads Python starts keep the
+# process's name ("python"); among them is grpc.aio's poller, which therefore counts as "other".
+_GRPC_THREADS = ("grpc", "event_engine", "lifeguard", "default-execut", "resolver-execu", "global-execut")
 
 
 def thread_group(pid: int, tid: int, name: str) -> str:

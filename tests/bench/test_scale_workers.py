@@ -84,6 +84,9 @@ def test_thread_group_names_the_event_loop_grpc_and_the_rest() -> None:
     assert thread_group(100, 101, "grpc_global_tim") == "grpc"
     assert thread_group(100, 102, "default-executo") == "grpc"
     assert thread_group(100, 103, "resolver-execu") == "grpc"
+    assert thread_group(100, 105, "event_engine") == "grpc"
+    assert thread_group(100, 106, "lifeguard") == "grpc"
+    assert thread_group(100, 107, "python") == "other"  # a thread started from Python
     assert thread_group(100, 104, "asyncio_0") == "other"
 
 
