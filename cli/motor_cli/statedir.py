@@ -3,6 +3,9 @@
 - A lock (``up.lock``, ``flock``; released by the kernel even when ``motor up`` is SIGKILLed) is
   held for the life of ``motor up``: a second ``motor up`` on the same state dir says which one is
   running and where, instead of starting a second fleet on the same store.
+- Machine-wide, every running ``motor up`` claims the ports its programs serve on
+  (:class:`PortClaims`), so another ``motor up`` never picks one while its program is down for a
+  restart.
 - ``state-format`` records the layout of the state dir. A state dir written by an older Motor
   (no marker, but a store or configs from before) or a newer one is refused with what to do.
 """
@@ -11,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
 
 from motor_cli import target
 from motor_common.errors import ConfigError, FailedPrecondition
@@ -122,3 +128,68 @@ class PortPickLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class PortClaims:
+    """The ports every running ``motor up`` on this machine serves on: one file per ``motor up``
+    (``<tmp>/motor-up-ports.d/<pid>.json``: its pid, the process's start time and its ports).
+
+    A program ``motor up`` restarts binds the same port again, and in between (the restart delay)
+    the port is free: another ``motor up`` picking ports then would take it, the restart would fail
+    with "port in use", and the first fleet would stop. So pickers skip every live claim's ports
+    (:meth:`claimed`), read and written under :class:`PortPickLock`. A claim whose process is gone
+    (a SIGKILLed ``motor up``) is stale: ignored and removed."""
+
+    DIR = Path(tempfile.gettempdir()) / "motor-up-ports.d"
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.dir = directory or self.DIR
+        self._own: Path | None = None
+
+    def claimed(self) -> set[int]:
+        """The ports of every live claim but this process's own."""
+        ports: set[int] = set()
+        try:
+            files = list(self.dir.glob("*.json"))
+        except OSError:
+            return ports
+        for path in files:
+            try:
+                claim = json.loads(path.read_text())
+                pid, started = int(claim["pid"]), float(claim["started"])
+                theirs = {int(p) for p in claim["ports"]}
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written, or not ours to read: it holds no ports
+            if pid == os.getpid():
+                continue
+            if _alive(pid, started):
+                ports |= theirs
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        return ports
+
+    def claim(self, ports: Iterable[int]) -> None:
+        """Claim *ports* for this process (replacing its earlier claim) until :meth:`release`."""
+        self.dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
+        pid = os.getpid()
+        path = self.dir / f"{pid}.json"
+        tmp = self.dir / f".{pid}.tmp"
+        body = {"pid": pid, "started": psutil.Process(pid).create_time(), "ports": sorted(set(ports))}
+        tmp.write_text(json.dumps(body))
+        tmp.replace(path)
+        self._own = path
+
+    def release(self) -> None:
+        if self._own is not None:
+            with contextlib.suppress(OSError):
+                self._own.unlink()
+            self._own = None
+
+
+def _alive(pid: int, started: float) -> bool:
+    """Whether process *pid* exists and is the one that started at *started* (not a reused pid)."""
+    try:
+        return bool(abs(psutil.Process(pid).create_time() - started) < 0.01)
+    except psutil.Error:
+        return False

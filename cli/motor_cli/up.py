@@ -125,11 +125,13 @@ def _pick(host: str, wanted: int | None, default: int, what: str, taken: set[int
     return port
 
 
-def build_options(args: argparse.Namespace) -> FleetOptions:
+def build_options(args: argparse.Namespace, claimed: frozenset[int] = frozenset()) -> FleetOptions:
+    """The fleet's options from the command line; ports picked free and outside *claimed* (the
+    ports other running ``motor up`` serve on: :class:`statedir.PortClaims`)."""
     state = Path(args.state_dir)
     overrides: dict[str, Any] = read_config_file(args.config) if args.config else {}
     host = args.host
-    taken: set[int] = set()
+    taken: set[int] = set(claimed)
     gateway = _pick(host, args.port, GATEWAY_HTTP, Topology(args.co_located).front_label, taken)
     coordinators = tuple(_pick(host, None, COORDINATOR_GRPC, "coordinator", taken) for _ in range(2 if args.ha else 1))
     controller = _pick(host, None, CONTROLLER_GRPC, "controller", taken)
@@ -611,10 +613,13 @@ def _dry_run(plan: FleetPlan, user_file: str | None, extra: str = "") -> int:
 
 def run(args: argparse.Namespace) -> int:
     picking = statedir.PortPickLock()
+    claims = statedir.PortClaims()
     if not args.dry_run:
         picking.acquire()
     try:
-        opts = build_options(args)
+        opts = build_options(args, frozenset(claims.claimed()))
+        if not args.dry_run:  # until motor up exits, restarts included: no other motor up picks these
+            claims.claim(_fleet_ports(opts))
         if args.dry_run:
             if args.ha:
                 plan, etcd = _ha_plan(opts)
@@ -639,6 +644,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     finally:
         picking.release()
+        claims.release()
+
+
+def _fleet_ports(opts: FleetOptions) -> list[int]:
+    """The ports the fleet's programs serve on (each program rebinds its own when restarted)."""
+    return [opts.gateway_port, *opts.coordinator_ports, opts.controller_port, *opts.node_ports]
 
 
 ETCD_BINARY = "/usr/bin/etcd"

@@ -116,6 +116,23 @@ def test_motor_up_places_program_ports_outside_the_ephemeral_range_and_never_twi
     assert 9100 not in o.coordinator_ports
 
 
+def test_picked_ports_skip_the_ports_other_motor_ups_claim() -> None:
+    """A port another running motor up serves on (its program may be down for a restart, so the
+    port is free right now) is never picked."""
+    import argparse
+
+    from motor_cli.up import _fleet_ports, build_options, configure
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    args = parser.parse_args(["--port", "0", "--prefill", "1", "--decode", "1"])
+    free = build_options(args)
+    claimed = frozenset(_fleet_ports(free))
+    o = build_options(args, claimed)
+    assert not claimed & set(_fleet_ports(o)), (claimed, _fleet_ports(o))
+    assert len(set(_fleet_ports(o))) == len(_fleet_ports(o)) == 5  # gateway, coordinator, controller, 2 nodes
+
+
 def test_each_program_presents_its_own_key_and_accepts_only_its_roles() -> None:
     plan = plan_fleet(opts(), Path("/b"))
     keys = plan.keys

@@ -1,8 +1,10 @@
-"""The state dir's guards: the per-state-dir lock and the machine-wide port-pick lock, across
-real processes (flock is per open file, so a second process is the honest test)."""
+"""The state dir's guards: the per-state-dir lock, the machine-wide port-pick lock and the
+machine-wide port claims, across real processes (flock is per open file, and a claim lives as long
+as its process, so a second process is the honest test)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,15 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from motor_cli.statedir import PortPickLock, exclusive
+from motor_cli.statedir import PortClaims, PortPickLock, exclusive
 from motor_common.errors import FailedPrecondition
 
 HOLD = """
 import sys
 from pathlib import Path
-from motor_cli.statedir import PortPickLock, exclusive
+from motor_cli.statedir import PortClaims, PortPickLock, exclusive
 which, path = sys.argv[1], Path(sys.argv[2])
-if which == "pick":
+if which == "claim":
+    claims = PortClaims(path); claims.claim([9300, 9301])
+    print("held", flush=True); sys.stdin.read(); claims.release()
+elif which == "pick":
     lock = PortPickLock(path=path); assert lock.acquire()
     print("held", flush=True); sys.stdin.read(); lock.release()
 else:
@@ -63,3 +68,33 @@ def test_one_motor_up_per_state_dir(tmp_path: Path) -> None:
         proc.wait(10)
     with exclusive(tmp_path):  # the kernel released it with the process
         assert (tmp_path / "up.lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_running_motor_ups_ports_stay_claimed_until_it_exits(tmp_path: Path) -> None:
+    # Another motor up's programs are down for a restart: their ports are free, but claimed.
+    proc = holder("claim", tmp_path)
+    mine = PortClaims(tmp_path)
+    try:
+        assert mine.claimed() == {9300, 9301}
+        mine.claim([9100, 9200])
+        assert mine.claimed() == {9300, 9301}  # our own claim is not in our way
+        assert json.loads((tmp_path / f"{os.getpid()}.json").read_text())["ports"] == [9100, 9200]
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+    assert mine.claimed() == set()  # released when it stopped
+    mine.release()
+    assert list(tmp_path.glob("*.json")) == []
+
+
+def test_a_claim_whose_motor_up_was_killed_is_stale_and_removed(tmp_path: Path) -> None:
+    proc = holder("claim", tmp_path)
+    proc.kill()  # SIGKILL: no release
+    proc.wait(10)
+    assert (tmp_path / f"{proc.pid}.json").exists()
+    # a live pid that started at another time is a reused pid, not the claimant
+    (tmp_path / "1.json").write_text(json.dumps({"pid": 1, "started": 12.0, "ports": [8000]}))
+    (tmp_path / "junk.json").write_text("{not json")  # unreadable: holds nothing, left alone
+    assert PortClaims(tmp_path).claimed() == set()
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == ["junk.json"]
