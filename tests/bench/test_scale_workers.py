@@ -90,9 +90,10 @@ def test_thread_group_names_the_event_loop_grpc_and_the_rest() -> None:
     assert thread_group(100, 104, "asyncio_0") == "other"
 
 
-def _spin(name: str, seconds: float, ready: threading.Event, done: threading.Event) -> None:
+def _spin(name: str, seconds: float, ready: threading.Event, done: threading.Event, tid: list[int]) -> None:
     # the OS thread name is what thread_cpu reads (Python's own thread name is not the comm)
-    Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text(name)
+    tid.append(threading.get_native_id())
+    Path(f"/proc/self/task/{tid[0]}/comm").write_text(name)
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
@@ -102,7 +103,8 @@ def _spin(name: str, seconds: float, ready: threading.Event, done: threading.Eve
 
 def test_thread_cpu_counts_a_grpc_named_thread_and_moves_it_to_other_when_it_ends() -> None:
     ready, done = threading.Event(), threading.Event()
-    t = threading.Thread(target=_spin, args=("grpc_bench_test", 0.2, ready, done))
+    tid: list[int] = []
+    t = threading.Thread(target=_spin, args=("grpc_bench_test", 0.2, ready, done, tid))
     before = thread_cpu([os.getpid()])
     t.start()
     assert ready.wait(10)
@@ -111,6 +113,10 @@ def test_thread_cpu_counts_a_grpc_named_thread_and_moves_it_to_other_when_it_end
     assert live["loop"] >= before["loop"]
     done.set()
     t.join(10)
+    # join() returns when the Python thread is done; the OS thread leaves /proc a moment later
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/self/task/{tid[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling the condition, with a deadline
     ended = thread_cpu([os.getpid()])
     assert ended["grpc"] < live["grpc"] - 0.15  # it is gone from the live threads...
     assert ended["other"] - live["other"] >= 0.15  # ...and its CPU stays in the process's total
