@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
-from motor_common.ports import ephemeral_range, scan_free_port
+from motor_common.ports import pick_span, scan_free_port
 
 T = TypeVar("T")
 
@@ -22,12 +22,11 @@ PORT_STRIDE = 16  # room above each pick: programs derive ports from a given one
 
 
 def harness_span() -> tuple[int, int]:
-    """The ports [low, high) this test process picks from: below the kernel's ephemeral range (as
-    the nodemanager picks engine ports: :func:`motor_common.ports.engine_port_picker`), and under
+    """The ports [low, high) this test process picks from: the span the nodemanager picks engine
+    ports in (:func:`motor_common.ports.pick_span`, outside the kernel's ephemeral range), and under
     pytest-xdist (``PYTEST_XDIST_WORKER`` gwN of ``PYTEST_XDIST_WORKER_COUNT``) only the worker's own
     slice of it, so two workers never pick one port in the seconds before its program binds it."""
-    low, high = ephemeral_range()
-    lo, hi = (10000, low - 2000) if low > 12000 else (high + 1, 63000)
+    lo, hi = pick_span()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     if worker.startswith("gw") and worker[2:].isdigit() and count > 1:

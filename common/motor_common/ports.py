@@ -57,6 +57,13 @@ def scan_free_port(host: str, start: int, avoid: set[int] | frozenset[int] = fro
     raise OSError(f"no free port on {host} from {start} up outside the kernel's ephemeral range {low}-{high}")
 
 
+def pick_span() -> tuple[int, int]:
+    """The ports [low, high) :func:`engine_port_picker` starts its scans in: from 10000 to 2000
+    below the kernel's ephemeral range, or above that range when it starts too low for that."""
+    low, high = ephemeral_range()
+    return (10000, low - 2000) if low > 12000 else (high + 1, 63000)
+
+
 def engine_port_picker(host: str, stride: int = 1) -> Callable[[], int]:
     """Successive free ports for engines a program plans now and launches later: scanned outside
     the kernel's ephemeral range (:func:`scan_free_port`) from a random start, so no other
@@ -64,8 +71,7 @@ def engine_port_picker(host: str, stride: int = 1) -> Callable[[], int]:
     connection can be given one before its engine binds it. Picks lie at least *stride* apart
     (room for ports a program derives from the one it is given); past the top the scan starts
     again at 10000. Not thread-safe: callers on several threads hold a lock."""
-    low, high = ephemeral_range()
-    nxt = random.randrange(10000, low - 2000) if low > 12000 else random.randrange(high + 1, 63000)
+    nxt = random.randrange(*pick_span())
 
     def pick() -> int:
         nonlocal nxt
