@@ -66,7 +66,14 @@ MAX_REQUEST_ID = 128
 
 def valid_request_id(value: str) -> bool:
     """A client's request id is used (logs, responses) only when short and printable ASCII."""
-    return 0 < len(value) <= MAX_REQUEST_ID and value.isascii() and value.isprintable()
+    return 0 < len(value) <= MAX_REQUEST_ID and printable_id(value)
+
+
+def printable_id(value: str) -> bool:
+    """*value* is printable ASCII (no control bytes): safe in a log line and an HTTP header."""
+    return value.isascii() and value.isprintable()
+
+
 REQUEST_ID_HEADER = "x-request-id"
 ERROR_DOMAIN = "motor.dev"
 

@@ -82,6 +82,14 @@ def test_prompt_prefix_of_completions_and_chat() -> None:
     assert prompt_prefix(c, 100) == "<system>sys<user>hello" and c.path == "/v1/chat/completions"
 
 
+@pytest.mark.parametrize("text", [None, 5, ["x"], {"a": 1}])
+def test_prompt_prefix_skips_content_parts_whose_text_is_not_a_string(text: object) -> None:
+    """The engine judges such a part (400); routing must not fail on it (it raised TypeError: a 500)."""
+    c = parse_body(CHAT, orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": text}, {"type": "text", "text": "ok"}, "not a part"]}]}))
+    assert prompt_prefix(c, 100) == "<user>ok"
+
+
 def test_parse_load_reads_each_engines_gauges() -> None:
     vllm = (
         '# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n'

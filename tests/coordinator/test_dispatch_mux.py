@@ -192,7 +192,7 @@ async def test_a_request_with_a_window_sends_only_what_was_credited_and_the_othe
     client.close()
 
 
-async def test_credit_for_an_unknown_or_finished_request_is_ignored_and_no_window_means_no_bound() -> None:
+async def test_credit_for_an_unknown_or_finished_request_is_ignored_and_no_window_means_only_the_streams_bound() -> None:
     script, client = Script(), Client()
     responses = serve_stream(client.requests(), script)
     client.send(cpb.DispatchCommand(stream_id=9, credit=10), start(1, b"big"))
@@ -216,3 +216,48 @@ async def test_a_request_waiting_for_credit_is_cancelled_like_any_other() -> Non
     client.close()
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(responses), 5)
+
+
+async def test_a_cancelled_id_can_be_reused_and_the_new_request_is_cancellable_and_counted() -> None:
+    """The id of a cancelled request names the next request started under it: that one must be
+    cancellable too (the first one's clean-up once removed it, leaving it to run to its deadline
+    outside the open-request count), and must not receive the first one's frames still queued."""
+    script, client = Script(), Client()
+    responses = serve_stream(client.requests(), script)
+    client.send(start(1, b"hang"))
+    await events(responses, 1)  # its head went out
+    client.send(start(2, b"hang"))
+    await settle()  # request 2's head is queued, not yet taken by the stream
+    client.send(cpb.DispatchCommand(stream_id=2, cancel=True), start(2, b"again"))
+    await settle()
+    evs = await events(responses, 3)
+    assert by_request(evs) == {2: ["head", "chunk", "end"]}  # the new request's only: no stale head
+    assert [ev.frame.chunk for ev in evs if ev.HasField("frame") and ev.frame.HasField("chunk")] == [b"again"]
+    client.send(cpb.DispatchCommand(stream_id=1, cancel=True), start(1, b"hang"))
+    await events(responses, 1)  # the new request 1's head
+    client.send(cpb.DispatchCommand(stream_id=1, cancel=True))
+    await settle()
+    assert script.cancelled == [b"hang", b"hang", b"hang"]  # the reused id's request too
+    client.close()
+    with pytest.raises(StopAsyncIteration):  # nothing left open
+        await asyncio.wait_for(anext(responses), 5)
+
+
+async def test_requests_without_a_window_stop_at_the_streams_bound_while_the_client_does_not_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without windows, what waits for a client that does not read is bounded per stream (it was
+    every answer in full): head 64 + 3 chunks of 1,064 overdraw a 3,000-byte room, then the
+    request stops reading its engine until the stream takes the queued frames."""
+    monkeypatch.setattr(dispatch_mux, "MAX_QUEUED_BYTES", 3000)
+    script, client = Script(), Client()
+    responses = serve_stream(client.requests(), script)
+    client.send(start(1, b"big"))
+    evs = await events(responses, 1)
+    await settle()
+    assert script.sent[b"big"] == 4  # head + 3 chunks, then it waits
+    while len(evs) < 12:
+        evs += await events(responses, 1)
+    assert by_request(evs) == {1: ["head"] + ["chunk"] * 10 + ["end"]}
+    assert [ev.frame.chunk for ev in evs if ev.HasField("frame") and ev.frame.HasField("chunk")] == [
+        bytes([i]) * 1000 for i in range(10)]  # in order, nothing lost
+    client.close()

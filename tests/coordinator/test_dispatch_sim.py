@@ -157,6 +157,19 @@ async def test_errors_before_the_head_and_engine_4xx_relayed(tmp_path: Path, sta
     assert (await code_of(COMPLETIONS, b"{nope"))[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert (await code_of(COMPLETIONS, b'{"prompt": "x"}'))[1] == "MISSING_MODEL"
     assert (await code_of(cpb.OPEN_AI_API_UNSPECIFIED, b"{}"))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    # a request id that would inject a header line into the engine request (or a log line)
+    for rid in ("a\r\nX-Evil: 1", "tab\there", "caf\u00e9"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in s.dispatch.Dispatch(cpb.DispatchRequest(
+                    request_id=rid, api=COMPLETIONS, body=orjson.dumps({"model": MODEL, "prompt": "x"})), timeout=10):
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and error_reason(err.value) == "INVALID_REQUEST_ID"
+        assert "printable ASCII" in (err.value.details() or "")
+    # a chat content part whose text is not a string is the engine's to judge (the simulator
+    # takes it, vLLM answers 400), not an INTERNAL error of the coordinator's routing
+    head, raw = await dispatch(s, CHAT, {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": None}]}]})
+    assert head.http_status == 200 and b'"chat.completion"' in raw, raw
     head, raw = await dispatch(s, COMPLETIONS, {"model": MODEL, "prompt": "hi", "max_tokens": 2})
     assert head.http_status == 200 and head.prefill_instance_id == head.decode_instance_id == 3
     # the engine's own 4xx comes back as head + body, unchanged

@@ -27,6 +27,7 @@ import grpc
 
 from motor_common.errors import InvalidArgument, MotorError, Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.grpc_server import printable_id
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.tasks import TaskOwner
 from motor_common.tracing import Carrier, carrier_from
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # Requests open at once on one stream; a start beyond it fails alone (UNAVAILABLE).
 MAX_OPEN = 8192
+# Bytes of frames (FRAME_COST each plus the chunk) of requests without their own window that may
+# wait for the stream at once; past it those requests stop reading their engines until it drains.
+MAX_QUEUED_BYTES = 16 * 1024 * 1024
 # One response message carries at most this many events, and stops growing past this many bytes
 # of chunks (a single larger chunk goes alone; the channels accept 64 MiB messages).
 MAX_BATCH_EVENTS = 256
@@ -97,27 +101,42 @@ class _End:
         self.error = error
 
 
+class _Open:
+    """One request started on a stream: its task, its window (None: the stream's shared room),
+    and whether the client cancelled it (its events still queued are then dropped, so a later
+    request reusing the id never receives them)."""
+
+    __slots__ = ("cancelled", "task", "window")
+
+    def __init__(self, window: Window | None) -> None:
+        self.window = window
+        self.cancelled = False
+        self.task: asyncio.Task[Any] | None = None
+
+
 async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames: Frames
                        ) -> AsyncIterator[cpb.DispatchManyResponse]:
     """The responses of one ``DispatchMany`` stream. *frames(request, degraded, timeout, trace)* is the
     Dispatch of one request (raises ``MotorError``); *trace* its caller's trace context. Events waiting when the stream can take a
     message go out together (at most :data:`MAX_BATCH_EVENTS` / about :data:`MAX_BATCH_BYTES`)."""
-    out: asyncio.Queue[cpb.DispatchEvent | _End] = asyncio.Queue()
-    running: dict[int, asyncio.Task[Any]] = {}
-    windows: dict[int, Window] = {}
+    out: asyncio.Queue[tuple[_Open | None, cpb.DispatchEvent] | _End] = asyncio.Queue()
+    running: dict[int, _Open] = {}
+    # Requests without a window of their own share this one: what is queued here but not yet
+    # taken by the stream stays under MAX_QUEUED_BYTES, so a client that stops reading holds
+    # that much (and its engine reads stop) instead of every answer in full.
+    room = Window(MAX_QUEUED_BYTES)
     tasks = TaskOwner("dispatch-many")
 
-    async def one(stream_id: int, start: cpb.DispatchStart) -> None:
+    async def one(stream_id: int, start: cpb.DispatchStart, req: _Open) -> None:
         request = start.request
-        request_id_var.set(request.request_id or new_request_id())
+        rid = request.request_id
+        request_id_var.set(rid if rid and printable_id(rid) else new_request_id())
         timeout = start.timeout_ms / 1000 if start.timeout_ms else None
-        window = windows.get(stream_id)
+        gate = room.spend if req.window is None else req.window.spend
         try:
             trace = carrier_from(start.trace_context)
-            answer = frames(request, start.degraded, timeout, trace) if window is None else \
-                frames(request, start.degraded, timeout, trace, window.spend)
-            async for frame in answer:
-                out.put_nowait(cpb.DispatchEvent(stream_id=stream_id, frame=frame))
+            async for frame in frames(request, start.degraded, timeout, trace, gate):
+                out.put_nowait((req, cpb.DispatchEvent(stream_id=stream_id, frame=frame)))
             final = cpb.DispatchEvent(stream_id=stream_id, end=True)
         except MotorError as exc:
             final = error_event(stream_id, exc)
@@ -128,35 +147,36 @@ async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames:
                 f"internal error in Dispatch; the server log has the details under request id {rid}",
                 metadata={"request_id": rid}))
         finally:
-            running.pop(stream_id, None)
-            windows.pop(stream_id, None)
-        out.put_nowait(final)
+            if running.get(stream_id) is req:  # not if cancelled: the id may name a new request
+                del running[stream_id]
+        out.put_nowait((req, final))
 
     def command(cmd: cpb.DispatchCommand) -> None:
         sid = cmd.stream_id
         kind = cmd.WhichOneof("kind")
         if kind == "credit":
-            window = windows.get(sid)
-            if window is not None:
-                window.grant(cmd.credit)
+            req = running.get(sid)
+            if req is not None and req.window is not None:
+                req.window.grant(cmd.credit)
         elif kind == "cancel":
-            task = running.pop(sid, None)
-            windows.pop(sid, None)
-            if task is not None:
-                task.cancel()
+            req = running.pop(sid, None)
+            if req is not None:
+                req.cancelled = True
+                assert req.task is not None
+                req.task.cancel()
         elif kind == "start":
             if sid == 0 or sid in running:
-                out.put_nowait(error_event(sid, InvalidArgument(
+                out.put_nowait((None, error_event(sid, InvalidArgument(
                     f"stream_id {sid} is 0 or already names an open request on this stream",
-                    reason="INVALID_STREAM_ID")))
+                    reason="INVALID_STREAM_ID"))))
             elif len(running) >= MAX_OPEN:
-                out.put_nowait(error_event(sid, Unavailable(
+                out.put_nowait((None, error_event(sid, Unavailable(
                     f"more than {MAX_OPEN} requests open on one DispatchMany stream",
-                    reason="TOO_MANY_OPEN_REQUESTS")))
+                    reason="TOO_MANY_OPEN_REQUESTS"))))
             else:
-                if cmd.start.window_bytes:
-                    windows[sid] = Window(cmd.start.window_bytes)
-                running[sid] = tasks.spawn(one(sid, cmd.start), name=f"dispatch-many-{sid}")
+                req = _Open(Window(cmd.start.window_bytes) if cmd.start.window_bytes else None)
+                running[sid] = req
+                req.task = tasks.spawn(one(sid, cmd.start, req), name=f"dispatch-many-{sid}")
 
     async def read() -> None:
         error: BaseException | None = None
@@ -176,6 +196,7 @@ async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames:
         while True:
             batch: list[cpb.DispatchEvent] = []
             size = 0
+            shared = 0  # bytes of the batch charged to the shared room
             item = await out.get()
             while True:
                 if isinstance(item, _End):
@@ -183,13 +204,20 @@ async def serve_stream(requests: AsyncIterator[cpb.DispatchManyRequest], frames:
                         raise item.error
                     ended = True
                 else:
-                    batch.append(item)
-                    size += len(item.frame.chunk) if item.HasField("frame") else 64
+                    req, event = item
+                    cost = frame_cost(event.frame) if event.HasField("frame") else 0
+                    if req is not None and req.window is None:
+                        shared += cost
+                    if req is None or not req.cancelled:
+                        batch.append(event)
+                        size += cost or FRAME_COST
                 if out.empty() or len(batch) >= MAX_BATCH_EVENTS or size >= MAX_BATCH_BYTES:
                     break
                 item = out.get_nowait()
             if batch:
                 yield cpb.DispatchManyResponse(events=batch)
+            if shared:
+                room.grant(shared)  # taken by the stream (or dropped): room for more
             if ended and not running and out.empty():
                 return
     finally:

@@ -12,6 +12,7 @@ from motor_common.domain import InstanceStatus, Role
 from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.grpc_server import printable_id
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.tracing import Carrier, carrier_from
 from motor_coordinator.dispatch_mux import Gate, serve_stream
@@ -75,6 +76,10 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             raise InvalidArgument(
                 "api must be set: one of " + ", ".join(cpb.OpenAiApi.Name(a) for a in _APIS), reason="INVALID_API"
             )
+        if request.request_id and not printable_id(request.request_id):
+            raise InvalidArgument("request_id must be printable ASCII (no control characters): it goes into "
+                                  "log lines and the engines' X-Request-Id header", reason="INVALID_REQUEST_ID",
+                                  metadata={"field": "request_id"})
         admit(self.app, degraded_hint=degraded)
         parsed = parse_body(api, request.body)
         rid = request.request_id or request_id_var.get() or new_request_id()

@@ -193,7 +193,7 @@ def prompt_prefix(req: ParsedRequest, chars: int) -> str:
         for m in req.body.get("messages", ()):
             content = m.get("content")
             if isinstance(content, list):  # content parts
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+                content = "".join(t for p in content if isinstance(p, dict) and isinstance(t := p.get("text"), str))
             piece = f"<{m.get('role', '')}>{content if isinstance(content, str) else ''}"
             parts.append(piece)
             size += len(piece)
