@@ -10,7 +10,13 @@ import pytest
 
 from motor_common.errors import InvalidArgument
 from motor_common.openai_bounds import PD_FIELDS, load_object, too_deep
-from motor_common.openai_front.limits import BodyTooLarge, clean_request_id, decompress
+from motor_common.openai_front.limits import (
+    MAX_GZIP_MEMBERS,
+    BodyTooLarge,
+    HttpLimits,
+    clean_request_id,
+    decompress,
+)
 from motor_coordinator.request import parse_body
 
 
@@ -66,3 +72,28 @@ def test_decompress_bounds_output_and_accepts_zlib_and_raw_deflate() -> None:
     for broken in (data, gzip.compress(data)[:-10]):
         with pytest.raises(ValueError):
             decompress(broken, "gzip", 1000)
+
+
+def test_decompress_reads_every_gzip_member_and_refuses_trailing_bytes() -> None:
+    """A body is what the client sent, all of it: concatenated gzip members are read as gzip(1)
+    reads them, and bytes after the end of the compressed data are an error, never dropped."""
+    a, b = b'{"model": "m", ', b'"prompt": "x"}'
+    assert decompress(gzip.compress(a) + gzip.compress(b), "gzip", 1000) == a + b
+    with pytest.raises(BodyTooLarge):  # the limit counts every member
+        decompress(gzip.compress(b"x" * 600) + gzip.compress(b"y" * 600), "gzip", 1000)
+    with pytest.raises(ValueError, match="trailing data"):
+        decompress(gzip.compress(a + b) + b"GARBAGE" * 10, "gzip", 1000)
+    with pytest.raises(ValueError, match="trailing data"):
+        decompress(zlib.compress(a + b) + gzip.compress(b), "deflate", 1000)
+    with pytest.raises(ValueError, match="truncated"):  # a second member cut short
+        decompress(gzip.compress(a) + gzip.compress(b)[:-4], "gzip", 1000)
+    with pytest.raises(ValueError, match="gzip members"):  # many tiny members: bounded work
+        decompress(gzip.compress(b"") * (MAX_GZIP_MEMBERS + 1), "gzip", 1000)
+    assert decompress(gzip.compress(b"") * (MAX_GZIP_MEMBERS - 1) + gzip.compress(a), "gzip", 1000) == a
+
+
+@pytest.mark.parametrize("chars", [7, 257])
+def test_request_id_length_outside_what_the_coordinator_takes_is_refused_at_start(chars: int) -> None:
+    with pytest.raises(ValueError, match=r"max_request_id_chars must be in \[8, 256\]"):
+        HttpLimits(max_request_id_chars=chars)
+    assert HttpLimits(max_request_id_chars=256).max_request_id_chars == 256

@@ -182,6 +182,17 @@ async def test_compressed_bodies_are_decoded_and_served(front: Front, coding: st
     assert orjson.loads(front.fake.requests[0].body) == COMPLETION
 
 
+async def test_bytes_after_the_compressed_body_are_400_and_gzip_members_are_all_read(front: Front) -> None:
+    raw = orjson.dumps(COMPLETION)
+    status, _, err = await front.post(gzip.compress(raw) + b"trailing garbage", {"Content-Encoding": "gzip"})
+    assert status == 400 and err["error"]["code"] == "invalid_body"
+    assert front.fake.requests == []
+    half = len(raw) // 2
+    status, _, _ = await front.post(gzip.compress(raw[:half]) + gzip.compress(raw[half:]), {"Content-Encoding": "gzip"})
+    assert status == 200
+    assert orjson.loads(front.fake.requests[0].body) == COMPLETION  # the whole body, as gzip -d gives it
+
+
 async def test_gzip_bomb_is_413(front: Front) -> None:
     bomb = gzip.compress(b'{"model": "tiny", "prompt": "' + b" " * (8 * 1024 * 1024) + b'"}')
     assert len(bomb) < LIMITS.max_body_bytes

@@ -14,6 +14,7 @@ import zlib
 from dataclasses import dataclass
 
 from motor_common.openai_bounds import MAX_JSON_DEPTH, MAX_MODEL_CHARS
+from motor_common.request_limits import MAX_NAME
 
 MIB = 1024 * 1024
 # Content-Encodings the front decodes (``decompress``); anything else is refused with 415.
@@ -46,8 +47,11 @@ class HttpLimits:
             raise ValueError("limits.max_body_bytes must be >= 1024")
         if not 2 <= self.max_json_depth <= 250:
             raise ValueError("limits.max_json_depth must be in [2, 250]")
-        if self.max_model_chars < 1 or self.max_request_id_chars < 8:
-            raise ValueError("limits.max_model_chars must be >= 1 and max_request_id_chars >= 8")
+        if self.max_model_chars < 1:
+            raise ValueError("limits.max_model_chars must be >= 1")
+        if not 8 <= self.max_request_id_chars <= MAX_NAME:
+            raise ValueError(f"limits.max_request_id_chars must be in [8, {MAX_NAME}]: the id travels to the "
+                             f"coordinator as DispatchRequest.request_id, which takes at most {MAX_NAME} characters")
         if self.header_timeout_sec <= 0 or self.body_timeout_sec <= 0:
             raise ValueError("limits.header_timeout_sec and body_timeout_sec must be > 0")
         if self.max_connections < 1:
@@ -70,6 +74,10 @@ class BodyTooLarge(Exception):
     """The decompressed body exceeds the limit."""
 
 
+# Gzip members (RFC 1952: concatenated gzip streams) read from one body.
+MAX_GZIP_MEMBERS = 64
+
+
 def decompress(data: bytes, coding: str, limit: int) -> bytes:
     """*data* decoded from *coding* (one of ``ENCODINGS``), producing at most *limit* bytes (a
     compression bomb stops there: ``BodyTooLarge``). Raises ``ValueError`` for data that is not
@@ -80,13 +88,26 @@ def decompress(data: bytes, coding: str, limit: int) -> bytes:
             else -zlib.MAX_WBITS
     else:
         wbits = 16 + zlib.MAX_WBITS
-    d = zlib.decompressobj(wbits)
-    try:
-        out = d.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise ValueError(str(exc)) from None
-    if len(out) > limit or d.unconsumed_tail:
-        raise BodyTooLarge(limit)
-    if not d.eof:
-        raise ValueError("truncated")
-    return out
+    parts: list[bytes] = []
+    size = 0
+    rest = data
+    for _ in range(MAX_GZIP_MEMBERS):
+        d = zlib.decompressobj(wbits)
+        try:
+            part = d.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise ValueError(str(exc)) from None
+        size += len(part)
+        if size > limit or d.unconsumed_tail:
+            raise BodyTooLarge(limit)
+        if not d.eof:
+            raise ValueError("truncated")
+        parts.append(part)
+        rest = d.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        # What follows the end of the compressed data: only another gzip member (RFC 1952 2.2,
+        # as gzip.decompress reads it); anything else would be silently dropped.
+        if coding == "deflate" or rest[:2] != b"\x1f\x8b":
+            raise ValueError(f"{len(rest)} bytes of trailing data after the end of the compressed body")
+    raise ValueError(f"more than {MAX_GZIP_MEMBERS} gzip members")
