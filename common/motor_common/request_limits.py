@@ -12,7 +12,9 @@ Generic rules from the message descriptors, applied to every field of every requ
   ``instance_ids`` item, the ``instance_id`` of the requests in ``ID_REQUIRED``);
 - generations 0 .. 2^53 - 1 (like instance ids, exact in every language's default number type and
   in JSON; the coordinator's registry never goes higher), heartbeat sequences 0 .. 2^63 - 1;
-- ``lease_seconds`` within (0, ``MAX_LEASE_SEC``].
+- ``lease_seconds`` within (0, ``MAX_LEASE_SEC``];
+- timestamps (``google.protobuf.Timestamp``) within the type's range (years 1-9999, nanos
+  0 .. 999,999,999), so converting them cannot fail.
 
 A violation is an ``InvalidArgument`` (reason ``OUT_OF_RANGE`` or ``TOO_LONG``) naming the field
 path, the value or size, and the allowed range, so the caller can fix the request; nothing is
@@ -41,6 +43,9 @@ MAX_INSTANCE_ID = 2**53 - 1
 MAX_LEASE_SEC = 3600.0
 MAX_GENERATION = 2**53 - 1
 MAX_SEQUENCE = 2**63 - 1
+# google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
+MIN_TIMESTAMP_SEC = -62_135_596_800
+MAX_TIMESTAMP_SEC = 253_402_300_799
 
 NAME_FIELDS = {"request_id", "job_name", "model_name", "node_id", "name", "reason_code", "election_key"}
 COUNT_FIELDS = {"node_rank", "nodes_per_instance", "local_world_size", "num_nodes", "dp_size", "dp_rank",
@@ -96,6 +101,17 @@ def _double(name: str) -> Check:
     return check
 
 
+def _timestamp(value: Any) -> Callable[[str], InvalidArgument] | None:
+    """A ``google.protobuf.Timestamp`` within the type's own range (what its conversions accept)."""
+    if MIN_TIMESTAMP_SEC <= value.seconds <= MAX_TIMESTAMP_SEC and 0 <= value.nanos <= 999_999_999:
+        return None
+    seconds, nanos = value.seconds, value.nanos
+    return lambda path: InvalidArgument(
+        f"{path} {{seconds: {seconds}, nanos: {nanos}}} is not a valid timestamp: seconds must be in "
+        f"[{MIN_TIMESTAMP_SEC}, {MAX_TIMESTAMP_SEC}] (years 1-9999) and nanos in [0, 999999999]",
+        reason="OUT_OF_RANGE", metadata={"field": path})
+
+
 def _scalar_check(fd: FieldDescriptor, full: str) -> Check | None:
     name, t = fd.name, fd.type
     if t == FieldDescriptor.TYPE_STRING:
@@ -144,6 +160,8 @@ def _plan(desc: Any) -> dict[str, _Rule | None]:
         if mt is not None and mt.GetOptions().map_entry:
             vfd = mt.fields_by_name["value"]
             plan[fd.name] = _Rule(True, vfd.type == FieldDescriptor.TYPE_MESSAGE, True, _scalar_check(vfd, full))
+        elif mt is not None and mt.full_name == "google.protobuf.Timestamp":
+            plan[fd.name] = _Rule(fd.is_repeated, False, False, _timestamp)
         elif mt is not None:
             plan[fd.name] = None if mt.full_name.startswith("google.protobuf.") else _Rule(fd.is_repeated, True, False, None)
         else:

@@ -54,3 +54,25 @@ def test_valid_requests_pass() -> None:
                 npb.GuardScaleDownRequest(instance_id=1, lease_seconds=30, dead_dp_ranks=[1]),
                 pb.ListNodesRequest(), cpb.DispatchRequest(body=b"{}")):
         check_request(msg)
+
+
+@pytest.mark.parametrize(("seconds", "nanos"), [(2**62, 0), (-62_135_596_801, 0), (253_402_300_800, 0),
+                                                 (0, -1), (0, 1_000_000_000)])
+def test_a_timestamp_outside_its_types_range_is_invalid_argument(seconds: int, nanos: int) -> None:
+    """It became INTERNAL when the handler converted it (``Timestamp is not valid``)."""
+    msg = pb.ReportAlarmRequest(alarm=pb.Alarm(kind=pb.ALARM_KIND_STORE_UNAVAILABLE, action=pb.ALARM_ACTION_RAISE,
+                                               source="x", raised_at={"seconds": seconds, "nanos": nanos}))
+    with pytest.raises(InvalidArgument) as err:
+        check_request(msg)
+    assert err.value.reason == "OUT_OF_RANGE" and err.value.metadata["field"] == "alarm.raised_at"
+    assert "years 1-9999" in err.value.message
+    with pytest.raises(ValueError):  # what the handler's conversion did with it
+        msg.alarm.raised_at.ToNanoseconds()
+
+
+def test_timestamps_at_the_ends_of_the_range_pass_and_convert() -> None:
+    for seconds, nanos in ((-62_135_596_800, 0), (253_402_300_799, 999_999_999), (1_796_000_000, 5)):
+        msg = pb.ReportAlarmRequest(alarm=pb.Alarm(kind=pb.ALARM_KIND_STORE_UNAVAILABLE, action=pb.ALARM_ACTION_RAISE,
+                                                   source="x", raised_at={"seconds": seconds, "nanos": nanos}))
+        check_request(msg)
+        assert msg.alarm.raised_at.ToNanoseconds() == seconds * 10**9 + nanos
