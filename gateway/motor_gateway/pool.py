@@ -44,6 +44,7 @@ class _Member:
         self.channel = open_channel(address, tls=tls, tls_ca_file=tls_ca_file)
         self.stub = cgrpc.DispatchServiceStub(self.channel)
         self.mux = DispatchMux(self.stub, address, self.channel)
+        self._refused: str | None = None  # the last refusal logged (once per change, not per probe)
 
     async def view(self, timeout: float) -> CoordinatorView:
         try:
@@ -53,8 +54,13 @@ class _Member:
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 return CoordinatorView(self.address, reachable=False)
-            return CoordinatorView(self.address, reachable=False,
-                                   reason=f"{UNREACHABLE}: {exc.code().name}: {exc.details()}")
+            # The coordinator's own words go to the log, not into the reason /ready shows.
+            if exc.details() != self._refused:
+                self._refused = exc.details()
+                log.warning("coordinator refused the readiness probe", extra={
+                    "coordinator": self.address, "code": exc.code().name, "detail": exc.details()})
+            return CoordinatorView(self.address, reachable=False, reason=f"{UNREACHABLE}: {exc.code().name}")
+        self._refused = None
         return CoordinatorView(
             self.address, reachable=True, ready=resp.ready,
             reason="ok" if resp.ready else (resp.reason or "not ready"),

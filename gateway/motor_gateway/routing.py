@@ -64,7 +64,9 @@ def choose(views: Sequence[CoordinatorView], current: str | None = None) -> Rout
     if masters:
         pick = next((v for v in masters if v.address == current), masters[0])
         return Route(pick.address, reason=pick.reason)
-    detail = "; ".join(f"{v.address}: {v.reason}" for v in views)
+    # By position in the gateway's `coordinators` list, not address: the reason is what the
+    # unauthenticated /ready shows (the addresses are in the route-change log line).
+    detail = "; ".join(f"coordinator {i}: {v.reason}" for i, v in enumerate(views, 1))
     return Route(None, reason=f"{NO_MASTER} ({detail})" if detail else NO_MASTER)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import grpc
 import orjson
 
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
@@ -67,6 +68,8 @@ class FakeDispatch(cgrpc.DispatchServiceServicer):
     requests: list[cpb.DispatchRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    # GetReadiness fails with this status and message (a coordinator that refuses the probe).
+    refuse: tuple[grpc.StatusCode, str] | None = None
 
     async def Dispatch(self, request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
         self.requests.append(request)
@@ -84,6 +87,8 @@ class FakeDispatch(cgrpc.DispatchServiceServicer):
         )
 
     async def GetReadiness(self, request: cpb.GetReadinessRequest, context: Any) -> cpb.GetReadinessResponse:
+        if self.refuse is not None:
+            await context.abort(*self.refuse)
         return cpb.GetReadinessResponse(ready=self.ready, reason=self.reason, role=self.role,
                                         store_available=True)
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from pathlib import Path
 
 import aiohttp
+import grpc
+import orjson
 import pytest
 from aiohttp import web
 from openai import AsyncOpenAI, AuthenticationError, NotFoundError
 
 from motor_common import errors
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.openai_front.app import Gateway
 from motor_gateway.client import GrpcDispatchClient
 from motor_gateway.config import GatewayConfig
@@ -49,6 +53,31 @@ async def test_ready_is_503_coordinator_unreachable_health_is_200(tmp_path: Path
             assert (await resp.json())["reason"] == "coordinator unreachable"
         async with http.get(f"{url}/health") as resp:
             assert resp.status == 200
+
+
+async def test_ready_names_coordinators_by_position_never_by_address_or_their_words(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """/ready answers without a credential: its reason must not carry coordinator addresses or
+    what a coordinator said when it refused the probe (both go to the gateway's log instead)."""
+    secret = "key 'ops' from 10.9.9.9:41234 is not accepted"
+    async with fake_coordinator() as (a, fake_a), fake_coordinator() as (b, fake_b):
+        fake_a.refuse = (grpc.StatusCode.PERMISSION_DENIED, secret)
+        fake_b.ready, fake_b.reason, fake_b.role = False, "Coordinator is not master", cpb.COORDINATOR_ROLE_STANDBY
+        cfg = GatewayConfig(coordinators=(a, b), probe_interval_sec=0.1)
+        with caplog.at_level(logging.WARNING, logger="motor_gateway.pool"):
+            async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http:
+                async def reason() -> str | None:
+                    async with http.get(f"{url}/ready") as resp:
+                        body = await resp.text()
+                        return body if resp.status == 503 and "coordinator 2" in body else None
+                body = await wait_for(reason, timeout=10, what="/ready names both coordinators")
+    assert orjson.loads(body)["reason"] == ("no master coordinator (coordinator 1: coordinator unreachable: "
+                                             "PERMISSION_DENIED; coordinator 2: Coordinator is not master)")
+    for leak in (a, b, "10.9.9.9", "not accepted"):
+        assert leak not in body
+    refusals = [r for r in caplog.records if r.getMessage() == "coordinator refused the readiness probe"]
+    assert refusals and refusals[0].__dict__["detail"] == secret and refusals[0].__dict__["coordinator"] == a
+    assert len(refusals) == 1  # once per change, not once per probe
 
 
 async def test_pool_prefers_the_first_ready_coordinator(tmp_path: Path) -> None:
