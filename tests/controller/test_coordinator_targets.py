@@ -14,11 +14,14 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from motor_common.grpc_server import ServerConfig
+from motor_common.gen.motor.controller.v1 import controller_pb2 as ctlpb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as ctlgrpc
+from motor_common.grpc_client import call_metadata, open_channel
+from motor_common.grpc_server import ServerConfig, error_reason
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, DispatchConfig
 from tests.controller.fakes import KEY
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.procs import start_controller
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -89,3 +92,34 @@ async def test_a_coordinator_address_of_an_earlier_run_never_gets_a_call(tmp_pat
             # ... and not one call reached the stale address, with or without the key
             assert old.calls == []
             assert "dropped stale coordinator addresses" in ctl.log()
+
+
+async def test_a_node_key_cannot_make_the_controller_send_its_key_to_an_address_of_its_choosing(
+        tmp_path: Path) -> None:
+    """ReportAlarm(COORDINATOR_PROMOTED) needs only a node key (every nodemanager has one). The
+    announced address becomes a push target, which receives the operator key, only when a
+    configured coordinator confirms it is master there; a stand-in announcing itself gets nothing."""
+    async with coordinator() as a:
+        port = free_port()
+        async with stand_in(port) as rogue, start_controller(
+                tmp_path, {**CONFIG, "coordinators": [a.address]}, management_key=KEY, name="ctl") as ctl:
+            await wait_for(lambda: a.state.authoritative, timeout=20, what="first SET to coordinator A")
+            channel = open_channel(ctl.address)
+            stub = ctlgrpc.ControllerServiceStub(channel)
+            rogue_address = f"127.0.0.1:{port}"
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.ReportAlarm(ctlpb.ReportAlarmRequest(alarm=ctlpb.Alarm(
+                    kind=ctlpb.ALARM_KIND_COORDINATOR_PROMOTED, action=ctlpb.ALARM_ACTION_RAISE,
+                    source=f"coordinator@{rogue_address}", address=rogue_address)),
+                    metadata=call_metadata(KEY), timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_reason(err.value) == "PROMOTION_NOT_CONFIRMED"
+            # refused before anything happened: no alarm stored, no target added
+            alarms = ctlgrpc.ControllerAdminServiceStub(channel)
+            listed = await alarms.ListAlarms(ctlpb.ListAlarmsRequest(active_only=True),
+                                             metadata=call_metadata(KEY), timeout=10)
+            assert list(listed.alarms) == []
+            seen = list_calls()
+            await wait_for(lambda: list_calls() >= seen + 3, timeout=20, what="3 more sync rounds on A")
+            assert rogue.calls == []  # not one call, with or without the key
+            await channel.close()

@@ -3,10 +3,14 @@ most one master announced in the current term. In-memory coordinators and store,
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
+import pytest
 
+from motor_common.errors import Unavailable
+from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
 from motor_controller.codec import KEYS
 from motor_controller.config import ControllerConfig
 from motor_controller.controller import Controller
@@ -34,8 +38,9 @@ def controller(store: MemoryStore, made: dict[str, Coord]) -> Controller:
         made[address] = Coord(address)
         return made[address]
 
+    made["conf:1"] = Coord("conf:1")
     return Controller(ControllerConfig(coordinators=["conf:1"]), store, NoNodeManagers(),  # type: ignore[arg-type]
-                      [Coord("conf:1")], coordinator_factory=factory)
+                      [made["conf:1"]], coordinator_factory=factory)
 
 
 def targets(ctl: Controller) -> list[str]:
@@ -68,4 +73,69 @@ async def test_a_new_announced_master_replaces_the_previous_one_and_stale_addres
     await ctl.on_coordinator_promoted("pod-d:1")
     await ctl.on_coordinator_promoted("conf:1")  # a configured coordinator won: pod-d's term is over
     assert targets(ctl) == ["conf:1"] and made["pod-d:1"].closed
+    await ctl.close()
+
+
+def promoted(address: str) -> Alarm:
+    return Alarm(AlarmKind.COORDINATOR_PROMOTED, AlarmAction.RAISE, f"coordinator@{address}", (), address=address)
+
+
+async def test_an_announcement_no_configured_coordinator_confirms_changes_nothing() -> None:
+    """ReportAlarm needs only a node key, which every nodemanager holds, and push targets receive
+    the operator key: an address is a target only when a configured coordinator, asked at its
+    configured address, says it is master there."""
+    store = MemoryStore()
+    made: dict[str, Any] = {}
+    ctl = controller(store, made)
+    await ctl.load()
+    conf = made["conf:1"]
+    epoch = conf.epoch
+    for master_at in (None, "pod-a:1"):  # not master / master, but elsewhere
+        conf.master_at = master_at
+        with pytest.raises(Unavailable) as err:
+            await ctl.report_alarm(promoted("attacker:443"))
+        assert err.value.reason == "PROMOTION_NOT_CONFIRMED"
+    assert targets(ctl) == ["conf:1"] and "attacker:443" not in made
+    assert ctl.alarms.entries(active_only=True) == [] and await store.list(KEYS.ALARM) == []
+    assert conf.epoch == epoch  # no reconnect either
+    conf.down = True
+    with pytest.raises(Unavailable):
+        await ctl.report_alarm(promoted("pod-a:1"))
+    await ctl.close()
+
+
+async def test_a_confirmed_announcement_adds_the_master_as_a_target() -> None:
+    store = MemoryStore()
+    made: dict[str, Any] = {}
+    ctl = controller(store, made)
+    await ctl.load()
+    made["conf:1"].master_at = "10.1.2.3:9100"  # the Service-like configured name reaches the pod
+    assert await ctl.report_alarm(promoted("10.1.2.3:9100"))
+    assert targets(ctl) == ["10.1.2.3:9100", "conf:1"]
+    assert [a.address for a in ctl.alarms.entries(active_only=True)] == ["10.1.2.3:9100"]
+    made["conf:1"].master_at = "conf:1"  # a configured coordinator announcing itself
+    assert await ctl.report_alarm(promoted("conf:1"))
+    assert targets(ctl) == ["conf:1"]
+    await ctl.close()
+
+
+class Frozen(Coord):
+    """A configured coordinator that accepts the connection and never answers (SIGSTOP)."""
+
+    async def master_address(self) -> str | None:
+        await asyncio.Event().wait()
+        return None
+
+
+async def test_a_frozen_configured_coordinator_does_not_hold_up_its_successors_confirmation() -> None:
+    made: dict[str, Any] = {}
+    frozen, live = Frozen("old:1"), Coord("new:1")
+    live.master_at = "new:1"
+    ctl = Controller(ControllerConfig(coordinators=["old:1", "new:1"]), MemoryStore(), NoNodeManagers(),  # type: ignore[arg-type]
+                     [frozen, live], coordinator_factory=lambda a: made.setdefault(a, Coord(a)))
+    await ctl.load()
+    assert await asyncio.wait_for(ctl.promotion_confirmed("new:1"), 1.0)  # not after the frozen one
+    started = asyncio.get_running_loop().time()
+    assert not await ctl.promotion_confirmed("elsewhere:1")  # nobody confirms: bounded wait
+    assert asyncio.get_running_loop().time() - started < 5
     await ctl.close()

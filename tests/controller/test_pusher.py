@@ -25,6 +25,7 @@ class MemoryCoordinator:
         self.calls: list[tuple[str, int]] = []
         self.down = False
         self.fail_kinds: set[OpKind] = set()
+        self.master_at: str | None = None  # what its GetReadiness says: master at this address
 
     async def apply(self, op: Op) -> int:
         self.calls.append((op.kind.value, op.generation))
@@ -58,6 +59,9 @@ class MemoryCoordinator:
 
     async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None:
         return None
+
+    async def master_address(self) -> str | None:
+        return None if self.down else self.master_at
 
     def reconnect(self) -> None:
         self.epoch += 1

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from motor_common.domain import Instance, NodeSpec
-from motor_common.errors import MotorError, NotFound
+from motor_common.errors import MotorError, NotFound, Unavailable
 from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_controller import codec, operator_pause
@@ -62,6 +62,9 @@ from motor_controller.strategies.dp_scale_down import DpScaleDown, ScaleDownPeer
 from motor_controller.strategies.dp_scale_down import Target as SdTarget
 from motor_controller.strategies.engine_relaunch import EngineRelaunch, Target
 from motor_controller.strategies.node_restart import NodeRestart
+
+# How long a promotion announcement waits for a configured coordinator to confirm it.
+PROMOTION_CHECK_SEC = 1.5
 
 log = logging.getLogger(__name__)
 
@@ -481,13 +484,20 @@ class Controller:
         self.poke()
 
     async def report_alarm(self, alarm: Alarm) -> bool:
+        promoted = alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE
+        if promoted and not await self.promotion_confirmed(alarm.address):
+            # Push targets receive the operator key: a node key alone must not name one.
+            raise Unavailable(
+                f"coordinator {alarm.address!r} announced itself master, but no configured coordinator "
+                "confirms it (GetReadiness with role MASTER and that advertise address); retry when it does",
+                reason="PROMOTION_NOT_CONFIRMED")
         changed = self.alarms.report(alarm)
         key = codec.alarm_store_key(alarm)
         if alarm.action is AlarmAction.RAISE:
             await self.store.put(key, codec.encode_alarm(alarm))
         elif changed is not None:
             await self.store.delete(key)
-        if alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE:
+        if promoted:
             await self.on_coordinator_promoted(alarm.address)
         if changed is not None and self.on_alarm is not None:
             self.on_alarm(changed)
@@ -496,6 +506,26 @@ class Controller:
         log.warning("alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": alarm.source,
                                                             "instance_ids": list(alarm.instance_ids)})
         return True
+
+    async def promotion_confirmed(self, address: str) -> bool:
+        """Whether a coordinator this controller is configured with says it is master at *address*
+        (asked through its configured addresses, concurrently, for at most PROMOTION_CHECK_SEC:
+        inside the announcing coordinator's 2 s call timeout)."""
+        if not address:
+            return False
+        configured = [p.client for p in self.pushers if p.client.address in self.configured_coordinators]
+        asks = [asyncio.ensure_future(c.master_address()) for c in configured]
+        try:  # the first confirmation decides: a frozen coordinator must not hold up its successor's
+            for answer in asyncio.as_completed(asks, timeout=PROMOTION_CHECK_SEC):
+                if await answer == address:
+                    return True
+        except TimeoutError:
+            pass
+        finally:
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
+        return False
 
     async def on_coordinator_promoted(self, address: str) -> None:
         """A coordinator became master: full SET to it at its own address (a new target if it is
@@ -546,8 +576,10 @@ class Controller:
     async def terminate_instance(self, instance_id: int, precision_alarm_clear: bool, reason: str) -> list[str]:
         async with self._lock:
             mi = self.get_instance(instance_id)
-            specs = [self.nodes[n].spec for n in mi.node_ids if n in self.nodes]
             nxt = transition(mi.state, Signal.TERMINATE)
+            # Already deleted (a retried call): nothing to stop. Its node ids may by now serve the
+            # instance that replaced it (node ids survive a restart), which must not be stopped.
+            specs = [self.nodes[n].spec for n in mi.node_ids if n in self.nodes] if nxt is not None else []
             if nxt is not None:
                 mi = replace(mi, state=nxt, reason=f"terminated: {reason or 'operator request'}",
                              state_changed_at=self._wall())

@@ -46,6 +46,11 @@ class CoordinatorClient(Protocol):
     async def apply(self, op: Op) -> int: ...
     async def list_instances(self) -> tuple[int, dict[int, Instance]]: ...
     async def clear_precision_alarms(self, instance_ids: Sequence[int]) -> None: ...
+    async def master_address(self) -> str | None:
+        """The address this coordinator announces, when it says it is master (its open
+        GetReadiness); None when it is not master or does not answer."""
+        ...
+
     def reconnect(self) -> None:
         """Drop the current connection (it may be pinned to a frozen or demoted coordinator)."""
         ...
@@ -215,6 +220,20 @@ class GrpcCoordinator:
                 metadata=call_metadata(self._key),
                 timeout=self._timeout,
             )
+
+    async def master_address(self) -> str | None:
+        try:  # GetReadiness is open: no key is sent
+            resp = await cgrpc.DispatchServiceStub(self._channel).GetReadiness(
+                cpb.GetReadinessRequest(), metadata=call_metadata(), timeout=self._timeout)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return None
+        if resp.role != cpb.COORDINATOR_ROLE_MASTER:
+            return None
+        # A coordinator from before the field: it can only vouch for its configured address.
+        return resp.advertise_address or self.address
 
     async def close(self) -> None:
         await self._channel.close()

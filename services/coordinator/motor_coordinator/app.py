@@ -16,6 +16,7 @@ from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.openai_front.app import read_api_key
 from motor_common.ops_http import OpsHttpServer, ops_server
+from motor_common.ports import host_port
 from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
 from motor_coordinator.config import CoordinatorConfig
@@ -195,7 +196,7 @@ class Coordinator:
     async def _start(self) -> int:
         await self.client.start()
         port = await self.server.start()
-        self.address = self.cfg.ha.advertise_address or f"{self.cfg.server.host}:{port}"
+        self.address = self.cfg.ha.advertise_address or host_port(self.cfg.server.host, port)
         self._dirty = asyncio.Event()
         self.plane.watch_loop(self.tasks, log)
         await self._apply_readiness()

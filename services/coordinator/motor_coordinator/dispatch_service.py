@@ -136,6 +136,7 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             generation=self.app.state.generation,
             store_available=lead.store_available,
             available_instances=sum(i.status is InstanceStatus.AVAILABLE for i in self.app.observed_instances()),
+            advertise_address=self.app.address,
         )
 
 

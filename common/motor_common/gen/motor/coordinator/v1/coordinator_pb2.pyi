@@ -363,7 +363,7 @@ class GetReadinessRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReadinessResponse(_message.Message):
-    __slots__ = ("ready", "reason", "role", "isolated", "generation", "store_available", "available_instances")
+    __slots__ = ("ready", "reason", "role", "isolated", "generation", "store_available", "available_instances", "advertise_address")
     READY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -371,6 +371,7 @@ class GetReadinessResponse(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STORE_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     reason: str
     role: CoordinatorRole
@@ -378,4 +379,5 @@ class GetReadinessResponse(_message.Message):
     generation: int
     store_available: bool
     available_instances: int
-    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ..., store_available: _Optional[bool] = ..., available_instances: _Optional[int] = ...) -> None: ...
+    advertise_address: str
+    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ..., store_available: _Optional[bool] = ..., available_instances: _Optional[int] = ..., advertise_address: _Optional[str] = ...) -> None: ...
