@@ -299,7 +299,8 @@ class Node:
     def validate(self, cmd: StartCommand) -> None:
         check_payload(cmd)
         c = self.cfg
-        validate_for_node(cmd, job_name=c.job_name, node_ip=c.ip, endpoint_count=c.endpoints_per_node, role=c.role_enum)
+        validate_for_node(cmd, job_name=c.job_name, node_ip=c.ip, endpoint_count=c.endpoints_per_node, role=c.role_enum,
+                          engine_type=c.engine_type_enum, model_name=c.model_name)
 
     async def start_engines(self, cmd: StartCommand) -> list[int]:
         self.validate(cmd)

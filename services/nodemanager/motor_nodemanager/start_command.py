@@ -7,6 +7,7 @@ calls :func:`validate_for_node` before touching any state, so a rejected call ch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -20,6 +21,9 @@ from motor_common.domain import (
     normalize_ip,
 )
 from motor_common.errors import FailedPrecondition, InvalidArgument
+
+# A master address: a host name, an IPv4 address or an IPv6 literal (bracketed or not).
+_HOST = re.compile(r"\[?[A-Za-z0-9.:_-]{1,253}\]?")
 
 VALIDATION_PREFIX = "Start command validation failed: "
 
@@ -81,6 +85,20 @@ def check_payload(cmd: StartCommand) -> None:
             f"Invalid start command payload: dp_size {cmd.dp_size} < {len(cmd.endpoints)} endpoints",
             reason="INVALID_START_COMMAND",
         )
+    # What reaches an engine's command line or environment: no control characters (a NUL made the
+    # spawn itself fail, an INTERNAL error), a host name or IP for the master, IPs for peers.
+    for name, value in (("job_name", cmd.job_name), ("model_name", cmd.model_name)):
+        if not value.isprintable():
+            raise InvalidArgument(f"Invalid start command payload: {name} has a control character",
+                                  reason="INVALID_START_COMMAND")
+    if cmd.master_address and not _HOST.fullmatch(cmd.master_address):
+        raise InvalidArgument(
+            f"Invalid start command payload: master_address {cmd.master_address[:100]!r} is not a host name or IP "
+            "address", reason="INVALID_START_COMMAND")
+    bad_peer = next((p for p in cmd.peers if not is_ip(p.ip)), None)
+    if bad_peer is not None:
+        raise InvalidArgument(f"Invalid start command payload: peer {bad_peer.id}: {bad_peer.ip[:100]!r} is not an "
+                              "IPv4 or IPv6 address", reason="INVALID_START_COMMAND")
 
 
 def _fail(detail: str, reason: str) -> FailedPrecondition:
@@ -88,13 +106,19 @@ def _fail(detail: str, reason: str) -> FailedPrecondition:
 
 
 def validate_for_node(
-    cmd: StartCommand, *, job_name: str, node_ip: str, endpoint_count: int, role: Role | None = None
+    cmd: StartCommand, *, job_name: str, node_ip: str, endpoint_count: int, role: Role | None = None,
+    engine_type: EngineType | None = None, model_name: str | None = None,
 ) -> None:
     """The command must target this node; raises FailedPrecondition naming the first mismatch."""
     if cmd.job_name != job_name:
         raise _fail(f"job name {cmd.job_name!r} != node job name {job_name!r}", "JOB_NAME_MISMATCH")
     if role is not None and cmd.role != role:
         raise _fail(f"role {cmd.role.value} != node role {role.value}", "ROLE_MISMATCH")
+    if engine_type is not None and cmd.engine_type != engine_type:
+        raise _fail(f"engine type {cmd.engine_type.value} != node engine type {engine_type.value}",
+                    "ENGINE_TYPE_MISMATCH")
+    if model_name is not None and cmd.model_name != model_name:
+        raise _fail(f"model name {cmd.model_name[:200]!r} != node model name {model_name!r}", "MODEL_NAME_MISMATCH")
     if len(cmd.endpoints) != endpoint_count:
         raise _fail(
             f"{len(cmd.endpoints)} endpoints != {endpoint_count} endpoints of this node", "ENDPOINT_COUNT_MISMATCH"
