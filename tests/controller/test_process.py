@@ -78,6 +78,15 @@ async def test_console_script_serves_registry_heartbeats_admin_and_rejects_bad_c
                 acks = [a async for a in call]
                 assert [(a.acked_sequence, a.command) for a in acks] == [(7, pb.HEARTBEAT_COMMAND_REREGISTER)]
 
+                # a node reporting a fault of an instance it does not serve changes nothing
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await node.ReportFault(pb.ReportFaultRequest(
+                        node_id="other-n0", instance_id=iid, level=pb.FAULT_LEVEL_ENGINE_DEAD), metadata=md)
+                assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert error_reason(err.value) == "NODE_NOT_IN_INSTANCE"
+                got = await admin.GetInstance(pb.GetInstanceRequest(instance_id=iid), metadata=md)
+                assert got.instance.state == pb.INSTANCE_STATE_ACTIVE
+
                 fault = await node.ReportFault(
                     pb.ReportFaultRequest(node_id="solo-n0", instance_id=iid, level=pb.FAULT_LEVEL_ENGINE_DEAD),
                     metadata=md,

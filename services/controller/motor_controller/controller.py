@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from motor_common.domain import Instance, NodeSpec
-from motor_common.errors import MotorError, NotFound, Unavailable
+from motor_common.errors import FailedPrecondition, MotorError, NotFound, Unavailable
 from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_controller import codec, operator_pause
@@ -326,7 +326,14 @@ class Controller:
     # ---- faults and alarms ------------------------------------------------------------------
 
     async def report_fault(self, report: FaultReport) -> tuple[bool, bool]:
-        """Record a fault and let the fault manager decide; answered after RECOVERING is persisted."""
+        """Record a fault and let the fault manager decide; answered after RECOVERING is persisted.
+        A report for an instance the reporting node does not serve changes nothing (a stale or
+        buggy nodemanager must not send another instance into recovery)."""
+        mi = self.instances.get(report.instance_id)
+        if mi is not None and report.node_id not in mi.node_ids:
+            raise FailedPrecondition(
+                f"node {report.node_id[:200]!r} does not serve instance {report.instance_id}: the report is ignored",
+                reason="NODE_NOT_IN_INSTANCE")
         self.faults.append(report)
         relaunch = await self.fault_manager.on_fault(report)
         log.warning(
