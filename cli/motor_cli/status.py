@@ -84,7 +84,14 @@ async def fetch_view(address: str, key: str | None, timeout: float = 2.0, tls: T
             stub = pbg.ControllerAdminServiceStub(channel)
             nodes = await stub.ListNodes(pb.ListNodesRequest(), metadata=md, timeout=timeout)
             insts = await stub.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=timeout)
-            alarms = await stub.ListAlarms(pb.ListAlarmsRequest(active_only=True), metadata=md, timeout=timeout)
+            alarms = pb.ListAlarmsResponse()
+            while True:  # every page
+                page = await stub.ListAlarms(pb.ListAlarmsRequest(active_only=True, page_token=alarms.next_page_token),
+                                             metadata=md, timeout=timeout)
+                alarms.alarms.extend(page.alarms)
+                alarms.next_page_token = page.next_page_token
+                if not page.next_page_token:
+                    break
             health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                                      timeout=timeout)
     except grpc.aio.AioRpcError as exc:

@@ -84,6 +84,11 @@ class PermissionDenied(CallerError):
     default_reason = "PERMISSION_DENIED"
 
 
+class ResourceExhausted(CallerError):
+    code = "RESOURCE_EXHAUSTED"
+    default_reason = "RESOURCE_EXHAUSTED"
+
+
 class PeerError(MotorError):
     code = "UNAVAILABLE"
     default_reason = "PEER_UNAVAILABLE"

@@ -4,12 +4,15 @@ most one master announced in the current term. In-memory coordinators and store,
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 
-from motor_common.errors import Unavailable
+from motor_common.errors import ResourceExhausted, Unavailable
+from motor_controller import codec
+from motor_controller import controller as controller_module
 from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
 from motor_controller.codec import KEYS
 from motor_controller.config import ControllerConfig
@@ -138,4 +141,35 @@ async def test_a_frozen_configured_coordinator_does_not_hold_up_its_successors_c
     started = asyncio.get_running_loop().time()
     assert not await ctl.promotion_confirmed("elsewhere:1")  # nobody confirms: bounded wait
     assert asyncio.get_running_loop().time() - started < 5
+    await ctl.close()
+
+
+async def test_alarms_are_bounded_and_a_new_promotion_clears_the_previous_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every active alarm is persisted and reloaded at start-up: a peer raising alarms under ever
+    new sources must meet a limit (RESOURCE_EXHAUSTED, nothing stored), and promotions, never
+    cleared by their coordinators, end when a newer one arrives."""
+    monkeypatch.setattr(controller_module, "MAX_ACTIVE_ALARMS", 3)
+    store = MemoryStore()
+    made: dict[str, Any] = {}
+    ctl = controller(store, made)
+    await ctl.load()
+    for master in ("pod-a:1", "pod-b:1"):
+        made["conf:1"].master_at = master
+        assert await ctl.report_alarm(promoted(master))
+    active = ctl.alarms.entries(active_only=True)
+    assert [a.address for a in active] == ["pod-b:1"]
+    assert [k for k, _ in await store.list(KEYS.ALARM)] == [codec.alarm_store_key(active[0])]
+    assert [a.message for a in ctl.alarms.entries() if a.action is AlarmAction.CLEAR] == ["superseded by pod-b:1"]
+
+    def store_down(source: str) -> Alarm:
+        return Alarm(AlarmKind.STORE_UNAVAILABLE, AlarmAction.RAISE, source, ())
+
+    assert await ctl.report_alarm(store_down("x1")) and await ctl.report_alarm(store_down("x2"))
+    with pytest.raises(ResourceExhausted) as err:  # a fourth identity
+        await ctl.report_alarm(store_down("x3"))
+    assert err.value.reason == "TOO_MANY_ALARMS"
+    assert len(ctl.alarms) == 3 and len(await store.list(KEYS.ALARM)) == 3
+    assert await ctl.report_alarm(store_down("x1"))  # an active one again: fine
+    assert await ctl.report_alarm(replace(store_down("x1"), action=AlarmAction.CLEAR))
+    assert await ctl.report_alarm(store_down("x3"))  # room again
     await ctl.close()

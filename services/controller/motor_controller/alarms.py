@@ -100,3 +100,15 @@ class AlarmStore:
 
     def active(self) -> list[Alarm]:
         return list(self._active.values())
+
+    def is_active(self, alarm: Alarm) -> bool:
+        return alarm.key in self._active
+
+    def __len__(self) -> int:
+        """Active alarms."""
+        return len(self._active)
+
+    def other_promotions(self, alarm: Alarm) -> list[Alarm]:
+        """Active COORDINATOR_PROMOTED alarms of other coordinators than *alarm*'s: a newer
+        promotion ends their term (they are never cleared otherwise)."""
+        return [a for k, a in self._active.items() if a.kind is AlarmKind.COORDINATOR_PROMOTED and k != alarm.key]

@@ -21,7 +21,13 @@ from typing import Any
 import orjson
 
 from motor_common.domain import Instance, NodeSpec
-from motor_common.errors import FailedPrecondition, MotorError, NotFound, Unavailable
+from motor_common.errors import (
+    FailedPrecondition,
+    MotorError,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_controller import codec, operator_pause
@@ -65,6 +71,9 @@ from motor_controller.strategies.node_restart import NodeRestart
 
 # How long a promotion announcement waits for a configured coordinator to confirm it.
 PROMOTION_CHECK_SEC = 1.5
+# Active alarms the controller holds (each is persisted and reloaded at start-up); a RAISE of a
+# new alarm beyond it is RESOURCE_EXHAUSTED.
+MAX_ACTIVE_ALARMS = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -498,6 +507,16 @@ class Controller:
                 f"coordinator {alarm.address!r} announced itself master, but no configured coordinator "
                 "confirms it (GetReadiness with role MASTER and that advertise address); retry when it does",
                 reason="PROMOTION_NOT_CONFIRMED")
+        if alarm.action is AlarmAction.RAISE and not self.alarms.is_active(alarm) and len(self.alarms) >= MAX_ACTIVE_ALARMS:
+            raise ResourceExhausted(
+                f"the controller holds {len(self.alarms)} active alarms, its limit: clear some (ReportAlarm CLEAR, "
+                "or TerminateInstance with precision_alarm_clear) before raising new ones", reason="TOO_MANY_ALARMS")
+        if promoted:  # the previous master's announcement ends with this term
+            for old in self.alarms.other_promotions(alarm):
+                ended = self.alarms.report(replace(old, action=AlarmAction.CLEAR, message=f"superseded by {alarm.address}"))
+                await self.store.delete(codec.alarm_store_key(old))
+                if ended is not None and self.on_alarm is not None:
+                    self.on_alarm(ended)
         changed = self.alarms.report(alarm)
         key = codec.alarm_store_key(alarm)
         if alarm.action is AlarmAction.RAISE:

@@ -26,6 +26,9 @@ ADMIN_SERVICE = "motor.controller.v1.ControllerAdminService"
 
 T = TypeVar("T")
 MAX_PAGE = 1000
+# Alarms per ListAlarms page: an alarm's message and source may each be 4,096 characters, so a
+# page stays far below a client's default 4 MiB message limit.
+MAX_ALARM_PAGE = 200
 
 _LEVELS = {pb.FAULT_LEVEL_ENGINE_UNHEALTHY: "engine_unhealthy", pb.FAULT_LEVEL_ENGINE_DEAD: "engine_dead"}
 _FT_STATE = {
@@ -46,10 +49,10 @@ _SOURCES = {
 
 
 def _page(items: list[T], size: int, token: str) -> tuple[list[T], str]:
-    try:
-        start = int(token) if token else 0
-    except ValueError:
-        raise InvalidArgument(f"bad page_token {token!r}", reason="INVALID_PAGE_TOKEN") from None
+    if token and not (token.isascii() and token.isdigit()):
+        raise InvalidArgument(f"bad page_token {token[:100]!r}: pass the next_page_token of the previous page",
+                              reason="INVALID_PAGE_TOKEN")
+    start = int(token) if token else 0
     size = min(size or MAX_PAGE, MAX_PAGE)
     end = start + size
     return items[start:end], (str(end) if end < len(items) else "")
@@ -195,4 +198,6 @@ class ControllerAdminServicer(pbgrpc.ControllerAdminServiceServicer):
                                          paused_node_ids=self.ctl.nodes_paused_by_nodemanager(mi.id))
 
     async def ListAlarms(self, request: pb.ListAlarmsRequest, context: Any) -> pb.ListAlarmsResponse:
-        return pb.ListAlarmsResponse(alarms=[alarm_to_pb(a) for a in self.ctl.alarms.entries(request.active_only)])
+        page, token = _page(self.ctl.alarms.entries(request.active_only), min(request.page_size or MAX_ALARM_PAGE,
+                                                                              MAX_ALARM_PAGE), request.page_token)
+        return pb.ListAlarmsResponse(alarms=[alarm_to_pb(a) for a in page], next_page_token=token)

@@ -402,16 +402,22 @@ class GetFaultToleranceStatusResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[FaultToleranceState, str]] = ..., strategy: _Optional[str] = ..., phase: _Optional[str] = ..., relaunch_attempts: _Optional[int] = ..., retired_dp_ranks: _Optional[_Iterable[int]] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class ListAlarmsRequest(_message.Message):
-    __slots__ = ("active_only",)
+    __slots__ = ("active_only", "page_size", "page_token")
     ACTIVE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     active_only: bool
-    def __init__(self, active_only: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, active_only: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListAlarmsResponse(_message.Message):
-    __slots__ = ("alarms",)
+    __slots__ = ("alarms", "next_page_token")
     ALARMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     alarms: _containers.RepeatedCompositeFieldContainer[Alarm]
-    def __init__(self, alarms: _Optional[_Iterable[_Union[Alarm, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, alarms: _Optional[_Iterable[_Union[Alarm, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class PauseInstanceRequest(_message.Message):
     __slots__ = ("instance_id", "reason", "request_id", "node_id")
