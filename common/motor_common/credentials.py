@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,12 +206,74 @@ class Authenticator:
         return Principal(name, frozenset(roles)) if roles and name else None
 
 
-def presented_key(auth: AuthConfig, management_key: str | None) -> str | None:
-    """The credential a program presents when it calls others (``auth.key_file``, else the
-    management key)."""
+class PresentedKey:
+    """A credential a program presents when it calls others, taken from its file at each call:
+    the file is re-read when it changes (at most every ``RELOAD_CHECK_SEC``), so rotating the key
+    a program presents needs no restart either. ``str(key)`` is the current key."""
+
+    __slots__ = ("_current",)
+
+    def __init__(self, current: Callable[[], str]) -> None:
+        self._current = current
+
+    def __str__(self) -> str:
+        return self._current()
+
+    def __repr__(self) -> str:
+        return "PresentedKey(<hidden>)"
+
+
+# What a client presents: a fixed key, one re-read from its file, or none.
+Credential = str | PresentedKey | None
+
+
+def presented_key(auth: AuthConfig, management_key: str | None) -> Credential:
+    """The credential a program presents when it calls others (``auth.key_file``, re-read when it
+    changes, else the management key)."""
     if auth.key_file:
-        return KeyFile(auth.key_file, "auth.key_file").first()
+        return PresentedKey(KeyFile(auth.key_file, "auth.key_file").first)
     return management_key
+
+
+class SecretFile:
+    """A file holding one secret (whitespace stripped), re-read when it changes (at most every
+    ``RELOAD_CHECK_SEC``); a new version that is unreadable or empty keeps the previous one."""
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        self.what = what
+        self._stamp = self._stat()
+        self._value = self._read()
+        self._checked = time.monotonic()
+
+    def _stat(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc.strerror}") from exc
+        return st.st_mtime_ns, st.st_size
+
+    def _read(self) -> str:
+        try:
+            value = Path(self.path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc}") from exc
+        if not value:
+            raise ConfigError(f"{self.what} file {self.path} is empty")
+        return value
+
+    def current(self) -> str:
+        now = time.monotonic()
+        if now - self._checked >= RELOAD_CHECK_SEC:
+            self._checked = now
+            try:
+                stamp = self._stat()
+                if stamp != self._stamp:
+                    self._value, self._stamp = self._read(), stamp
+                    log.info("%s reloaded", self.what, extra={"file": self.path})
+            except ConfigError as exc:
+                log.warning("%s changed but cannot be used; keeping the previous one: %s", self.what, exc.message)
+        return self._value
 
 
 MUTATION_PREFIXES = ("List", "Get", "Watch", "Check")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import grpc
 
 from motor_common import errors
+from motor_common.credentials import Credential
 from motor_common.grpc_server import MANAGEMENT_KEY_HEADER, REQUEST_ID_HEADER, error_info
 from motor_common.logs import request_id_var
 from motor_common.reloading_channel import ReloadingChannel
@@ -37,10 +38,10 @@ def open_channel(address: str, *, tls: TlsConfig | None = None, tls_ca_file: str
     return grpc.aio.insecure_channel(address, options=list(_OPTIONS))
 
 
-def call_metadata(management_key: str | None = None, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
+def call_metadata(management_key: Credential = None, request_id: str | None = None) -> tuple[tuple[str, str], ...]:
     md: list[tuple[str, str]] = []
     if management_key:
-        md.append((MANAGEMENT_KEY_HEADER, management_key))
+        md.append((MANAGEMENT_KEY_HEADER, str(management_key)))  # a PresentedKey: its current key
     rid = request_id or request_id_var.get()
     if rid:
         md.append((REQUEST_ID_HEADER, rid))

@@ -37,6 +37,7 @@ from prometheus_client import Counter, Histogram
 from motor_common.credentials import (
     AuthConfig,
     Authenticator,
+    Credential,
     Principal,
     Role,
     audit,
@@ -387,6 +388,7 @@ class GrpcServer:
         self.config = config
         self._key = management_key if management_key is not None else read_secret(config.management_key_file)
         self.auth = Authenticator.from_config(config.auth, self._key, inference_keys_file)
+        self._client_key: tuple[Credential] | None = None  # made once: its file is re-read on change
         self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []
         self._roles: dict[str, tuple[Role, frozenset[str]]] = {}
         self._server: grpc.aio.Server | None = None
@@ -400,10 +402,12 @@ class GrpcServer:
         return self._key
 
     @property
-    def client_key(self) -> str | None:
+    def client_key(self) -> Credential:
         """The credential this program presents when it calls others (``server.auth.key_file``,
-        else the management key)."""
-        return presented_key(self.config.auth, self._key)
+        re-read when it changes, else the management key)."""
+        if self._client_key is None:
+            self._client_key = (presented_key(self.config.auth, self._key),)
+        return self._client_key[0]
 
     def add_service(
         self, full_name: str, register: Callable[[grpc.aio.Server], None], *, protected: bool = False,

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from motor_common.convert import model_card_from_pb
+from motor_common.credentials import Credential
 from motor_common.errors import MotorError
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.grpc_client import call_metadata, translate
@@ -108,12 +109,18 @@ class GrpcDispatchClient:
     """``DispatchService`` through the coordinator pool (failover before the head)."""
 
     def __init__(self, pool: CoordinatorPool, *, request_timeout: float, control_timeout: float,
-                 credential: str | None = None) -> None:
-        """*credential*: presented as ``authorization: Bearer`` on Dispatch and ListModels."""
+                 credential: Credential = None) -> None:
+        """*credential*: presented as ``authorization: Bearer`` on Dispatch and ListModels (a
+        ``PresentedKey``: the key its file holds at each call)."""
         self.pool = pool
-        self._auth: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {credential}"),) if credential else ()
+        self._credential = credential
         self.request_timeout = request_timeout
         self.control_timeout = control_timeout
+
+    @property
+    def _auth(self) -> tuple[tuple[str, str], ...]:
+        credential = self._credential
+        return (("authorization", f"Bearer {credential}"),) if credential else ()
 
     async def dispatch(self, request_id: str, api: str, raw: bytes, body: dict[str, Any]) -> DispatchStream:
         call = None

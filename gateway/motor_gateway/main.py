@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from motor_common.config import load_config
+from motor_common.credentials import PresentedKey, SecretFile
 from motor_common.errors import ConfigError
-from motor_common.grpc_server import read_secret
 from motor_common.logs import setup_logging
 from motor_common.openai_front.app import Gateway, read_api_key, start_site
 from motor_common.runner import (
@@ -98,7 +98,8 @@ async def serve(cfg: GatewayConfig, ports_file: str | None = None,
     admission = admission_share(cfg.admission, worker_index, worker_count)
     api_key = read_api_key(cfg.api_key_file)
     # The gateway's own credential for the coordinators' DispatchService.
-    credential = read_secret(cfg.coordinator_key_file, "coordinator key")
+    credential = PresentedKey(SecretFile(cfg.coordinator_key_file, "coordinator key").current) \
+        if cfg.coordinator_key_file else None
     pool = CoordinatorPool(cfg.coordinators, tls=cfg.tls, tls_ca_file=cfg.tls_ca_file,
                            timeout=cfg.control_timeout_sec, probe_interval=cfg.probe_interval_sec,
                            probe_timeout=cfg.probe_timeout_sec, failover_timeout=cfg.failover_timeout_sec,

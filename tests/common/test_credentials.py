@@ -56,3 +56,26 @@ def test_authenticator_grants_roles_by_key_kind(tmp_path: Path) -> None:
     assert auth.identify("nope-nope-nope") is None and auth.identify("") is None
     assert auth.requires(Role.OPERATOR) and auth.requires(Role.NODE) and not auth.requires(Role.INFERENCE)
     assert not Authenticator().requires(Role.OPERATOR)
+
+
+def test_a_presented_key_follows_its_file_and_keeps_the_last_good_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(credentials, "RELOAD_CHECK_SEC", 0.0)
+    named, bare = tmp_path / "controller.key", tmp_path / "gateway.key"
+    named.write_text("key-one-01234567\n")
+    bare.write_text("  secret-one:with-colon \n")  # a single secret: taken whole, not as name: key
+    auth = credentials.AuthConfig(key_file=str(named))
+    presented = credentials.presented_key(auth, None)
+    secret = credentials.PresentedKey(credentials.SecretFile(str(bare), "coordinator key").current)
+    assert (str(presented), str(secret)) == ("key-one-01234567", "secret-one:with-colon")
+    assert "key-one" not in repr(presented)
+    named.write_text("key-two-01234567\n")
+    bare.write_text("secret-two\n")
+    _bump(named)
+    _bump(bare)
+    assert (str(presented), str(secret)) == ("key-two-01234567", "secret-two")
+    bare.write_text("")  # a half-written rotation keeps the previous secret
+    _bump(bare)
+    assert str(secret) == "secret-two"
+    assert credentials.presented_key(credentials.AuthConfig(), "legacy-management") == "legacy-management"

@@ -12,6 +12,7 @@ import openai
 import pytest
 import yaml
 
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
@@ -193,3 +194,41 @@ async def test_named_api_keys_serve_and_rotate_without_restart(secured: SecuredF
         models = await cgrpc.DispatchServiceStub(ch).ListModels(
             cpb.ListModelsRequest(), metadata=(("authorization", f"Bearer {new}"),), timeout=5)
         assert [m.id for m in models.models] == ["tiny"]
+
+
+async def test_the_keys_programs_present_rotate_without_restart(secured: SecuredFleet) -> None:
+    """The controller's operator key (auth.key_file) and the gateway's coordinator key are re-read
+    when their files change: after a rotation that removes the old keys from the accepting side,
+    the controller's pushes and the gateway's calls go on (they kept the start-up key before)."""
+    md = call_metadata(KEYS["alice"])
+    new_ctl, new_gw = "op-controller-rotated-01", "inf-gateway-rotated-01"
+    secured.files["operators"].write_text(yaml.safe_dump({"alice": KEYS["alice"], "controller": new_ctl}))
+    secured.files["controller_key"].write_text(new_ctl)
+    inference = yaml.safe_load(secured.files["inference"].read_text())
+    secured.files["inference"].write_text(yaml.safe_dump({**inference, "gateway": new_gw}))
+    secured.files["gateway_key"].write_text(new_gw)
+
+    async with open_channel(secured.controller.address) as ctl_ch, open_channel(secured.coordinator.address) as co_ch:
+        admin = pbg.ControllerAdminServiceStub(ctl_ch)
+        iid = (await admin.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=5)).instances[0].instance.id
+        registry = cgrpc.InstanceRegistryServiceStub(co_ch)
+
+        async def coordinator_shows(status: int) -> bool:
+            resp = await registry.ListInstances(cpb.ListInstancesRequest(), metadata=md, timeout=5)
+            return [i.status for i in resp.instances] == [status]
+
+        # a pause reaches the coordinator only through a push made with the controller's new key
+        await admin.PauseInstance(pb.PauseInstanceRequest(instance_id=iid, reason="rotation"), metadata=md, timeout=5)
+        await wait_for(lambda: coordinator_shows(tpb.INSTANCE_STATUS_PAUSED), timeout=20,
+                       what="the controller's push with its rotated key")
+        await admin.ResumeInstance(pb.ResumeInstanceRequest(instance_id=iid), metadata=md, timeout=5)
+        await wait_for(lambda: coordinator_shows(tpb.INSTANCE_STATUS_AVAILABLE), timeout=20, what="resumed")
+    assert "op-controller-0123456789" not in secured.files["operators"].read_text()
+
+    async def models_listed() -> bool:  # ListModels: a call per request with the gateway's own key
+        async with aiohttp.ClientSession() as http, http.get(
+                secured.gateway.url + "/v1/models", headers={"Authorization": f"Bearer {KEYS['app-a']}"}) as resp:
+            return resp.status == 200 and [m["id"] for m in (await resp.json())["data"]] == ["tiny"]
+
+    await wait_for(models_listed, timeout=20, what="the gateway presenting its rotated key")
+    assert "reloaded" in secured.log("gateway") and "auth.key_file reloaded" in secured.log("controller")

@@ -14,6 +14,7 @@ from typing import Protocol
 import grpc
 
 from motor_common.convert import instance_from_pb, instance_to_pb
+from motor_common.credentials import Credential
 from motor_common.domain import Instance
 from motor_common.errors import Unavailable
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
@@ -61,7 +62,7 @@ class CoordinatorClient(Protocol):
 class GrpcNodeManagers:
     """One channel per nodemanager address, opened lazily."""
 
-    def __init__(self, management_key: str | None, timeout: float, tls: TlsConfig | None = None) -> None:
+    def __init__(self, management_key: Credential, timeout: float, tls: TlsConfig | None = None) -> None:
         self._key = management_key
         self._timeout = timeout
         self._tls = tls
@@ -124,7 +125,7 @@ class GrpcCoordinator:
     froze or lost the lock, even behind a Service address. ``epoch`` counts the swaps so a caller
     can tell a failure caused by the swap from a real one."""
 
-    def __init__(self, address: str, management_key: str | None, timeout: float,
+    def __init__(self, address: str, management_key: Credential, timeout: float,
                  tls: TlsConfig | None = None) -> None:
         self.address = address
         self._tls = tls

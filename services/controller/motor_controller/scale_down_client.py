@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from motor_common.credentials import Credential
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
@@ -22,7 +23,7 @@ _STATES = {
 
 
 class GrpcScaleDown:
-    def __init__(self, management_key: str | None, tls: TlsConfig | None = None) -> None:
+    def __init__(self, management_key: Credential, tls: TlsConfig | None = None) -> None:
         self._key = management_key
         self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}

@@ -24,6 +24,7 @@ import grpc
 import orjson
 from prometheus_client import Counter, Gauge
 
+from motor_common.credentials import Credential
 from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2 as ctl
 from motor_common.tasks import TaskOwner
@@ -154,7 +155,7 @@ class PrecisionMonitor:
 
     # -- life cycle --------------------------------------------------------------------------
 
-    def start(self, address: str, management_key: str | None, tls: TlsConfig | None = None) -> None:
+    def start(self, address: str, management_key: Credential, tls: TlsConfig | None = None) -> None:
         """Start probing (when enabled) and reporting (when a controller is configured)."""
         self.tracker = PrecisionTracker(f"coordinator@{address}", self.clear_threshold)
         if self.controller_address:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 import grpc
 
+from motor_common.credentials import Credential
 from motor_common.gen.motor.controller.v1 import controller_pb2 as ctl
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as ctl_grpc
 from motor_common.grpc_client import call_metadata, open_channel
@@ -33,7 +34,7 @@ class AlarmSink(Protocol):
 class ControllerAlarms:
     """``ControllerService.ReportAlarm`` over one channel (management key as metadata)."""
 
-    def __init__(self, address: str, *, management_key: str | None, timeout: float,
+    def __init__(self, address: str, *, management_key: Credential, timeout: float,
                  tls: TlsConfig | None = None) -> None:
         self.address = address
         self._channel = open_channel(address, tls=tls)

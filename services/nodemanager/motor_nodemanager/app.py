@@ -22,7 +22,7 @@ from typing import Protocol
 import orjson
 
 from motor_common.config import to_dict
-from motor_common.credentials import presented_key
+from motor_common.credentials import Credential, presented_key
 from motor_common.domain import Endpoint
 from motor_common.errors import ConfigError, MotorError
 from motor_common.grpc_server import GrpcServer, read_secret
@@ -498,7 +498,7 @@ class NodeManagerApp(Application):
             self.node.on_fault_accepted(report, ack)
         return ack.accepted
 
-    def _management_key(self) -> str | None:
+    def _management_key(self) -> Credential:
         """The node credential presented to the controller (server.auth.key_file, else the
         management key)."""
         return presented_key(self.config.server.auth, read_secret(self.config.server.management_key_file))

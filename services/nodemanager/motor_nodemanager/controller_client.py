@@ -18,6 +18,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from motor_common.convert import endpoint_health_to_pb, node_spec_to_pb
+from motor_common.credentials import Credential
 from motor_common.domain import EndpointHealth, NodeSpec
 from motor_common.errors import DeadlineExceeded, MotorError, Unavailable
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
@@ -120,7 +121,7 @@ class GrpcController:
     others answer UNAVAILABLE ``NOT_MASTER``): a call that fails UNAVAILABLE or DEADLINE_EXCEEDED
     moves the next call to the next address."""
 
-    def __init__(self, address: str, management_key: str | None, *, tls: TlsConfig | None = None,
+    def __init__(self, address: str, management_key: Credential, *, tls: TlsConfig | None = None,
                  tls_ca_file: str | None = None) -> None:
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self.address = self.addresses[0]
