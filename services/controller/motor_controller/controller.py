@@ -60,7 +60,7 @@ from motor_controller.node_restarter import NodeRestarter, StopNodeRestarter
 from motor_controller.peers import CoordinatorClient, NodeManagers
 from motor_controller.push_plan import desired_view, fingerprint
 from motor_controller.pusher import CoordinatorPusher
-from motor_controller.reconcile import World, node_alive, plan
+from motor_controller.reconcile import World, deleted_to_forget, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
 from motor_controller.store import Store
 from motor_controller.strategies.await_recovery import AwaitRecovery
@@ -74,6 +74,8 @@ PROMOTION_CHECK_SEC = 1.5
 # Active alarms the controller holds (each is persisted and reloaded at start-up); a RAISE of a
 # new alarm beyond it is RESOURCE_EXHAUSTED.
 MAX_ACTIVE_ALARMS = 10_000
+# DELETED instance records kept (GetInstance still answers them); older ones are forgotten.
+MAX_DELETED_KEPT = 1000
 
 log = logging.getLogger(__name__)
 
@@ -729,6 +731,13 @@ class Controller:
                 self.instances.update(p.upserts)
                 self.incarnations.update(p.incarnations)
             self.signals = p.signals
+            forget = deleted_to_forget(self.instances, MAX_DELETED_KEPT)
+            if forget:
+                await self.store.batch({}, [f"{KEYS.INSTANCE}{i}" for i in forget])
+                for iid in forget:
+                    del self.instances[iid]
+                    self.fault_manager.forget(iid)
+                log.info("forgot the oldest deleted instances", extra={"instance_ids": forget, "kept": MAX_DELETED_KEPT})
             if self.config.fault_tolerance_config.enable_fault_tolerance:
                 for iid, survivors in p.partial_losses.items():
                     if iid not in self.fault_manager.running:

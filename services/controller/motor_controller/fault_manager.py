@@ -219,9 +219,10 @@ class FaultManager:
         task.add_done_callback(self._aborts.discard)
 
     def forget(self, instance_id: int) -> None:
-        """The instance is gone for good."""
+        """The instance is gone for good (the controller forgets its deleted record)."""
         self.failed.pop(instance_id, None)
         self.progress.pop(instance_id, None)
+        self._dead_eligible.pop(instance_id, None)
 
     async def close(self, abort_grace: float = 1.0) -> None:
         """Cancel running strategies (they fire their aborts), give the aborts a moment, stop."""

@@ -221,3 +221,14 @@ def plan(world: World) -> Plan:
             if nxt is not None:
                 put(_set_state(mi, nxt, "start commands dispatched", world.wall))
     return out
+
+
+def deleted_to_forget(instances: Mapping[int, ManagedInstance], keep: int) -> list[int]:
+    """Ids of DELETED instance records beyond the *keep* most recently deleted: a deleted record is
+    history (GetInstance answers DELETED), kept bounded so a long-running controller does not grow
+    with every terminate, recovery or displacement (each loop walks every record)."""
+    deleted = [mi for mi in instances.values() if mi.state is InstanceState.DELETED]
+    if len(deleted) <= keep:
+        return []
+    deleted.sort(key=lambda mi: (mi.state_changed_at, mi.id))
+    return [mi.id for mi in deleted[:len(deleted) - keep]]
