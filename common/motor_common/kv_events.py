@@ -218,14 +218,29 @@ def _as_int(h: BlockHash) -> int:
     raise KVEventError("SGLang block hashes are integers")
 
 
+# Bounds on one batch (the index applies it on the event loop that serves requests): vLLM's block
+# hashes are 32-byte digests (or 64-bit ints), and a step of a real engine stores far fewer blocks.
+MAX_BATCH_HASHES = 65_536
+MAX_HASH_BYTES = 64
+
+
 def decode_batch(flavour: Flavour, payload: bytes) -> EventBatch:
     """Parse one payload frame; :class:`KVEventError` (with msgspec's reason) when it is not one."""
     try:
         raw: _VBatch | _SBatch = (_VDEC if flavour is Flavour.VLLM else _SDEC).decode(payload)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise KVEventError(f"not a {flavour.value} KV event batch: {exc}") from None
+    except RecursionError:  # an untyped field (extra_keys) nested deeper than Python's stack
+        raise KVEventError(f"not a {flavour.value} KV event batch: nested too deep") from None
     out: list[KVEvent] = []
+    hashes = 0
     for e in raw.events:
+        if isinstance(e, _VBlockStored | _SBlockStored | _VBlockRemoved | _SBlockRemoved):
+            hashes += len(e.block_hashes)
+            if hashes > MAX_BATCH_HASHES:
+                raise KVEventError(f"more than {MAX_BATCH_HASHES} block hashes in one batch")
+            if any(isinstance(h, bytes) and len(h) > MAX_HASH_BYTES for h in e.block_hashes):
+                raise KVEventError(f"a block hash longer than {MAX_HASH_BYTES} bytes")
         if isinstance(e, _VBlockStored | _SBlockStored):
             if e.block_size <= 0:
                 raise KVEventError("BlockStored.block_size must be positive")

@@ -16,6 +16,7 @@ import pytest
 
 from motor_common.kv_events import (
     END_SEQ,
+    MAX_BATCH_HASHES,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -124,3 +125,28 @@ def test_vllm_event_hashes_are_what_a_real_vllm_engine_reported() -> None:
     assert vllm_event_hashes(list(range(100, 180)), 32) == [702757842669265042, 12727516518541667169]
     assert block_hashes(Flavour.VLLM, list(range(100, 180)), 32) == vllm_event_hashes(list(range(100, 180)), 32)
     assert block_hashes(Flavour.VLLM, list(range(40)), 16, int_hashes=False) == vllm_block_hashes(list(range(40)), 16)
+
+
+def _vllm_payload(event: dict[str, object], tail: bytes | None = None) -> bytes:
+    """A vLLM batch [ts, [event], dp_rank] built by hand (what a buggy or hostile engine could send)."""
+    enc = msgspec.msgpack.Encoder()
+    raw = enc.encode(event)
+    if tail is not None:  # extra_keys [["X"]]: its "X" replaced by *tail*
+        raw = raw.replace(b"\xa1X", tail)
+    return b"\x93" + enc.encode(1.0) + b"\x91" + raw + enc.encode(0)
+
+
+_STORED = {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1], "block_size": 16,
+           "lora_id": None, "medium": None, "lora_name": None}
+
+
+def test_hostile_batches_are_kv_event_errors_not_crashes_or_stalls() -> None:
+    assert decode_batch(Flavour.VLLM, _vllm_payload(_STORED)).events  # the template itself is valid
+    deep = _vllm_payload({**_STORED, "extra_keys": [["X"]]}, tail=b"\x91" * 100_000 + b"\xc0")
+    with pytest.raises(KVEventError, match="nested too deep"):  # was RecursionError, which killed the subscriber
+        decode_batch(Flavour.VLLM, deep)
+    with pytest.raises(KVEventError, match="block hashes in one batch"):  # was seconds of CPU on the event loop
+        decode_batch(Flavour.VLLM, _vllm_payload({**_STORED, "block_hashes": list(range(MAX_BATCH_HASHES + 1))}))
+    with pytest.raises(KVEventError, match="longer than 64 bytes"):  # each kept in the index
+        decode_batch(Flavour.VLLM, _vllm_payload({**_STORED, "block_hashes": [b"x" * 1024]}))
+    assert decode_batch(Flavour.VLLM, _vllm_payload({**_STORED, "block_hashes": [b"x" * 32] * 10})).events

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -21,6 +23,7 @@ from motor_common.kv_events import (
     parse_seq,
     seq_bytes,
 )
+from motor_coordinator import kv_subscriber
 from motor_coordinator.kv_index import KvIndex
 from motor_coordinator.kv_subscriber import EventSource, KvEventSubscriber
 from tests.helpers import wait_for
@@ -87,3 +90,82 @@ async def _sent_and(send: Awaitable[None], check: Callable[[], bool]) -> bool:
     await send
     await asyncio.sleep(0)
     return check()
+
+
+async def test_a_failure_nobody_foresaw_marks_the_engine_stale_and_subscribes_afresh(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception the subscriber does not expect once ended the engine's task for good (only a
+    log line), leaving its last blocks to steer routing; now the subscription starts again."""
+    ctx = zmq.asyncio.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind("tcp://127.0.0.1:0")
+    index = KvIndex()
+    real_apply, failures = index.apply, [RuntimeError("unforeseen")]
+    stale_seen: list[bool] = []
+
+    def apply(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return real_apply(*args, **kwargs)
+
+    monkeypatch.setattr(index, "apply", apply)
+    monkeypatch.setattr(kv_subscriber, "RESUBSCRIBE_DELAY_S", 0.05)
+    real_stale = index.mark_stale
+    monkeypatch.setattr(index, "mark_stale", lambda engine: (stale_seen.append(True), real_stale(engine))[1])
+    sub = KvEventSubscriber(index, replay_timeout_s=2.0)
+    try:
+        sub.set_sources([EventSource("e", "m", Flavour.VLLM, pub.getsockopt_string(zmq.LAST_ENDPOINT), None, "kv")])
+
+        async def send(seq: int) -> None:
+            await pub.send_multipart([b"kv", seq_bytes(seq), payload(seq)])
+
+        await wait_for(lambda: _sent_and(send(0), lambda: index.last_seq("e") == 0), what="applied after the restart")
+        assert sub.restarts == 1 and stale_seen and not failures
+        await wait_for(lambda: _sent_and(send(1), lambda: index.last_seq("e") == 1), what="the stream goes on")
+    finally:
+        await sub.close()
+        pub.close(0)
+        ctx.term()
+
+
+async def test_a_replay_that_never_ends_is_given_up_at_its_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replay message came within its deadline, so a replay socket that never sent END_SEQ
+    kept the subscriber collecting for ever (memory without bound, the live stream unread)."""
+    monkeypatch.setattr(kv_subscriber, "MAX_REPLAY_BATCHES", 50)
+    ctx = zmq.asyncio.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for s in (pub, router):
+        s.setsockopt(zmq.LINGER, 0)
+        s.bind("tcp://127.0.0.1:0")
+    sent = [0]
+
+    async def endless_replay() -> None:
+        client, _, _ = await router.recv_multipart()
+        while True:  # batch 0 again and again, never END_SEQ
+            await router.send_multipart([client, b"", b"kv", seq_bytes(0), payload(0)])
+            sent[0] += 1
+            await asyncio.sleep(0.001)
+
+    server = asyncio.create_task(endless_replay())
+    index = KvIndex()
+    sub = KvEventSubscriber(index, replay_timeout_s=2.0)
+    try:
+        sub.set_sources([EventSource("e", "m", Flavour.VLLM, pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                                     router.getsockopt_string(zmq.LAST_ENDPOINT), "kv")])
+
+        async def send(seq: int) -> None:
+            await pub.send_multipart([b"kv", seq_bytes(seq), payload(seq % 8)])
+
+        # the live stream is read again once the replay is given up
+        await wait_for(lambda: _sent_and(send(5), lambda: index.last_seq("e") == 5), timeout=20,
+                       what="live batches applied after the endless replay was given up")
+        assert sent[0] >= 50 and sub.replays >= 1
+    finally:
+        await sub.close()
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
+        pub.close(0)
+        router.close(0)
+        ctx.term()

@@ -11,8 +11,9 @@ every endpoint of every model. One owned task per engine:
 3. apply live batches; on a gap, replay from the first missing one; what the engine no longer
    buffers is given up (:meth:`KvIndex.resync`), so the index under-estimates instead of lying.
 
-Every replay has a deadline (``replay_timeout_s`` per message); an undecodable batch marks the
-engine stale until its stream is whole again.
+Every replay has deadlines (``replay_timeout_s`` per message, ``REPLAY_TOTAL_S`` in all) and a
+bound on its batches; an undecodable or oversized batch marks the engine stale until its stream is
+whole again; a subscription that fails in a way nobody foresaw is started afresh.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ from motor_coordinator.kv_index import Gap, KvIndex
 
 log = logging.getLogger("motor_coordinator.kv_events")
 
+# Bounds on what an engine can make the coordinator hold: a frame larger than MAX_MESSAGE_BYTES
+# drops the connection (ZMQ reconnects; the gap is replayed), at most RCVHWM messages wait, a
+# replay is at most MAX_REPLAY_BATCHES batches within REPLAY_TOTAL_S seconds.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+RCVHWM = 10_000
+MAX_REPLAY_BATCHES = 20_000
+REPLAY_TOTAL_S = 30.0
+RESUBSCRIBE_DELAY_S = 1.0
+
 
 @dataclass(frozen=True)
 class EventSource:
@@ -59,6 +69,7 @@ class KvEventSubscriber:
         self._tasks: dict[str, tuple[EventSource, asyncio.Task[None]]] = {}
         self.replays = 0
         self.resyncs = 0
+        self.restarts = 0  # subscriptions started afresh after an unforeseen failure
 
     def set_sources(self, sources: Iterable[EventSource]) -> None:
         """Follow exactly *sources*: new engines are subscribed, gone or changed ones dropped."""
@@ -71,7 +82,7 @@ class KvEventSubscriber:
         for engine, src in want.items():
             if engine not in self._tasks:
                 self.index.add_engine(engine, src.model)
-                task = self._owner.spawn(self._follow(src), name=f"kv-events {engine}")
+                task = self._owner.spawn(self._supervise(src), name=f"kv-events {engine}")
                 self._tasks[engine] = (src, task)
 
     async def close(self) -> None:
@@ -81,10 +92,25 @@ class KvEventSubscriber:
         await self._owner.close()
         self._ctx.term()
 
+    async def _supervise(self, src: EventSource) -> None:
+        """Follow *src* for as long as it is a source: a failure nobody foresaw is logged, the
+        engine's index entry marked stale, and the subscription started afresh a second later
+        (it once ended for good, leaving the engine's last blocks to steer routing)."""
+        while True:
+            try:
+                await self._follow(src)
+            except Exception:
+                log.exception("engine %s: KV-event subscription failed; index marked stale, re-subscribing",
+                              src.engine)
+                self.index.mark_stale(src.engine)
+                self.restarts += 1
+                await asyncio.sleep(RESUBSCRIBE_DELAY_S)  # a back-off, so a persistent fault does not spin
+
     async def _follow(self, src: EventSource) -> None:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.RCVHWM, RCVHWM)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # a larger frame drops the connection
         sub.setsockopt(zmq.SUBSCRIBE, src.topic.encode())
         sub.setsockopt(zmq.IPV6, 1)
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
@@ -121,7 +147,7 @@ class KvEventSubscriber:
             seq = parse_seq(seq_frame)
             batch = decode_batch(src.flavour, payload)
         except KVEventError as exc:
-            log.warning("engine %s: bad KV-event batch (%s); index marked stale", src.engine, exc)
+            log.warning("engine %s: bad KV-event batch (%s); index marked stale", src.engine, str(exc)[:500])
             self.index.mark_stale(src.engine)
             return
         result = self.index.apply(src.engine, seq, batch, replayed=replayed)
@@ -158,13 +184,19 @@ class KvEventSubscriber:
         assert src.replay_endpoint is not None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.connect(src.replay_endpoint)
         out: list[tuple[bytes, bytes]] = []
+        ends = asyncio.get_running_loop().time() + REPLAY_TOTAL_S
         try:
             await sock.send_multipart([b"", seq_bytes(start)])
             while True:
-                try:
-                    async with asyncio.timeout(self.replay_timeout_s):
+                if len(out) >= MAX_REPLAY_BATCHES:
+                    log.warning("engine %s: KV-event replay from %d sent more than %d batches; given up",
+                                src.engine, start, MAX_REPLAY_BATCHES)
+                    return None
+                try:  # each message within replay_timeout_s, the whole replay within REPLAY_TOTAL_S
+                    async with asyncio.timeout_at(min(ends, asyncio.get_running_loop().time() + self.replay_timeout_s)):
                         frames = await sock.recv_multipart()
                 except TimeoutError:
                     log.info("engine %s: KV-event replay from %d timed out", src.engine, start)
