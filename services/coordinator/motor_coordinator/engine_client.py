@@ -26,6 +26,11 @@ STALL_TOLERANCE = 0.5
 STALLED_CONNECT_RETRIES = 2
 
 
+# Bounds on what an engine's ops answers may make the coordinator read: a health probe, /metrics.
+MAX_PROBE_BYTES = 64 * 1024
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+
+
 class EngineUnreachable(Exception):
     """The engine could not be reached or dropped the connection before answering.
 
@@ -132,28 +137,40 @@ class EngineClient:
     async def probe(self, endpoint: Endpoint, path: str = "/health") -> bool:
         try:
             async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
-                await resp.read()
+                await _read_at_most(resp.content, MAX_PROBE_BYTES)  # drained (up to a bound) to reuse the connection
                 return resp.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
 
-    async def get_text(self, endpoint: Endpoint, path: str) -> str | None:
+    async def get_text(self, endpoint: Endpoint, path: str, limit: int = MAX_METRICS_BYTES) -> str | None:
+        """GET *path*: the text of a 200 answer, None for any other answer, an error, or a body
+        longer than *limit* bytes."""
+        data = await self.get_bounded(endpoint, path, limit)
         try:
-            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
-                if resp.status != 200:
-                    return None
-                return await resp.text()
-        except (aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
+            return None if data is None else data.decode()
+        except UnicodeDecodeError:
             return None
 
     async def get_bounded(self, endpoint: Endpoint, path: str, limit: int) -> bytes | None:
-        """GET *path*: the body of a 200 answer, None for any other answer, an error, or a body
-        longer than *limit* bytes (not read past it)."""
+        """GET *path*: the whole body of a 200 answer, None for any other answer, an error, or a
+        body longer than *limit* bytes (not read past it)."""
         try:
             async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
                 if resp.status != 200:
                     return None
-                data = await resp.content.read(limit + 1)
-                return data if len(data) <= limit else None
+                return await _read_at_most(resp.content, limit)
         except (aiohttp.ClientError, OSError, TimeoutError):
             return None
+
+
+async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The whole body, or None once it passes *limit* bytes. ``read(n)`` returns what has arrived
+    so far, not n bytes: one read cut an answer that came in several pieces short."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await content.read(min(limit + 1 - size, 1 << 16)):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
