@@ -98,17 +98,25 @@ class Instance:
 
 
 def normalize_ip(ip: str) -> str:
-    """Canonical text of an IPv4/IPv6 address (brackets stripped); unchanged if not an IP."""
+    """Canonical text of an IPv4/IPv6 address (brackets stripped; an IPv4-mapped IPv6 address
+    ``::ffff:a.b.c.d`` as the IPv4 address it reaches); unchanged if not an IP."""
     raw = ip.strip().strip("[]")
     try:
-        return str(ipaddress.ip_address(raw))
+        addr = ipaddress.ip_address(raw)
     except ValueError:
         return raw
+    mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+    return str(mapped if mapped is not None else addr)
 
 
 def is_ip(ip: str) -> bool:
+    """An IPv4 or IPv6 address (an IPv6 zone id of visible ASCII only: the text goes into URLs,
+    log lines and metric labels)."""
+    raw = ip.strip().strip("[]")
+    if not (raw.isascii() and raw.isprintable()) or " " in raw:
+        return False
     try:
-        ipaddress.ip_address(ip.strip().strip("[]"))
+        ipaddress.ip_address(raw)
     except ValueError:
         return False
     return True

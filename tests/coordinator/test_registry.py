@@ -258,3 +258,19 @@ def test_untracked_pause_and_resume_are_refused_once_a_controller_manages_the_re
     paused = registry.pause_instances(managed, [1], 8)
     assert paused.instances[1].status is InstanceStatus.PAUSED and paused.managed
     assert registry.add_instances(paused, [inst(3, Role.UNION)], 0)[0].managed
+
+
+def test_an_ipv4_mapped_ipv6_address_is_the_same_endpoint_as_its_ipv4() -> None:
+    """Both reach the same engine on a dual-stack host: one endpoint, one instance."""
+    mapped = inst(3, Role.UNION, endpoints=(Endpoint(0, "::ffff:127.0.0.1", 10001),))  # instance 1's engine
+    with pytest.raises(AlreadyExists) as err:
+        registry.add_instances(base(), [mapped], 0)
+    assert err.value.reason == "ENDPOINT_IN_USE"
+
+
+@pytest.mark.parametrize("ip", ["fe80::1%eth0\n2024-01-01 ERROR forged", "fe80::1%et h0", "fe80::1%\u00e9th0"])
+def test_an_ipv6_zone_id_with_control_spaces_or_non_ascii_is_invalid(ip: str) -> None:
+    with pytest.raises(InvalidArgument) as err:
+        registry.add_instances(base(), [inst(3, Role.UNION, endpoints=(Endpoint(0, ip, 10003),))], 0)
+    assert err.value.reason == "INVALID_ENDPOINT"
+    assert registry.add_instances(base(), [inst(3, Role.UNION, endpoints=(Endpoint(0, "fe80::1%eth0", 10003),))], 0)
