@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except ProcessLookupError:
         print(f"error: nothing to stop: motor up (pid {pid}) has just exited", file=sys.stderr)
         return 1
+    except PermissionError:
+        print(f"error: motor up (pid {pid}) belongs to another user: run motor down as that user", file=sys.stderr)
+        return 1
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         if not target.pid_alive(pid):

@@ -21,8 +21,6 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-import psutil  # type: ignore[import-untyped]
-
 from motor_cli import target
 from motor_common.errors import ConfigError, FailedPrecondition
 
@@ -162,7 +160,7 @@ class PortClaims:
                 continue  # being written, or not ours to read: it holds no ports
             if pid == os.getpid():
                 continue
-            if _alive(pid, started):
+            if target.process_is(pid, started):
                 ports |= theirs
             else:
                 with contextlib.suppress(OSError):
@@ -175,7 +173,7 @@ class PortClaims:
         pid = os.getpid()
         path = self.dir / f"{pid}.json"
         tmp = self.dir / f".{pid}.tmp"
-        body = {"pid": pid, "started": psutil.Process(pid).create_time(), "ports": sorted(set(ports))}
+        body = {"pid": pid, "started": target.started_at(pid), "ports": sorted(set(ports))}
         tmp.write_text(json.dumps(body))
         tmp.replace(path)
         self._own = path
@@ -187,9 +185,3 @@ class PortClaims:
             self._own = None
 
 
-def _alive(pid: int, started: float) -> bool:
-    """Whether process *pid* exists and is the one that started at *started* (not a reused pid)."""
-    try:
-        return bool(abs(psutil.Process(pid).create_time() - started) < 0.01)
-    except psutil.Error:
-        return False

@@ -33,6 +33,20 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def process_is(pid: int, started: float) -> bool:
+    """Whether process *pid* exists and is the one that started at *started* (``create_time``),
+    not a later process that was given the same pid."""
+    try:
+        return bool(abs(psutil.Process(pid).create_time() - started) < 0.01)
+    except psutil.Error:
+        return False
+
+
+def started_at(pid: int) -> float:
+    """The start time of process *pid* (what :func:`process_is` compares)."""
+    return float(psutil.Process(pid).create_time())
+
+
 @dataclass(frozen=True)
 class RunningFleet:
     """What ``motor up`` wrote into ``fleet.json`` (``alive`` = its process still runs)."""
@@ -46,7 +60,12 @@ class RunningFleet:
 
     @property
     def alive(self) -> bool:
-        return self.pid > 0 and pid_alive(self.pid)
+        """The motor up that wrote the file still runs: its pid, and (files from this version on)
+        its start time, so a pid reused after a motor up that was killed is not taken for it."""
+        if self.pid <= 0 or not pid_alive(self.pid):
+            return False
+        started = self.data.get("started")
+        return started is None or process_is(self.pid, float(started))
 
 
 def running_fleet(state_dir: str | Path) -> RunningFleet | None:

@@ -49,7 +49,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from motor_cli import config_errors, statedir
+from motor_cli import config_errors, statedir, target
 from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
 from motor_cli.leftovers import become_subreaper, kill_leftovers, reap_adopted
 from motor_cli.status import FleetView, fetch_view, format_line
@@ -341,6 +341,7 @@ def _write_fleet_file(plan: FleetPlan, sup: Supervisor, ready: bool) -> None:
     opts = plan.options
     data = {
         "pid": os.getpid(),
+        "started": target.started_at(os.getpid()),  # with the pid: this process, not a reuse of its pid
         "ready": ready,
         "gateway_url": plan.gateway_url,  # the OpenAI front, whichever program serves it
         "topology": {"name": plan.topology.name, "front": plan.topology.front_program,

@@ -8,6 +8,7 @@ session, as a terminal would) and by command line (anything naming the temporary
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -239,6 +240,23 @@ def test_down_and_status_when_nothing_runs_say_so(argv: list[str], flag: str, tm
     stale = run(argv, tmp_path)
     assert stale.returncode == 1
     assert f"the `motor up` (pid {dead.pid}) that wrote .motor/up/fleet.json is no longer running" in stale.stderr
+
+
+def test_down_never_signals_a_process_that_was_given_a_dead_motor_ups_pid(tmp_path: Path) -> None:
+    """fleet.json of a motor up that was SIGKILLed (its pid reused since): the pid runs, but it is
+    another process (its start time differs), which motor down must not stop."""
+    state = tmp_path / ".motor/up"
+    state.mkdir(parents=True)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        started = psutil.Process(other.pid).create_time()
+        (state / "fleet.json").write_text(json.dumps({"pid": other.pid, "started": started - 3600.0}))
+        done = run(["motor", "down", "--timeout", "1"], tmp_path)
+        assert done.returncode == 1 and "nothing to stop" in done.stderr
+        assert other.poll() is None  # still running: not signalled
+    finally:
+        other.kill()
+        other.wait()
 
 
 def descendants(pid: int) -> list[psutil.Process]:
