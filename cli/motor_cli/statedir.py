@@ -110,7 +110,12 @@ class PortPickLock:
 
     def acquire(self) -> bool:
         """Wait for the lock (at most ``timeout``); False when a stuck holder made us go ahead anyway."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        # Shared by every user of the machine: read-only is enough for flock (another user's file
+        # may not be writable), and the creator opens it to everyone (the umask narrowed 0o666).
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o666)
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_uid == os.getuid():
+                os.fchmod(fd, 0o666)
         deadline = time.monotonic() + self.timeout
         self._fd = fd
         while True:
@@ -170,6 +175,9 @@ class PortClaims:
     def claim(self, ports: Iterable[int]) -> None:
         """Claim *ports* for this process (replacing its earlier claim) until :meth:`release`."""
         self.dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # every user claims here (the umask narrowed the mode)
+            if self.dir.stat().st_uid == os.getuid():
+                self.dir.chmod(0o1777)
         pid = os.getpid()
         path = self.dir / f"{pid}.json"
         tmp = self.dir / f".{pid}.tmp"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -98,3 +99,18 @@ def test_a_claim_whose_motor_up_was_killed_is_stale_and_removed(tmp_path: Path) 
     (tmp_path / "junk.json").write_text("{not json")  # unreadable: holds nothing, left alone
     assert PortClaims(tmp_path).claimed() == set()
     assert sorted(p.name for p in tmp_path.glob("*.json")) == ["junk.json"]
+
+
+def test_the_shared_lock_and_claims_dir_are_open_to_every_user_whatever_the_umask(tmp_path: Path) -> None:
+    """They live in the machine's temp dir and are shared by every user; created under umask 022
+    they were 0644 / 1755, and another user's motor up failed on them (PermissionError)."""
+    old = os.umask(0o022)
+    try:
+        lock = PortPickLock(path=tmp_path / "ports.lock")
+        assert lock.acquire()
+        lock.release()
+        PortClaims(tmp_path / "claims.d").claim([9300])
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "ports.lock").stat().st_mode) == 0o666
+    assert stat.S_IMODE((tmp_path / "claims.d").stat().st_mode) == 0o1777
