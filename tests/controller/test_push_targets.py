@@ -173,3 +173,16 @@ async def test_alarms_are_bounded_and_a_new_promotion_clears_the_previous_one(mo
     assert await ctl.report_alarm(replace(store_down("x1"), action=AlarmAction.CLEAR))
     assert await ctl.report_alarm(store_down("x3"))  # room again
     await ctl.close()
+
+
+async def test_without_configured_coordinators_an_announcement_is_the_only_way_and_is_taken(
+        caplog: pytest.LogCaptureFixture) -> None:
+    made: dict[str, Any] = {}
+    with caplog.at_level("WARNING", logger="motor_controller.controller"):
+        ctl = Controller(ControllerConfig(), MemoryStore(), NoNodeManagers(),  # type: ignore[arg-type]
+                         [], coordinator_factory=lambda a: made.setdefault(a, Coord(a)))
+    assert any("no coordinators configured" in r.getMessage() for r in caplog.records)
+    await ctl.load()
+    assert await ctl.report_alarm(promoted("pod-a:1"))
+    assert targets(ctl) == ["pod-a:1"]
+    await ctl.close()

@@ -138,6 +138,10 @@ class Controller:
         # Push targets: the configured coordinators, plus at most one master that announced itself
         # (promotion alarm) during this term of this controller; nothing else ever gets the key.
         self.configured_coordinators = frozenset(c.address for c in coordinators)
+        if not self.configured_coordinators and coordinator_factory is not None:
+            log.warning("no coordinators configured: a coordinator that announces itself master becomes a push "
+                        "target (and receives this controller's key) unconfirmed, on the word of any node key; "
+                        "list the coordinators in `coordinators` so announcements are confirmed (docs/ha.md)")
         self.announced_master: str | None = None
         for c in coordinators:
             self._add_pusher(c)
@@ -503,7 +507,9 @@ class Controller:
 
     async def report_alarm(self, alarm: Alarm) -> bool:
         promoted = alarm.kind is AlarmKind.COORDINATOR_PROMOTED and alarm.action is AlarmAction.RAISE
-        if promoted and not await self.promotion_confirmed(alarm.address):
+        # With no configured coordinator there is nobody to ask: announcements are the only way
+        # to find the master (logged as a risk at start; docs/ha.md).
+        if promoted and self.configured_coordinators and not await self.promotion_confirmed(alarm.address):
             # Push targets receive the operator key: a node key alone must not name one.
             raise Unavailable(
                 f"coordinator {alarm.address!r} announced itself master, but no configured coordinator "
