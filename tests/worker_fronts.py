@@ -211,11 +211,16 @@ async def least_load_sees_another_workers_request(
 
 
 async def a_prefix_stays_on_one_prefill(front: Proc, prefills: list[Proc]) -> None:
-    """Each of 6 prompt prefixes goes to one prefill engine from either worker; the 6 spread."""
+    """Each prompt prefix goes to one prefill engine from either worker, and prefixes spread over
+    both. At least 6 prefixes, more until both engines are homes (at most 24): where 6 land is
+    decided by the engines' ports, which differ per run, so all 6 on one engine happened (about 1
+    run in 32); 24 on one engine means the ring does not spread (about 1 in 8 million by chance)."""
     a, b = await two_clients(front)
     homes: set[int] = set()
     async with closing(a, b):
-        for n in range(6):
+        for n in range(24):
+            if n >= 6 and homes == {0, 1}:
+                break
             prompt = f"system prompt number {n}: " + "you are a helpful assistant. " * 8
             engines = []
             for client in (a, b, a, b):
@@ -227,7 +232,7 @@ async def a_prefix_stays_on_one_prefill(front: Proc, prefills: list[Proc]) -> No
                 engines.append(moved[0])
             assert len(set(engines)) == 1, f"prefix {n} went to prefills {engines}"
             homes.add(engines[0])
-    assert homes == {0, 1}, "6 prefixes all hashed to one prefill: the ring is not spreading"
+    assert homes == {0, 1}, "24 prefixes all hashed to one prefill: the ring is not spreading"
 
 
 async def a_killed_worker_is_replaced(front: Proc, label: str, metric_prefix: str) -> None:

@@ -171,7 +171,9 @@ async def test_the_sync_service_is_private(fleet: Fleet) -> None:
     async with grpc.aio.insecure_channel(fleet.coordinator.address) as ch:
         sync = ch.stream_stream("/motor.coordinator.v1.FrontWorkerService/Sync")
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            async for _ in sync(iter([b""]), timeout=5):
+            # no message: one sent can lose the race with the refusal (INTERNAL "Internal error
+            # from Core" locally, seen under load), and only the server's status must end the call
+            async for _ in sync(iter([]), timeout=5):
                 pass
         assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
     workers = psutil.Process(fleet.coordinator.pid).children()

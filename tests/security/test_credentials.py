@@ -209,6 +209,23 @@ async def test_the_keys_programs_present_rotate_without_restart(secured: Secured
     secured.files["gateway_key"].write_text(new_gw)
 
     async with open_channel(secured.controller.address) as ctl_ch, open_channel(secured.coordinator.address) as co_ch:
+        # First the accepting side: once the coordinator refuses both old keys, a call that works
+        # can only have presented a new one (both sides re-read their files at most every 0.5 s).
+        async def old_keys_refused() -> bool:
+            for call in (cgrpc.InstanceRegistryServiceStub(co_ch).ListInstances(
+                             cpb.ListInstancesRequest(), metadata=call_metadata(KEYS["controller"]), timeout=5),
+                         cgrpc.DispatchServiceStub(co_ch).ListModels(
+                             cpb.ListModelsRequest(), metadata=(("authorization", f"Bearer {KEYS['gateway']}"),),
+                             timeout=5)):
+                try:
+                    await call
+                    return False
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() is not grpc.StatusCode.UNAUTHENTICATED:
+                        raise
+            return True
+
+        await wait_for(old_keys_refused, timeout=10, what="the coordinator refusing the old keys")
         admin = pbg.ControllerAdminServiceStub(ctl_ch)
         iid = (await admin.ListInstances(pb.ListInstancesRequest(), metadata=md, timeout=5)).instances[0].instance.id
         registry = cgrpc.InstanceRegistryServiceStub(co_ch)
