@@ -100,6 +100,15 @@ def parse_keys(text: str, source: str) -> dict[str, str]:
     return keys
 
 
+def _stamp(path: str, what: str) -> tuple[int, int]:
+    """(mtime, size) of a key file: what tells a changed file from the version read."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from exc
+    return st.st_mtime_ns, st.st_size
+
+
 class KeyFile:
     """Named keys read from *path*, re-read when the file changes (see the module docstring)."""
 
@@ -113,11 +122,7 @@ class KeyFile:
         self.reloads = 0
 
     def _stat(self) -> tuple[int, int]:
-        try:
-            st = os.stat(self.path)
-        except OSError as exc:
-            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc.strerror}") from exc
-        return st.st_mtime_ns, st.st_size
+        return _stamp(self.path, self.what)
 
     def _load(self) -> dict[str, bytes]:
         try:
@@ -247,11 +252,7 @@ class SecretFile:
         self._checked = time.monotonic()
 
     def _stat(self) -> tuple[int, int]:
-        try:
-            st = os.stat(self.path)
-        except OSError as exc:
-            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc.strerror}") from exc
-        return st.st_mtime_ns, st.st_size
+        return _stamp(self.path, self.what)
 
     def _read(self) -> str:
         try:

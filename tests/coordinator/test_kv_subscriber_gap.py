@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -35,17 +35,36 @@ def payload(i: int) -> bytes:
     return encode_batch(Flavour.VLLM, EventBatch(0.0, (BlockStored((H[i],), None, (), 16),), 0))
 
 
-async def test_gap_is_replayed_then_resynced_when_lost() -> None:
+@contextlib.asynccontextmanager
+async def engine_sockets(replay: Callable[[zmq.asyncio.Socket], Awaitable[None]]
+                         ) -> AsyncIterator[tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]]:
+    """A stand-in engine: its PUB socket and its replay ROUTER socket, served by *replay*."""
     ctx = zmq.asyncio.Context()
-    pub = ctx.socket(zmq.PUB)
-    router = ctx.socket(zmq.ROUTER)
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
     for s in (pub, router):
         s.setsockopt(zmq.LINGER, 0)
-    pub.bind("tcp://127.0.0.1:0")
-    router.bind("tcp://127.0.0.1:0")
+        s.bind("tcp://127.0.0.1:0")
+    server = asyncio.create_task(replay(router))
+    try:
+        yield pub, router
+    finally:
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
+        pub.close(0)
+        router.close(0)
+        ctx.term()
+
+
+def source(pub: zmq.asyncio.Socket, router: zmq.asyncio.Socket) -> EventSource:
+    return EventSource("e", "m", Flavour.VLLM, pub.getsockopt_string(zmq.LAST_ENDPOINT),
+                       router.getsockopt_string(zmq.LAST_ENDPOINT), "kv")
+
+
+async def test_gap_is_replayed_then_resynced_when_lost() -> None:
     buffer: dict[int, bytes] = {0: payload(0)}
 
-    async def serve_replay() -> None:
+    async def serve_replay(router: zmq.asyncio.Socket) -> None:
         while True:
             client, _, start = await router.recv_multipart()
             for seq in sorted(buffer):
@@ -53,37 +72,30 @@ async def test_gap_is_replayed_then_resynced_when_lost() -> None:
                     await router.send_multipart([client, b"", b"kv", seq_bytes(seq), buffer[seq]])
             await router.send_multipart([client, b"", b"", END_SEQ, b""])
 
-    server = asyncio.create_task(serve_replay())
     index = KvIndex()
     sub = KvEventSubscriber(index, replay_timeout_s=2.0)
-    try:
-        sub.set_sources([EventSource("e", "m", Flavour.VLLM, pub.getsockopt_string(zmq.LAST_ENDPOINT),
-                                     router.getsockopt_string(zmq.LAST_ENDPOINT), "kv")])
-        await wait_for(lambda: index.prefix_lengths("m", [H[0]], ["e"])["e"] == 1, what="catch-up")
+    async with engine_sockets(serve_replay) as (pub, router):
+        try:
+            sub.set_sources([source(pub, router)])
+            await wait_for(lambda: index.prefix_lengths("m", [H[0]], ["e"])["e"] == 1, what="catch-up")
 
-        async def send_live(seq: int) -> None:  # re-sent until seen: a repeat is a duplicate
-            await pub.send_multipart([b"kv", seq_bytes(seq), buffer[seq]])
+            async def send_live(seq: int) -> None:  # re-sent until seen: a repeat is a duplicate
+                await pub.send_multipart([b"kv", seq_bytes(seq), buffer[seq]])
 
-        buffer[1] = payload(1)  # published but missed live
-        buffer[2] = payload(2)
-        await wait_for(lambda: _sent_and(send_live(2), lambda: index.last_seq("e") == 2), what="gap filled")
-        assert index.prefix_lengths("m", [H[0]], ["e"]) == {"e": 1}
-        assert index.block_count("e") == 3 and sub.resyncs == 0
+            buffer[1] = payload(1)  # published but missed live
+            buffer[2] = payload(2)
+            await wait_for(lambda: _sent_and(send_live(2), lambda: index.last_seq("e") == 2), what="gap filled")
+            assert index.prefix_lengths("m", [H[0]], ["e"]) == {"e": 1}
+            assert index.block_count("e") == 3 and sub.resyncs == 0
 
-        # 3 is lost for good (not even in the engine's buffer): resync from 4
-        buffer[4] = payload(4)
-        await wait_for(lambda: _sent_and(send_live(4), lambda: index.last_seq("e") == 4), what="resync")
-        assert sub.resyncs == 1
-        assert index.block_count("e") == 1 and index.prefix_lengths("m", [H[4]], ["e"]) == {"e": 1}
-        assert not index.is_stale("e")
-    finally:
-        await sub.close()
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
-        pub.close(0)
-        router.close(0)
-        ctx.term()
+            # 3 is lost for good (not even in the engine's buffer): resync from 4
+            buffer[4] = payload(4)
+            await wait_for(lambda: _sent_and(send_live(4), lambda: index.last_seq("e") == 4), what="resync")
+            assert sub.resyncs == 1
+            assert index.block_count("e") == 1 and index.prefix_lengths("m", [H[4]], ["e"]) == {"e": 1}
+            assert not index.is_stale("e")
+        finally:
+            await sub.close()
 
 
 async def _sent_and(send: Awaitable[None], check: Callable[[], bool]) -> bool:
@@ -133,39 +145,27 @@ async def test_a_replay_that_never_ends_is_given_up_at_its_bound(monkeypatch: py
     """Each replay message came within its deadline, so a replay socket that never sent END_SEQ
     kept the subscriber collecting for ever (memory without bound, the live stream unread)."""
     monkeypatch.setattr(kv_subscriber, "MAX_REPLAY_BATCHES", 50)
-    ctx = zmq.asyncio.Context()
-    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
-    for s in (pub, router):
-        s.setsockopt(zmq.LINGER, 0)
-        s.bind("tcp://127.0.0.1:0")
     sent = [0]
 
-    async def endless_replay() -> None:
+    async def endless_replay(router: zmq.asyncio.Socket) -> None:
         client, _, _ = await router.recv_multipart()
         while True:  # batch 0 again and again, never END_SEQ
             await router.send_multipart([client, b"", b"kv", seq_bytes(0), payload(0)])
             sent[0] += 1
             await asyncio.sleep(0.001)
 
-    server = asyncio.create_task(endless_replay())
     index = KvIndex()
     sub = KvEventSubscriber(index, replay_timeout_s=2.0)
-    try:
-        sub.set_sources([EventSource("e", "m", Flavour.VLLM, pub.getsockopt_string(zmq.LAST_ENDPOINT),
-                                     router.getsockopt_string(zmq.LAST_ENDPOINT), "kv")])
+    async with engine_sockets(endless_replay) as (pub, router):
+        try:
+            sub.set_sources([source(pub, router)])
 
-        async def send(seq: int) -> None:
-            await pub.send_multipart([b"kv", seq_bytes(seq), payload(seq % 8)])
+            async def send(seq: int) -> None:
+                await pub.send_multipart([b"kv", seq_bytes(seq), payload(seq % 8)])
 
-        # the live stream is read again once the replay is given up
-        await wait_for(lambda: _sent_and(send(5), lambda: index.last_seq("e") == 5), timeout=20,
-                       what="live batches applied after the endless replay was given up")
-        assert sent[0] >= 50 and sub.replays >= 1
-    finally:
-        await sub.close()
-        server.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await server
-        pub.close(0)
-        router.close(0)
-        ctx.term()
+            # the live stream is read again once the replay is given up
+            await wait_for(lambda: _sent_and(send(5), lambda: index.last_seq("e") == 5), timeout=20,
+                           what="live batches applied after the endless replay was given up")
+            assert sent[0] >= 50 and sub.replays >= 1
+        finally:
+            await sub.close()
