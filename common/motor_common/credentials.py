@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import yaml
 
@@ -41,6 +42,7 @@ from motor_common.errors import ConfigError
 log = logging.getLogger(__name__)
 audit_log = logging.getLogger("motor.audit")
 
+T = TypeVar("T")
 RELOAD_CHECK_SEC = 0.5
 MAX_KEY_NAME = 64
 
@@ -100,74 +102,79 @@ def parse_keys(text: str, source: str) -> dict[str, str]:
     return keys
 
 
-def _stamp(path: str, what: str) -> tuple[int, int]:
-    """(mtime, size) of a key file: what tells a changed file from the version read."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from exc
-    return st.st_mtime_ns, st.st_size
-
-
-class KeyFile:
-    """Named keys read from *path*, re-read when the file changes (see the module docstring)."""
+class _WatchedFile(Generic[T]):
+    """A file read at start and re-read when it changes (checked at most every
+    ``RELOAD_CHECK_SEC``, at the next use); a new version that cannot be used keeps the previous
+    one (logged). Subclasses say how the file is read (:meth:`_load`)."""
 
     def __init__(self, path: str, what: str) -> None:
         self.path = path
         self.what = what
         self._lock = threading.Lock()
         self._stamp = self._stat()
-        self._keys = self._load()
+        self._value: T = self._load()
         self._checked = time.monotonic()
         self.reloads = 0
 
     def _stat(self) -> tuple[int, int]:
-        return _stamp(self.path, self.what)
-
-    def _load(self) -> dict[str, bytes]:
+        """(mtime, size): what tells a changed file from the version read."""
         try:
-            text = Path(self.path).read_text(encoding="utf-8")
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc.strerror}") from exc
+        return st.st_mtime_ns, st.st_size
+
+    def _text(self) -> str:
+        try:
+            return Path(self.path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {self.what} file {self.path}: {exc}") from exc
-        return {name: key.encode() for name, key in parse_keys(text, self.path).items()}
 
-    def _refresh(self) -> None:
+    def _load(self) -> T:
+        raise NotImplementedError
+
+    def _current(self) -> T:
         now = time.monotonic()
         if now - self._checked < RELOAD_CHECK_SEC:
-            return
+            return self._value
         with self._lock:
             self._checked = now
             try:
                 stamp = self._stat()
                 if stamp == self._stamp:
-                    return
-                keys = self._load()
+                    return self._value
+                value = self._load()
             except ConfigError as exc:
-                log.warning("%s changed but cannot be used; keeping the previous keys: %s", self.what, exc.message)
-                return
-            self._keys, self._stamp = keys, stamp
+                log.warning("%s changed but cannot be used; keeping the previous version: %s", self.what, exc.message)
+                return self._value
+            self._value, self._stamp = value, stamp
             self.reloads += 1
-            log.info("%s reloaded", self.what, extra={"file": self.path, "keys": len(keys)})
+            log.info("%s reloaded", self.what, extra={"file": self.path})
+            return value
+
+
+class KeyFile(_WatchedFile[dict[str, bytes]]):
+    """Named keys read from *path*, re-read when the file changes (see the module docstring)."""
+
+    def _load(self) -> dict[str, bytes]:
+        return {name: key.encode() for name, key in parse_keys(self._text(), self.path).items()}
 
     @property
     def names(self) -> list[str]:
-        self._refresh()
-        return sorted(self._keys)
+        return sorted(self._current())
 
     def lookup(self, token: str) -> str | None:
         """The name of the key equal to *token*, else None (every key compared, constant time)."""
-        self._refresh()
         given = token.encode()
         found = None
-        for name, key in self._keys.items():
+        for name, key in self._current().items():
             if hmac.compare_digest(given, key):
                 found = name
         return found
 
     def first(self) -> str:
         """One key of the file (the credential a program presents)."""
-        self._refresh()
-        return next(iter(self._keys.values())).decode()
+        return next(iter(self._current().values())).decode()
 
 
 class Authenticator:
@@ -240,41 +247,18 @@ def presented_key(auth: AuthConfig, management_key: str | None) -> Credential:
     return management_key
 
 
-class SecretFile:
-    """A file holding one secret (whitespace stripped), re-read when it changes (at most every
-    ``RELOAD_CHECK_SEC``); a new version that is unreadable or empty keeps the previous one."""
+class SecretFile(_WatchedFile[str]):
+    """A file holding one secret (whitespace stripped, taken whole: no ``name: key`` parsing),
+    re-read when it changes like a :class:`KeyFile`."""
 
-    def __init__(self, path: str, what: str) -> None:
-        self.path = path
-        self.what = what
-        self._stamp = self._stat()
-        self._value = self._read()
-        self._checked = time.monotonic()
-
-    def _stat(self) -> tuple[int, int]:
-        return _stamp(self.path, self.what)
-
-    def _read(self) -> str:
-        try:
-            value = Path(self.path).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc}") from exc
+    def _load(self) -> str:
+        value = self._text().strip()
         if not value:
             raise ConfigError(f"{self.what} file {self.path} is empty")
         return value
 
     def current(self) -> str:
-        now = time.monotonic()
-        if now - self._checked >= RELOAD_CHECK_SEC:
-            self._checked = now
-            try:
-                stamp = self._stat()
-                if stamp != self._stamp:
-                    self._value, self._stamp = self._read(), stamp
-                    log.info("%s reloaded", self.what, extra={"file": self.path})
-            except ConfigError as exc:
-                log.warning("%s changed but cannot be used; keeping the previous one: %s", self.what, exc.message)
-        return self._value
+        return self._current()
 
 
 MUTATION_PREFIXES = ("List", "Get", "Watch", "Check")
