@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -388,7 +389,6 @@ class GrpcServer:
         self.config = config
         self._key = management_key if management_key is not None else read_secret(config.management_key_file)
         self.auth = Authenticator.from_config(config.auth, self._key, inference_keys_file)
-        self._client_key: tuple[Credential] | None = None  # made once: its file is re-read on change
         self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []
         self._roles: dict[str, tuple[Role, frozenset[str]]] = {}
         self._server: grpc.aio.Server | None = None
@@ -401,13 +401,11 @@ class GrpcServer:
     def management_key(self) -> str | None:
         return self._key
 
-    @property
+    @functools.cached_property
     def client_key(self) -> Credential:
         """The credential this program presents when it calls others (``server.auth.key_file``,
-        re-read when it changes, else the management key)."""
-        if self._client_key is None:
-            self._client_key = (presented_key(self.config.auth, self._key),)
-        return self._client_key[0]
+        re-read when it changes, else the management key); made once."""
+        return presented_key(self.config.auth, self._key)
 
     def add_service(
         self, full_name: str, register: Callable[[grpc.aio.Server], None], *, protected: bool = False,

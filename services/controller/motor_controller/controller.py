@@ -519,12 +519,9 @@ class Controller:
             raise ResourceExhausted(
                 f"the controller holds {len(self.alarms)} active alarms, its limit: clear some (ReportAlarm CLEAR, "
                 "or TerminateInstance with precision_alarm_clear) before raising new ones", reason="TOO_MANY_ALARMS")
-        if promoted:  # the previous master's announcement ends with this term
+        if promoted:  # the previous master's announcement ends with this term: cleared as any CLEAR is
             for old in self.alarms.other_promotions(alarm):
-                ended = self.alarms.report(replace(old, action=AlarmAction.CLEAR, message=f"superseded by {alarm.address}"))
-                await self.store.delete(codec.alarm_store_key(old))
-                if ended is not None and self.on_alarm is not None:
-                    self.on_alarm(ended)
+                await self.report_alarm(replace(old, action=AlarmAction.CLEAR, message=f"superseded by {alarm.address}"))
         changed = self.alarms.report(alarm)
         key = codec.alarm_store_key(alarm)
         if alarm.action is AlarmAction.RAISE:
