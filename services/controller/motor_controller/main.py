@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY
 
+from motor_common.channel_pool import ChannelPool
 from motor_common.config import load_config
 from motor_common.credentials import Role, presented_key
 from motor_common.errors import MotorError
@@ -101,7 +102,8 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         return await serve_ha(config, ports_file, key)
     tls = config.server.tls
     out_key = presented_key(config.server.auth, key)  # this controller's operator credential
-    nms = GrpcNodeManagers(out_key, config.rpc_timeout_sec, tls)
+    pool = ChannelPool(tls)  # the nodemanagers' channels, shared by both of their services
+    nms = GrpcNodeManagers(out_key, config.rpc_timeout_sec, pool=pool)
     restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = await open_store(config.store.backend, config.store.path)
     controller = Controller(
@@ -111,7 +113,7 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         [GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls) for a in config.coordinators],
         restarter=restarter,
         coordinator_factory=lambda a: GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls),
-        scale_down_peers=GrpcScaleDown(out_key, tls),
+        scale_down_peers=GrpcScaleDown(out_key, pool=pool),
     )
     await controller.load()
     server = build_server(config, controller, key)
@@ -150,7 +152,8 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
     ha, st = config.ha, config.store
     tls = config.server.tls
     out_key = presented_key(config.server.auth, key)  # this controller's operator credential
-    nms = GrpcNodeManagers(out_key, config.rpc_timeout_sec, tls)
+    pool = ChannelPool(tls)  # the nodemanagers' channels, shared by both of their services
+    nms = GrpcNodeManagers(out_key, config.rpc_timeout_sec, pool=pool)
     restarter = build_restarter(config.node_restart, nms)  # ConfigError (exit 2) before any I/O
     store = EtcdStore(st.etcd_endpoints, st.etcd_prefix, timeout=st.etcd_timeout_sec)
     controller = Controller(
@@ -160,7 +163,7 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
         [GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls) for a in config.coordinators],
         restarter=restarter,
         coordinator_factory=lambda a: GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls),
-        scale_down_peers=GrpcScaleDown(out_key, tls),
+        scale_down_peers=GrpcScaleDown(out_key, pool=pool),
     )
     server = build_server(config, controller, key, gate=lambda: leader.check())
     leader = ControllerLeader(controller, server, "controller")

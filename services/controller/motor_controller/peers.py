@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Protocol
 
 import grpc
 
+from motor_common.channel_pool import ChannelPool
 from motor_common.convert import instance_from_pb, instance_to_pb
 from motor_common.credentials import Credential
 from motor_common.domain import Instance
@@ -60,41 +61,44 @@ class CoordinatorClient(Protocol):
 
 
 class GrpcNodeManagers:
-    """One channel per nodemanager address, opened lazily."""
+    """One channel per nodemanager address, opened lazily and closed once idle (a rescheduled
+    node's old address is not kept open for the life of the controller)."""
 
-    def __init__(self, management_key: Credential, timeout: float, tls: TlsConfig | None = None) -> None:
+    def __init__(self, management_key: Credential, timeout: float, tls: TlsConfig | None = None,
+                 pool: ChannelPool | None = None) -> None:  # fmt: skip
         self._key = management_key
         self._timeout = timeout
-        self._tls = tls
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._pool = pool or ChannelPool(tls)
 
-    def _stub(self, address: str) -> ngrpc.NodeManagerServiceStub:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = open_channel(address, tls=self._tls)
-        return ngrpc.NodeManagerServiceStub(ch)
+    @contextlib.asynccontextmanager
+    async def _stub(self, address: str) -> AsyncIterator[ngrpc.NodeManagerServiceStub]:
+        async with self._pool.channel(address) as ch:
+            yield ngrpc.NodeManagerServiceStub(ch)
 
     async def start_engines(self, cmd: StartCommand) -> None:
         try:
-            await self._stub(cmd.admin_address).StartEngines(
-                start_request(cmd), metadata=call_metadata(self._key), timeout=self._timeout
-            )
+            async with self._stub(cmd.admin_address) as stub:
+                await stub.StartEngines(
+                    start_request(cmd), metadata=call_metadata(self._key), timeout=self._timeout
+                )
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {cmd.node_id}@{cmd.admin_address}") from exc
 
     async def stop_node(self, address: str, reason: str) -> None:
         try:
-            await self._stub(address).StopNode(
-                npb.StopNodeRequest(reason=reason), metadata=call_metadata(self._key), timeout=self._timeout
-            )
+            async with self._stub(address) as stub:
+                await stub.StopNode(
+                    npb.StopNodeRequest(reason=reason), metadata=call_metadata(self._key), timeout=self._timeout
+                )
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
 
     async def get_status(self, address: str) -> NodeStatus:
         try:
-            resp = await self._stub(address).GetStatus(
-                npb.GetStatusRequest(), metadata=call_metadata(self._key), timeout=self._timeout
-            )
+            async with self._stub(address) as stub:
+                resp = await stub.GetStatus(
+                    npb.GetStatusRequest(), metadata=call_metadata(self._key), timeout=self._timeout
+                )
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
         return node_status_from_pb(resp)
@@ -102,19 +106,18 @@ class GrpcNodeManagers:
     async def restart_engine(self, address: str, instance_id: int, *, abort: bool, timeout: float) -> int:
         action = npb.RESTART_ACTION_ABORT if abort else npb.RESTART_ACTION_RESTART
         try:
-            resp = await self._stub(address).RestartEngine(
-                npb.RestartEngineRequest(action=action, instance_id=instance_id),
-                metadata=call_metadata(self._key),
-                timeout=timeout,
-            )
+            async with self._stub(address) as stub:
+                resp = await stub.RestartEngine(
+                    npb.RestartEngineRequest(action=action, instance_id=instance_id),
+                    metadata=call_metadata(self._key),
+                    timeout=timeout,
+                )
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
         return int(resp.relaunch_count)
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for ch in channels:
-            await ch.close()
+        await self._pool.close()
 
 
 class GrpcCoordinator:

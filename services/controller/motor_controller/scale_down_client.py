@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 
 import grpc
 
+from motor_common.channel_pool import ChannelPool
 from motor_common.credentials import Credential
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as ngrpc
-from motor_common.grpc_client import call_metadata, open_channel, translate
+from motor_common.grpc_client import call_metadata, translate
 from motor_common.tls import TlsConfig
 
 _STATES = {
@@ -23,23 +25,26 @@ _STATES = {
 
 
 class GrpcScaleDown:
-    def __init__(self, management_key: Credential, tls: TlsConfig | None = None) -> None:
-        self._key = management_key
-        self._tls = tls
-        self._channels: dict[str, grpc.aio.Channel] = {}
+    """The nodemanagers' ScaleDownService, on a pool of channels closed once idle (shared with
+    :class:`~motor_controller.peers.GrpcNodeManagers` when both are given the same pool)."""
 
-    def _stub(self, address: str) -> ngrpc.ScaleDownServiceStub:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = open_channel(address, tls=self._tls)
-        return ngrpc.ScaleDownServiceStub(ch)
+    def __init__(self, management_key: Credential, tls: TlsConfig | None = None,
+                 pool: ChannelPool | None = None) -> None:  # fmt: skip
+        self._key = management_key
+        self._pool = pool or ChannelPool(tls)
+
+    @asynccontextmanager
+    async def _stub(self, address: str) -> AsyncIterator[ngrpc.ScaleDownServiceStub]:
+        async with self._pool.channel(address) as ch:
+            yield ngrpc.ScaleDownServiceStub(ch)
 
     async def guard(self, address: str, request_id: str, instance_id: int, lease_sec: float,
                     dead_ranks: Sequence[int], *, timeout: float) -> None:  # fmt: skip
         req = npb.GuardScaleDownRequest(request_id=request_id, instance_id=instance_id, lease_seconds=lease_sec,
                                         dead_dp_ranks=list(dead_ranks))  # fmt: skip
         try:
-            await self._stub(address).GuardScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
+            async with self._stub(address) as stub:
+                await stub.GuardScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
 
@@ -47,7 +52,8 @@ class GrpcScaleDown:
                     timeout: float) -> None:  # fmt: skip
         req = npb.ApplyScaleDownRequest(request_id=request_id, instance_id=instance_id, dead_dp_ranks=list(dead_ranks))
         try:
-            await self._stub(address).ApplyScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
+            async with self._stub(address) as stub:
+                await stub.ApplyScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
 
@@ -56,21 +62,21 @@ class GrpcScaleDown:
         decision = npb.SCALE_DOWN_DECISION_COMMIT if commit else npb.SCALE_DOWN_DECISION_ABORT
         req = npb.FinalizeScaleDownRequest(request_id=request_id, instance_id=instance_id, decision=decision)
         try:
-            resp = await self._stub(address).FinalizeScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
+            async with self._stub(address) as stub:
+                resp = await stub.FinalizeScaleDown(req, metadata=call_metadata(self._key), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
         return list(resp.retired_dp_ranks)
 
     async def status(self, address: str, *, timeout: float) -> str:
         try:
-            resp = await self._stub(address).GetScaleDownStatus(
-                npb.GetScaleDownStatusRequest(), metadata=call_metadata(self._key), timeout=timeout
-            )
+            async with self._stub(address) as stub:
+                resp = await stub.GetScaleDownStatus(
+                    npb.GetScaleDownStatusRequest(), metadata=call_metadata(self._key), timeout=timeout
+                )
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, f"nodemanager {address}") from exc
         return _STATES.get(resp.state, "unspecified")
 
     async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for ch in channels:
-            await ch.close()
+        await self._pool.close()
