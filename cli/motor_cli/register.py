@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -42,10 +42,11 @@ from motor_common.gen.motor.common.v1 import types_pb2 as pb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
-from motor_common.grpc_server import read_secret
+from motor_common.grpc_server import error_reason, read_secret
 
 DEFAULT_COORDINATOR = "127.0.0.1:9100"
 EXIT_FAILED = 1
+ATTEMPTS = 3  # list-then-write tries when another writer changes the set in between
 
 
 @dataclass(frozen=True)
@@ -172,19 +173,27 @@ class Registry:
         self.stub = cgrpc.InstanceRegistryServiceStub(self.channel)
 
     async def list(self) -> tuple[list[Instance], cpb.ListInstancesResponse]:
-        out: list[Instance] = []
-        token = ""
-        while True:
-            resp = await self.stub.ListInstances(
-                cpb.ListInstancesRequest(page_token=token), timeout=self.timeout, metadata=self.metadata)
-            for msg in resp.instances:
-                inst = instance_from_pb(msg)
-                if msg.status == pb.INSTANCE_STATUS_UNAVAILABLE:  # convert folds it into AVAILABLE
-                    inst = replace(inst, status=InstanceStatus.UNAVAILABLE)
-                out.append(inst)
-            token = resp.next_page_token
-            if not token:
-                return out, resp
+        """Every instance, from pages that all saw the same generation (re-listed when the set
+        changed between two pages), and the last page (its ``generation`` is the listed one)."""
+        for _ in range(ATTEMPTS):
+            out: list[Instance] = []
+            token = ""
+            first: int | None = None
+            while True:
+                resp = await self.stub.ListInstances(
+                    cpb.ListInstancesRequest(page_token=token), timeout=self.timeout, metadata=self.metadata)
+                first = resp.generation if first is None else first
+                if resp.generation != first:
+                    break  # the set changed under the listing: start again
+                for msg in resp.instances:
+                    inst = instance_from_pb(msg)
+                    if msg.status == pb.INSTANCE_STATUS_UNAVAILABLE:  # convert folds it into AVAILABLE
+                        inst = replace(inst, status=InstanceStatus.UNAVAILABLE)
+                    out.append(inst)
+                token = resp.next_page_token
+                if not token:
+                    return out, resp
+        raise MotorError(f"the instance set on {self.address} kept changing while it was listed; try again")
 
     async def close(self) -> None:
         await self.channel.close()
@@ -192,6 +201,20 @@ class Registry:
 
 def _emit(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
     print(output.dumps(doc) if args.json else text)
+
+
+async def _retrying(write: Callable[[], Awaitable[int]], reg: Registry) -> int:
+    """Run a list-then-write step again when another writer changed the set in between (the write
+    carries the listed generation as ``if_generation``: GENERATION_CHANGED, nothing applied)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return await write()
+        except grpc.aio.AioRpcError as exc:
+            if error_reason(exc) != "GENERATION_CHANGED" or attempt == ATTEMPTS:
+                raise
+            print(f"note: the instance set on {reg.address} changed while this command ran; "
+                  "listing it again", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 async def _add_or_set(args: argparse.Namespace, reg: Registry) -> int:
@@ -203,14 +226,19 @@ async def _add_or_set(args: argparse.Namespace, reg: Registry) -> int:
                 print(f"error: {line}", file=sys.stderr)
             print("error: nothing registered (use --no-health-check to skip the probe)", file=sys.stderr)
             return EXIT_FAILED
-    existing, _ = await reg.list()
+    return await _retrying(lambda: _write_add_or_set(args, reg, instances), reg)
+
+
+async def _write_add_or_set(args: argparse.Namespace, reg: Registry, instances: list[Instance]) -> int:
+    existing, listed = await reg.list()
     pbs = [instance_to_pb(i) for i in instances]
     if args.action == "add":
         submit, present = plan_add(instances, existing)
         generation = 0
         if submit:
             resp = await reg.stub.AddInstances(
-                cpb.AddInstancesRequest(instances=[instance_to_pb(i) for i in submit]),
+                cpb.AddInstancesRequest(instances=[instance_to_pb(i) for i in submit],
+                                        if_generation=listed.generation),
                 timeout=args.timeout, metadata=reg.metadata)
             generation = resp.generation
         lines = [output.table(instances)]
@@ -221,8 +249,8 @@ async def _add_or_set(args: argparse.Namespace, reg: Registry) -> int:
                      "generation": generation}, "\n".join(lines))
         return 0
     dropped = plan_set(instances, existing, force=args.force)
-    set_resp = await reg.stub.SetInstances(cpb.SetInstancesRequest(instances=pbs), timeout=args.timeout,
-                                           metadata=reg.metadata)
+    set_resp = await reg.stub.SetInstances(cpb.SetInstancesRequest(instances=pbs, if_generation=listed.generation),
+                                           timeout=args.timeout, metadata=reg.metadata)
     text = output.table(instances) + (
         f"\nset {set_resp.instance_count} instance(s), dropped {len(dropped)}, generation {set_resp.generation}")
     _emit(args, {"instances": [output.instance_dict(i) for i in instances],
@@ -232,11 +260,15 @@ async def _add_or_set(args: argparse.Namespace, reg: Registry) -> int:
 
 
 async def _delete(args: argparse.Namespace, reg: Registry) -> int:
+    return await _retrying(lambda: _write_delete(args, reg), reg)
+
+
+async def _write_delete(args: argparse.Namespace, reg: Registry) -> int:
     specs: list[EndpointSpec] = [parse_endpoint(text) for text in args.endpoint]
-    existing, _ = await reg.list()
+    existing, listed = await reg.list()
     targets = resolve_delete(existing, ids=args.id, endpoints=specs)
     resp = await reg.stub.DeleteInstances(
-        cpb.DeleteInstancesRequest(instances=[instance_to_pb(i) for i in targets]),
+        cpb.DeleteInstancesRequest(instances=[instance_to_pb(i) for i in targets], if_generation=listed.generation),
         timeout=args.timeout, metadata=reg.metadata)
     text = output.table(targets) + f"\ndeleted {len(resp.deleted_ids)} instance(s), generation {resp.generation}"
     _emit(args, {"deleted": [output.instance_dict(i) for i in targets], "deleted_ids": list(resp.deleted_ids),

@@ -130,7 +130,7 @@ def _scalar_check(fd: FieldDescriptor, full: str) -> Check | None:
         return _range(0, MAX_COUNT)
     if name in ("pid", "pids"):
         return _range(0, MAX_PID)
-    if name == "generation":
+    if name in ("generation", "if_generation"):
         return _range(0, MAX_GENERATION)
     if name in ("sequence", "acked_sequence"):
         return _range(0, MAX_SEQUENCE)

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,12 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from motor_cli import register as register_mod
 from motor_cli.main import main as motor
 from motor_cli.registration import build_instance, parse_endpoint
-from motor_common.domain import EngineType, Role
+from motor_common.convert import instance_to_pb
+from motor_common.domain import STANDALONE_ID_BIT, EngineType, Instance, Role
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from tests.conftest import tool
 from tests.helpers import free_port
 from tests.procs import start_coordinator
@@ -201,3 +205,65 @@ def test_kv_events_ports_given_to_add_reach_the_coordinator_and_come_back_in_lis
     assert add(coordinator, "prefill", ep) == 0
     got = listed(coordinator, capsys)[expected.id]["endpoints"][0]
     assert (got["kv_events_port"], got["kv_events_replay_port"]) == (7200, 7300)
+
+
+def _race_after_listings(monkeypatch: pytest.MonkeyPatch, *others: Instance) -> list[int]:
+    """Another writer registers ``others[k]`` between the CLI's listing k and its write; returns
+    the generations the CLI listed."""
+    real_list = register_mod.Registry.list
+    seen: list[int] = []
+
+    async def racing_list(self: register_mod.Registry) -> tuple[list[Instance], Any]:
+        out = await real_list(self)
+        seen.append(out[1].generation)
+        if len(seen) <= len(others):
+            await self.stub.AddInstances(cpb.AddInstancesRequest(instances=[instance_to_pb(others[len(seen) - 1])]),
+                                         timeout=5, metadata=self.metadata)
+        return out
+
+    monkeypatch.setattr(register_mod.Registry, "list", racing_list)
+    return seen
+
+
+def test_set_is_planned_again_when_another_writer_changes_the_set_after_the_listing(
+    coordinator: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    a, b = ports(2)
+    spec = tmp_path / "instances.yaml"
+    spec.write_text(f"instances:\n  - {{role: union, model: tiny, engine: vllm, endpoints: ['127.0.0.1:{a}']}}\n")
+    assert run(coordinator, "set", "--file", str(spec), "--no-health-check") == 0
+    # a controller-managed instance (no standalone bit) appears after the CLI listed the set:
+    # `set` must not drop it silently (it refuses to drop managed instances without --force)
+    managed = build_instance(Role.DECODE, "tiny", EngineType.VLLM, [parse_endpoint(f"127.0.0.1:{b}")])
+    managed = replace(managed, id=managed.id & ~STANDALONE_ID_BIT)
+    seen = _race_after_listings(monkeypatch, managed)
+    capsys.readouterr()
+    assert run(coordinator, "set", "--file", str(spec), "--no-health-check") == 1
+    err = capsys.readouterr().err
+    assert "changed while this command ran" in err and "controller-managed" in err and "--force" in err
+    assert len(seen) == 2 and seen[1] == seen[0] + 1  # listed again after the other writer's add
+    monkeypatch.undo()
+    assert managed.id in listed(coordinator, capsys)  # still registered
+    # with --force it goes, and the report names the instance dropped by this set
+    capsys.readouterr()
+    assert run(coordinator, "set", "--file", str(spec), "--no-health-check", "--force", "--json") == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    assert [i["id"] for i in doc["dropped"]] == [managed.id]
+    assert managed.id not in listed(coordinator, capsys)
+
+
+def test_a_write_that_keeps_losing_the_race_gives_up_with_one_clear_line(
+    coordinator: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, *others = ports(4)
+    before = listed(coordinator, capsys)
+    seen = _race_after_listings(monkeypatch, *(
+        build_instance(Role.DECODE, "tiny", EngineType.VLLM, [parse_endpoint(f"127.0.0.1:{p}")]) for p in others))
+    assert add(coordinator, "prefill", f"127.0.0.1:{a}") == 1
+    err = capsys.readouterr().err
+    assert "ABORTED" in err and "list the instances again" in err
+    assert len(seen) == 3  # three tries, then the error
+    monkeypatch.undo()
+    mine = build_instance(Role.PREFILL, "tiny", EngineType.VLLM, [parse_endpoint(f"127.0.0.1:{a}")])
+    after = listed(coordinator, capsys)
+    assert mine.id not in after and len(after) == len(before) + 3  # only the other writer's adds

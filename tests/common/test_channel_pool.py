@@ -40,10 +40,12 @@ class StopRecorder(ngrpc.NodeManagerServiceServicer):
     def __init__(self) -> None:
         self.reasons: list[str] = []
         self.release = asyncio.Event()
+        self.slow_started = asyncio.Event()
 
     async def StopNode(self, request: npb.StopNodeRequest, context: object) -> npb.StopNodeResponse:
         self.reasons.append(request.reason)
         if request.reason == "slow":
+            self.slow_started.set()
             await self.release.wait()
         return npb.StopNodeResponse()
 
@@ -100,9 +102,7 @@ async def test_a_channel_with_a_call_in_flight_is_not_closed(servers: tuple[list
     pool = ChannelPool(idle_close_sec=60, clock=clock)
     nms = GrpcNodeManagers(None, 10, pool=pool)
     slow = asyncio.create_task(nms.stop_node(a, "slow"))
-    async with asyncio.timeout(10):
-        while impl.reasons != ["slow"]:
-            await asyncio.sleep(0.01)
+    await asyncio.wait_for(impl.slow_started.wait(), 10)
     clock.now += 3600
     await nms.stop_node(b, "fast")  # sweeps: a has a call in flight
     assert pool.addresses() == sorted([a, b])

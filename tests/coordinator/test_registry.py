@@ -196,6 +196,19 @@ def test_set_generation_must_not_go_back() -> None:
     assert registry.set_instances(s, [inst(1)], 0).generation == 11
 
 
+def test_if_generation_applies_only_at_exactly_that_generation() -> None:
+    registry.check_if_generation(7, None, 0)  # no condition
+    registry.check_if_generation(7, 7, 0)
+    for stale in (0, 6, 8):
+        with pytest.raises(Aborted) as err:
+            registry.check_if_generation(7, stale, 0)
+        assert err.value.reason == "GENERATION_CHANGED"
+        assert err.value.metadata == {"current_generation": "7", "if_generation": str(stale)}
+    with pytest.raises(InvalidArgument) as bad:
+        registry.check_if_generation(7, 7, 8)  # a tracked caller does not also condition
+    assert bad.value.reason == "CONFLICTING_GENERATIONS"
+
+
 _STATUS_OPS = [
     lambda s, g: registry.pause_instances(s, [1], g),
     lambda s, g: registry.resume_instances(s, [1], g),

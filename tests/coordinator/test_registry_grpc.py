@@ -18,7 +18,7 @@ from motor_coordinator.config import CoordinatorConfig, DispatchConfig
 from motor_coordinator.dispatch_service import SERVICE_NAME as DISPATCH
 from motor_coordinator.registry import MAX_GENERATION
 from tests.coordinator.factories import inst
-from tests.coordinator.grpc_util import KEY, MD, Stubs
+from tests.coordinator.grpc_util import KEY, MD, Stubs, pbs
 from tests.helpers import wait_for
 
 P, D, U = inst(1, Role.PREFILL), inst(2, Role.DECODE), inst(3, Role.UNION)
@@ -152,6 +152,35 @@ async def test_generation_rules_over_grpc(coord: tuple[Coordinator, Stubs]) -> N
     assert (await s.add(D, generation=11)).generation == 11
     assert (await s.add(U)).generation == 12  # 0 = unconditional, advances by one
     assert (await s.list()).generation == 12
+
+
+async def test_if_generation_makes_an_untracked_write_conditional(coord: tuple[Coordinator, Stubs]) -> None:
+    app, s = coord
+    reg = s.registry
+    # a fresh coordinator is at generation 0: the condition holds for 0 (an optional field)
+    assert (await reg.SetInstances(cpb.SetInstancesRequest(instances=pbs(P), if_generation=0), metadata=MD,
+                                   timeout=5)).generation == 1
+    await s.add(D)  # another writer: generation 2
+    calls = (
+        reg.SetInstances(cpb.SetInstancesRequest(instances=pbs(U), if_generation=1), metadata=MD, timeout=5),
+        reg.AddInstances(cpb.AddInstancesRequest(instances=pbs(U), if_generation=1), metadata=MD, timeout=5),
+        reg.DeleteInstances(cpb.DeleteInstancesRequest(instances=pbs(P), if_generation=1), metadata=MD, timeout=5),
+    )
+    for call in calls:
+        err = await expect(grpc.StatusCode.ABORTED, call, "GENERATION_CHANGED")
+        assert "generation 2" in (err.details() or "") and "list the instances again" in (err.details() or "")
+    assert await s.ids() == {1, 2} and (await s.list()).generation == 2  # nothing applied
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, reg.AddInstances(
+        cpb.AddInstancesRequest(instances=pbs(U), generation=3, if_generation=2), metadata=MD, timeout=5),
+        "CONFLICTING_GENERATIONS")
+    await expect(grpc.StatusCode.INVALID_ARGUMENT, reg.AddInstances(
+        cpb.AddInstancesRequest(instances=pbs(U), if_generation=MAX_GENERATION + 1), metadata=MD, timeout=5),
+        "OUT_OF_RANGE")
+    resp = await reg.AddInstances(cpb.AddInstancesRequest(instances=pbs(U), if_generation=2), metadata=MD, timeout=5)
+    assert resp.generation == 3 and await s.ids() == {1, 2, 3}
+    # unlike a tracked generation, the condition leaves the registry unmanaged: untracked pause works
+    assert not app.state.managed
+    await reg.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[3]), metadata=MD, timeout=5)
 
 
 @pytest.mark.parametrize("generation", [2**64 - 1, 2**63, MAX_GENERATION + 1])

@@ -14,7 +14,8 @@ Errors:
                         instance (reason IDENTITY_MISMATCH); generation gap (GENERATION_GAP); the
                         next generation would exceed MAX_GENERATION (GENERATION_EXHAUSTED); an
                         untracked PAUSE/RESUME on a controller-managed registry (MANAGED_BY_CONTROLLER)
-    Aborted             stale generation (STALE_GENERATION)
+    Aborted             stale generation (STALE_GENERATION); an untracked write made for another
+                        generation (GENERATION_CHANGED, ``if_generation``)
 """
 
 from __future__ import annotations
@@ -118,6 +119,27 @@ def next_generation_for_increment(current: int, requested: int) -> int:
             metadata={"current_generation": str(current), "requested_generation": str(requested)},
         )
     return requested
+
+
+def check_if_generation(current: int, if_generation: int | None, generation: int) -> None:
+    """An untracked caller's condition (``if_generation``): the write applies only at exactly that
+    generation. It cannot be combined with a tracked ``generation``."""
+    if if_generation is None:
+        return
+    if generation != 0:
+        raise InvalidArgument(
+            "if_generation is for calls without a generation (generation 0); a tracked caller's "
+            "generation already orders its writes",
+            reason="CONFLICTING_GENERATIONS",
+            metadata={"requested_generation": str(generation), "if_generation": str(if_generation)},
+        )
+    if if_generation != current:
+        raise Aborted(
+            f"the instance set changed: the coordinator is at generation {current}, the call was "
+            f"made for generation {if_generation}; list the instances again and retry",
+            reason="GENERATION_CHANGED",
+            metadata={"current_generation": str(current), "if_generation": str(if_generation)},
+        )
 
 
 # -- mutations ------------------------------------------------------------------------------

@@ -24,16 +24,25 @@ def _instances(msgs: Sequence[tpb.Instance]) -> list[Instance]:
     return [instance_from_pb(m, f"instances[{i}]") for i, m in enumerate(msgs)]
 
 
+def _check_if_generation(
+    current: int, request: cpb.SetInstancesRequest | cpb.AddInstancesRequest | cpb.DeleteInstancesRequest
+) -> None:
+    cond = request.if_generation if request.HasField("if_generation") else None
+    registry.check_if_generation(current, cond, request.generation)
+
+
 class RegistryServicer(cgrpc.InstanceRegistryServiceServicer):
     def __init__(self, app: Coordinator) -> None:
         self.app = app
 
     async def SetInstances(self, request: cpb.SetInstancesRequest, context: Any) -> cpb.SetInstancesResponse:
+        _check_if_generation(self.app.state.generation, request)
         new = registry.set_instances(self.app.state, _instances(request.instances), request.generation)
         self.app.commit(new)
         return cpb.SetInstancesResponse(generation=new.generation, instance_count=len(new.instances))
 
     async def AddInstances(self, request: cpb.AddInstancesRequest, context: Any) -> cpb.AddInstancesResponse:
+        _check_if_generation(self.app.state.generation, request)
         new, added = registry.add_instances(self.app.state, _instances(request.instances), request.generation)
         self.app.commit(new)
         return cpb.AddInstancesResponse(generation=new.generation, added_ids=added)
@@ -41,6 +50,7 @@ class RegistryServicer(cgrpc.InstanceRegistryServiceServicer):
     async def DeleteInstances(
         self, request: cpb.DeleteInstancesRequest, context: Any
     ) -> cpb.DeleteInstancesResponse:
+        _check_if_generation(self.app.state.generation, request)
         new, deleted = registry.delete_instances(self.app.state, _instances(request.instances), request.generation)
         self.app.commit(new)
         return cpb.DeleteInstancesResponse(generation=new.generation, deleted_ids=deleted)

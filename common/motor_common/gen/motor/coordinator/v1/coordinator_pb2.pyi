@@ -43,14 +43,16 @@ COORDINATOR_ROLE_MASTER: CoordinatorRole
 COORDINATOR_ROLE_STANDBY: CoordinatorRole
 
 class SetInstancesRequest(_message.Message):
-    __slots__ = ("instances", "generation", "request_id")
+    __slots__ = ("instances", "generation", "request_id", "if_generation")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IF_GENERATION_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
     generation: int
     request_id: str
-    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    if_generation: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ..., if_generation: _Optional[int] = ...) -> None: ...
 
 class SetInstancesResponse(_message.Message):
     __slots__ = ("generation", "instance_count")
@@ -61,14 +63,16 @@ class SetInstancesResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., instance_count: _Optional[int] = ...) -> None: ...
 
 class AddInstancesRequest(_message.Message):
-    __slots__ = ("instances", "generation", "request_id")
+    __slots__ = ("instances", "generation", "request_id", "if_generation")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IF_GENERATION_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
     generation: int
     request_id: str
-    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    if_generation: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ..., if_generation: _Optional[int] = ...) -> None: ...
 
 class AddInstancesResponse(_message.Message):
     __slots__ = ("generation", "added_ids")
@@ -79,14 +83,16 @@ class AddInstancesResponse(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., added_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DeleteInstancesRequest(_message.Message):
-    __slots__ = ("instances", "generation", "request_id")
+    __slots__ = ("instances", "generation", "request_id", "if_generation")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IF_GENERATION_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[_types_pb2.Instance]
     generation: int
     request_id: str
-    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    if_generation: int
+    def __init__(self, instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., generation: _Optional[int] = ..., request_id: _Optional[str] = ..., if_generation: _Optional[int] = ...) -> None: ...
 
 class DeleteInstancesResponse(_message.Message):
     __slots__ = ("generation", "deleted_ids")

@@ -38,6 +38,13 @@ class InstanceRegistryServiceStub:
     STALE_GENERATION). A non-zero generation on an incremental call (Add/Delete/Pause/Resume) must be
     exactly current + 1: lower → ABORTED (STALE_GENERATION), higher → FAILED_PRECONDITION
     (GENERATION_GAP), and the caller should send a full SetInstances.
+
+    An untracked caller that read the instance set before deciding what to write (the `motor
+    register` CLI lists, then adds, sets or deletes) makes its write conditional with
+    `if_generation` on Set/Add/Delete: the call is applied only while the coordinator is still at
+    exactly that generation, else ABORTED, reason GENERATION_CHANGED (list again and retry), and
+    nothing changes. Unlike `generation`, it does not make the coordinator controller-managed. With
+    a non-zero `generation` it is INVALID_ARGUMENT (CONFLICTING_GENERATIONS).
     """
 
     def __init__(self, channel):
@@ -100,6 +107,13 @@ class InstanceRegistryServiceServicer:
     STALE_GENERATION). A non-zero generation on an incremental call (Add/Delete/Pause/Resume) must be
     exactly current + 1: lower → ABORTED (STALE_GENERATION), higher → FAILED_PRECONDITION
     (GENERATION_GAP), and the caller should send a full SetInstances.
+
+    An untracked caller that read the instance set before deciding what to write (the `motor
+    register` CLI lists, then adds, sets or deletes) makes its write conditional with
+    `if_generation` on Set/Add/Delete: the call is applied only while the coordinator is still at
+    exactly that generation, else ABORTED, reason GENERATION_CHANGED (list again and retry), and
+    nothing changes. Unlike `generation`, it does not make the coordinator controller-managed. With
+    a non-zero `generation` it is INVALID_ARGUMENT (CONFLICTING_GENERATIONS).
     """
 
     def SetInstances(self, request, context):
@@ -228,6 +242,13 @@ class InstanceRegistryService:
     STALE_GENERATION). A non-zero generation on an incremental call (Add/Delete/Pause/Resume) must be
     exactly current + 1: lower → ABORTED (STALE_GENERATION), higher → FAILED_PRECONDITION
     (GENERATION_GAP), and the caller should send a full SetInstances.
+
+    An untracked caller that read the instance set before deciding what to write (the `motor
+    register` CLI lists, then adds, sets or deletes) makes its write conditional with
+    `if_generation` on Set/Add/Delete: the call is applied only while the coordinator is still at
+    exactly that generation, else ABORTED, reason GENERATION_CHANGED (list again and retry), and
+    nothing changes. Unlike `generation`, it does not make the coordinator controller-managed. With
+    a non-zero `generation` it is INVALID_ARGUMENT (CONFLICTING_GENERATIONS).
     """
 
     @staticmethod
