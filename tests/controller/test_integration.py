@@ -262,3 +262,29 @@ async def test_a_restarted_controller_resumes_the_auto_recovery_of_an_active_pre
             assert [(a.source, sorted(a.instance_ids)) for a in cleared] == [("coordinator@x", sorted([42, IID]))]
             mi = (await admin.GetInstance(pb.GetInstanceRequest(instance_id=IID), metadata=md, timeout=2)).instance
             assert mi.state == pb.INSTANCE_STATE_DELETED
+
+
+async def test_a_controller_on_an_empty_store_takes_nothing_from_a_serving_coordinator_until_its_grace_ends(
+    tmp_path: Path, coordinator: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lost store (SQLite file gone, etcd data lost, a new etcd prefix) must not empty the
+    coordinators: the new controller keeps what they hold until the fleet could re-attach."""
+    for sub in ("first", "fresh"):
+        (tmp_path / sub).mkdir()
+    async with fleet(controller_config(tmp_path / "first", [coordinator])) as f:
+        await wait_for(lambda: _has(coordinator, IID), timeout=15, what="instance pushed to the coordinator")
+        for nm in f.nms:  # the nodes stay away (they will not re-attach to the next controller)
+            await nm.close()
+        f.nms = []
+        await f.ctl.stop()
+        fresh = controller_config(tmp_path / "fresh", [coordinator], reattach_grace_sec=8.0)
+        f.ctl = await start_controller_inproc(fresh, port=f.ctl.port)
+        ctl = f.ctl.controller
+        assert ctl.instances == {}  # nothing of the first controller's history
+        (pusher,) = ctl.pushers
+        await wait_for(lambda: pusher.pushes.get("set", 0) >= 1, timeout=5, what="the new controller's first SET")
+        assert ctl._clock() < ctl.reattach_until, "the first push must fall inside the grace"
+        assert await coordinator_ids(coordinator) == {IID: 4}  # still served
+        assert "has no record of" in caplog.text
+        # the grace ends and nobody re-attached: now the controller's view wins
+        await wait_for(lambda: _empty(coordinator), timeout=8.0 + 5.0, what="unknown instance removed after the grace")

@@ -15,6 +15,7 @@ from motor_controller.push_plan import (
     desired_view,
     fingerprint,
     plan_ops,
+    unknown_history,
 )
 
 
@@ -134,3 +135,31 @@ def test_an_operator_paused_instance_is_paused_while_active_and_absent_while_not
     view = desired_view([mi(1, InstanceState.ACTIVE), mi(2, InstanceState.STARTING), mi(3, InstanceState.INACTIVE)],
                         {1: Signal.HEALTHY})
     assert {i: v.status for i, v in view.items()} == {1: InstanceStatus.PAUSED}
+
+
+def test_a_controller_without_a_record_keeps_what_the_coordinator_holds_while_it_holds() -> None:
+    """An empty or new store: the coordinator is past generation 0 with instances this controller
+    never heard of. While held (re-attach grace), the SET keeps them; a desired instance on one of
+    their engines replaces them; once the hold ends they are removed."""
+    coordinator = {1: inst(1, port=9001), 2: inst(2, port=9002), 3: inst(3, port=9003)}
+    state = check(SyncState(), 42, coordinator)
+    assert unknown_history(SyncState(), 42, coordinator) and not unknown_history(SyncState(), 0, {})
+    assert not unknown_history(SyncState(generation=42), 42, coordinator)  # our own history
+    desired = {7: inst(7, port=9002)}  # re-assembled under a new id on instance 2's engine
+    (op,) = plan_ops(state, desired, 0.0, hold=lambda iid: iid not in desired)
+    assert op.kind is OpKind.SET and op.generation == 43
+    assert [i.id for i in op.instances] == [1, 3, 7]
+    (unheld,) = plan_ops(state, desired, 0.0)  # no hold: the controller's view is the whole truth
+    assert [i.id for i in unheld.instances] == [7]
+    # synced after the held SET: no DEL while held, the DEL of the strays once the hold ends
+    synced = after_success(state, op, 43)
+    assert plan_ops(synced, desired, 0.0, hold=lambda iid: iid in (1, 3)) == []
+    (dels,) = plan_ops(synced, desired, 0.0)
+    assert dels.kind is OpKind.DEL and [i.id for i in dels.instances] == [1, 3] and dels.generation == 44
+
+
+def test_a_held_instance_is_still_replaced_when_its_content_changes() -> None:
+    state = synced_state({1: inst(1), 2: inst(2, port=9100)})
+    ops = plan_ops(state, {1: inst(1, port=9200)}, 0.0, hold=lambda iid: True)
+    # 1 changed: DEL + ADD (a replacement, not a removal); 2 is held, not deleted
+    assert [(o.kind, [i.id for i in o.instances]) for o in ops] == [(OpKind.DEL, [1]), (OpKind.ADD, [1])]

@@ -164,6 +164,8 @@ class Controller:
             sync_interval=self.config.sync_interval_sec,
             set_retry_interval=self.config.set_retry_interval_sec,
             clock=self._clock,
+            hold_until=lambda: self.reattach_until,
+            knows=lambda iid: iid in self.instances,
         )
         self.pushers.append(pusher)
         if self.acting:

@@ -9,14 +9,20 @@ Per coordinator the pusher keeps a :class:`SyncState`. Rules (SPEC ยง5, seed "ๆ
 - a failed SET is not re-enqueued recursively: it stays pending but is retried no sooner than
   ``set_retry_at``, and the last-synced view and fingerprint do not move;
 - the periodic full sync compares the coordinator's own list and generation with what we believe
-  is synced (:func:`check`), and any difference (restart, foreign writes) makes a full SET pending.
+  is synced (:func:`check`), and any difference (restart, foreign writes) makes a full SET pending;
+- an instance the controller has no record of is not taken away from a coordinator while the
+  controller may not know the fleet yet (``hold``: true for such ids during its re-attach grace
+  after a start or an election; an empty or new store, a lost SQLite file): a SET keeps it (last
+  listed or last synced) unless a desired instance replaces it (same id, or one of its engines),
+  and no DEL is sent for it. The removals follow once the grace is over, when the fleet has had its
+  chance to re-attach (:func:`held_view`). Instances the controller knows are removed as always.
 """
 
 from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from motor_common.domain import Instance, InstanceStatus
@@ -49,6 +55,7 @@ class SyncState:
     fingerprint: str = ""
     full_set_pending: bool = False
     set_retry_at: float = 0.0
+    listed: View | None = None  # the coordinator's own list at the last check (None = not listed yet)
 
 
 def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Signal]) -> dict[int, Instance]:
@@ -86,20 +93,45 @@ def fingerprint(view: View) -> str:
     return h.hexdigest()
 
 
-def plan_ops(state: SyncState, desired: View, now: float) -> list[Op]:
-    """Operations that bring the coordinator from ``state.synced`` to *desired*."""
+def _engines(inst: Instance) -> set[tuple[str, int]]:
+    return {(e.ip, e.business_port) for e in inst.endpoints}
+
+
+def held_view(desired: View, held: View) -> dict[int, Instance]:
+    """*desired* plus every instance of *held* (what a coordinator holds) that no desired instance
+    replaces: not the same id and none of the same engines (an engine serves one instance)."""
+    out = dict(desired)
+    taken = {engine for inst in desired.values() for engine in _engines(inst)}
+    for iid in sorted(held):
+        if iid not in out and not _engines(held[iid]) & taken:
+            out[iid] = held[iid]
+    return out
+
+
+def _never(iid: int) -> bool:
+    return False
+
+
+def plan_ops(state: SyncState, desired: View, now: float, *, hold: Callable[[int], bool] = _never) -> list[Op]:
+    """Operations that bring the coordinator from ``state.synced`` to *desired*, never taking away
+    an instance whose id *hold* names."""
     if state.synced is None or state.full_set_pending:
         if now < state.set_retry_at:
             return []
-        return [Op(OpKind.SET, tuple(desired[i] for i in sorted(desired)), state.generation + 1)]
+        held = {iid: i for iid, i in {**(state.synced or {}), **(state.listed or {})}.items() if hold(iid)}
+        view = held_view(desired, held) if held else desired
+        return [Op(OpKind.SET, tuple(view[i] for i in sorted(view)), state.generation + 1)]
     synced = state.synced
     dels: list[Instance] = []
     adds: list[Instance] = []
     pauses: list[Instance] = []
     resumes: list[Instance] = []
     for iid in sorted(synced):
-        if iid not in desired or _content(synced[iid]) != _content(desired[iid]):
-            dels.append(synced[iid])
+        if iid not in desired:
+            if not hold(iid):
+                dels.append(synced[iid])
+        elif _content(synced[iid]) != _content(desired[iid]):
+            dels.append(synced[iid])  # replaced by its new content (the ADD below), not removed
     for iid in sorted(desired):
         want = desired[iid]
         have = synced.get(iid)
@@ -151,10 +183,17 @@ def check(state: SyncState, coordinator_generation: int, coordinator_view: View)
     """
     theirs = fingerprint(coordinator_view)
     generation = max(state.generation, coordinator_generation)
+    listed = dict(coordinator_view)
     if state.synced is None:
         if coordinator_generation == state.generation and coordinator_generation > 0:
-            return SyncState(generation, dict(coordinator_view), theirs, state.full_set_pending, state.set_retry_at)
-        return replace(state, generation=generation, full_set_pending=True)
+            return SyncState(generation, listed, theirs, state.full_set_pending, state.set_retry_at, listed)
+        return replace(state, generation=generation, full_set_pending=True, listed=listed)
     if coordinator_generation != state.generation or theirs != state.fingerprint:
-        return replace(state, generation=generation, full_set_pending=True)
-    return state
+        return replace(state, generation=generation, full_set_pending=True, listed=listed)
+    return state  # in sync: the coordinator holds what we synced
+
+
+def unknown_history(state: SyncState, coordinator_generation: int, coordinator_view: View) -> bool:
+    """The coordinator holds instances from a history this controller has no record of: it never
+    confirmed a generation of this coordinator (an empty or new store) yet the coordinator is past 0."""
+    return state.synced is None and state.generation == 0 and coordinator_generation > 0 and bool(coordinator_view)

@@ -28,6 +28,7 @@ from motor_controller.push_plan import (
     after_success,
     check,
     plan_ops,
+    unknown_history,
 )
 from motor_controller.store import Store
 
@@ -46,8 +47,15 @@ class CoordinatorPusher:
         sync_interval: float,
         set_retry_interval: float,
         clock: Callable[[], float] = time.monotonic,
+        hold_until: Callable[[], float] = lambda: 0.0,
+        knows: Callable[[int], bool] = lambda iid: True,
     ) -> None:
         self.client = client
+        # Until this clock time no instance the controller has no record of (``knows``) is taken
+        # away from the coordinator (the controller's re-attach grace: it may not know the fleet
+        # yet); see push_plan's module docstring.
+        self._hold_until = hold_until
+        self._knows = knows
         self._desired = desired
         self._store = store
         self._sync_interval = sync_interval
@@ -84,12 +92,20 @@ class CoordinatorPusher:
 
     async def check_now(self) -> None:
         gen, view = await self.client.list_instances()
+        if unknown_history(self.state, gen, view):
+            log.warning(
+                "the coordinator holds instances this controller has no record of (an empty or new store?): "
+                "nothing is taken from it until the fleet has re-attached",
+                extra={"coordinator": self.client.address, "coordinator_generation": gen,
+                       "instances": sorted(view)[:20], "instance_count": len(view)},
+            )
         self.state = check(self.state, gen, view)
 
     async def flush(self) -> None:
         """Send the operations that bring the coordinator to the desired view (one round)."""
         now = self._clock()
-        for op in plan_ops(self.state, self._desired(), now):
+        holding = now < self._hold_until()
+        for op in plan_ops(self.state, self._desired(), now, hold=lambda iid: holding and not self._knows(iid)):
             epoch = self.client.epoch
             try:
                 generation = await self.client.apply(op)
@@ -134,6 +150,8 @@ class CoordinatorPusher:
             wait = self._next_check - now
             if self.state.full_set_pending:
                 wait = min(wait, max(self.state.set_retry_at - now, 0.0))
+            if now < self._hold_until():  # the held removals go out when the hold ends
+                wait = min(wait, self._hold_until() - now)
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
