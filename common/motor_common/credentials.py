@@ -25,6 +25,7 @@ keys are rotated without a restart; an unreadable or empty new version keeps the
 from __future__ import annotations
 
 import enum
+import hashlib
 import hmac
 import logging
 import os
@@ -153,11 +154,34 @@ class _WatchedFile(Generic[T]):
             return value
 
 
-class KeyFile(_WatchedFile[dict[str, bytes]]):
-    """Named keys read from *path*, re-read when the file changes (see the module docstring)."""
+DIGEST_PREFIX = "sha256:"
 
-    def _load(self) -> dict[str, bytes]:
-        return {name: key.encode() for name, key in parse_keys(self._text(), self.path).items()}
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    digest: bytes  # SHA-256 of the key: what a presented key is compared with
+    plain: str | None  # the key itself; None when the file holds only its digest
+
+
+def _key(name: str, value: str, source: str) -> _Key:
+    """A key file entry: the key itself, or ``sha256:<64 hex digits>`` (its digest only, so the
+    file can sit where a reader must not learn a key it accepts)."""
+    if not value.startswith(DIGEST_PREFIX):
+        return _Key(hashlib.sha256(value.encode()).digest(), value)
+    hexdigest = value[len(DIGEST_PREFIX):]
+    if len(hexdigest) != 64 or any(c not in "0123456789abcdefABCDEF" for c in hexdigest):
+        raise ConfigError(f"key file {source}: the key of {name!r} starts with {DIGEST_PREFIX!r} but is not "
+                          "followed by 64 hex digits (a SHA-256 digest: printf %s KEY | sha256sum)")
+    return _Key(bytes.fromhex(hexdigest), None)
+
+
+class KeyFile(_WatchedFile[dict[str, _Key]]):
+    """Named keys read from *path*, re-read when the file changes (see the module docstring). An
+    entry may be a key's SHA-256 digest instead of the key (``name: sha256:<hex>``): it is accepted
+    the same, and the file does not give the key away."""
+
+    def _load(self) -> dict[str, _Key]:
+        return {name: _key(name, key, self.path) for name, key in parse_keys(self._text(), self.path).items()}
 
     @property
     def names(self) -> list[str]:
@@ -165,16 +189,30 @@ class KeyFile(_WatchedFile[dict[str, bytes]]):
 
     def lookup(self, token: str) -> str | None:
         """The name of the key equal to *token*, else None (every key compared, constant time)."""
-        given = token.encode()
+        given = hashlib.sha256(token.encode()).digest()
         found = None
         for name, key in self._current().items():
-            if hmac.compare_digest(given, key):
+            if hmac.compare_digest(given, key.digest):
                 found = name
         return found
 
+
+class PresentedKeyFile(KeyFile):
+    """The key file of the credential a program presents (``server.auth.key_file``): its first
+    entry, which must be the key itself (a digest cannot be presented)."""
+
+    def _load(self) -> dict[str, _Key]:
+        keys = super()._load()
+        name, first = next(iter(keys.items()))
+        if first.plain is None:
+            raise ConfigError(f"{self.what} file {self.path}: the key {name!r} is a {DIGEST_PREFIX} digest; the key "
+                              "a program presents must be the key itself")
+        return keys
+
     def first(self) -> str:
-        """One key of the file (the credential a program presents)."""
-        return next(iter(self._current().values())).decode()
+        key = next(iter(self._current().values())).plain
+        assert key is not None  # _load refuses a digest in first place
+        return key
 
 
 class Authenticator:
@@ -243,7 +281,7 @@ def presented_key(auth: AuthConfig, management_key: str | None) -> Credential:
     """The credential a program presents when it calls others (``auth.key_file``, re-read when it
     changes, else the management key)."""
     if auth.key_file:
-        return PresentedKey(KeyFile(auth.key_file, "auth.key_file").first)
+        return PresentedKey(PresentedKeyFile(auth.key_file, "auth.key_file").first)
     return management_key
 
 

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from motor_common import credentials
-from motor_common.credentials import Authenticator, KeyFile, Role, parse_keys
+from motor_common.credentials import (
+    AuthConfig,
+    Authenticator,
+    KeyFile,
+    Role,
+    parse_keys,
+    presented_key,
+)
 from motor_common.errors import ConfigError
 
 
@@ -79,3 +87,26 @@ def test_a_presented_key_follows_its_file_and_keeps_the_last_good_version(
     _bump(bare)
     assert str(secret) == "secret-two"
     assert credentials.presented_key(credentials.AuthConfig(), "legacy-management") == "legacy-management"
+
+
+def test_a_key_file_entry_may_be_the_keys_sha256_digest(tmp_path: Path) -> None:
+    key = "op-bob-0123456789"
+    hexdigest = subprocess.run(["sha256sum"], input=key.encode(), capture_output=True, check=True).stdout.split()[0]
+    path = tmp_path / "ops.yaml"
+    path.write_text(f"bob: sha256:{hexdigest.decode().upper()}\ncarol: op-carol-0123456\n")  # as the docs say
+    keys = KeyFile(str(path), "operators")
+    assert keys.lookup(key) == "bob" and keys.lookup("op-carol-0123456") == "carol"
+    assert keys.lookup(f"sha256:{hexdigest.decode()}") is None  # the digest is not the key
+    for bad in ("sha256:abc", "sha256:" + "g" * 64):
+        path.write_text(f"bob: {bad}\n")
+        with pytest.raises(ConfigError, match="64 hex digits"):
+            KeyFile(str(path), "operators")
+
+
+def test_a_presented_key_must_be_the_key_itself(tmp_path: Path) -> None:
+    path = tmp_path / "controller.key"
+    path.write_text("controller: sha256:" + "ab" * 32 + "\n")
+    with pytest.raises(ConfigError, match="must be the key itself"):
+        presented_key(AuthConfig(key_file=str(path)), None)
+    path.write_text("op-controller-0123\n")
+    assert str(presented_key(AuthConfig(key_file=str(path)), None)) == "op-controller-0123"

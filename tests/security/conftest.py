@@ -3,6 +3,7 @@ nodemanager (a simulated engine), and a gateway.
 
 Keys (named, YAML ``name: key`` files):
 - operators: ``alice`` (a person) and ``controller`` (the controller drives coordinator and nodes);
+  the nodemanager's file holds only their SHA-256 digests (it sits beside the engines);
 - nodes: ``fleet-nodes`` (nodemanager → controller, coordinator alarms → controller);
 - inference: ``app-a``, ``app-b`` (clients) and ``gateway`` (the gateway's own credential to the
   coordinator's DispatchService); the gateway accepts ``app-a``/``app-b`` from HTTP clients.
@@ -13,6 +14,7 @@ right kind of key.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +66,11 @@ class SecuredFleet:
         return Path(path).read_text(errors="replace")
 
 
+def digest(key: str) -> str:
+    """A key file entry that accepts *key* without holding it (``printf %s KEY | sha256sum``)."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
 def _write(path: Path, data: dict[str, str] | str) -> Path:
     path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
     return path
@@ -74,6 +81,8 @@ async def secured(tmp_path_factory: Any) -> AsyncIterator[SecuredFleet]:
     d: Path = tmp_path_factory.mktemp("secured")
     files = {
         "operators": _write(d / "operators.yaml", {"alice": KEYS["alice"], "controller": KEYS["controller"]}),
+        # the nodemanager (on the engines' machine) holds only the digests of the keys it accepts
+        "nm_operators": _write(d / "nm-operators.yaml", {n: digest(KEYS[n]) for n in ("alice", "controller")}),
         "nodes": _write(d / "nodes.yaml", {"fleet-nodes": KEYS["fleet-nodes"]}),
         "inference": _write(d / "inference.yaml", {n: KEYS[n] for n in ("app-a", "app-b", "gateway")}),
         "api_keys": _write(d / "api-keys.yaml", {n: KEYS[n] for n in ("app-a", "app-b")}),
@@ -95,7 +104,8 @@ async def secured(tmp_path_factory: Any) -> AsyncIterator[SecuredFleet]:
                 "job_name": "sec", "role": "union", "engine_type": "vllm", "model_name": "tiny",
                 "ip": "127.0.0.1", "controller_address": controller.address,
                 "server": {"host": "127.0.0.1", "port": 0, "grace_seconds": 0.2,
-                           "auth": {"operator_keys_file": operators, "key_file": str(files["node_key"])}},
+                           "auth": {"operator_keys_file": str(files["nm_operators"]),
+                                    "key_file": str(files["node_key"])}},
                 "heartbeat_interval_seconds": 0.2, "daemon_loop_interval": 0.2,
                 "health": {"poll_interval_sec": 0.1, "timeout_sec": 1.0, "startup_grace_sec": 0.0},
                 "engine": {"launcher": "simulator", "env": {"MOTOR_SIM_ZERO_LATENCY": "1"},

@@ -17,11 +17,13 @@ from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbg
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
+from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as npbg
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.grpc_server import error_reason
 from tests.grpc_methods import Method, methods
 from tests.helpers import wait_for
-from tests.security.conftest import KEYS, SecuredFleet
+from tests.security.conftest import KEYS, SecuredFleet, digest
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -249,3 +251,18 @@ async def test_the_keys_programs_present_rotate_without_restart(secured: Secured
 
     await wait_for(models_listed, timeout=20, what="the gateway presenting its rotated key")
     assert "reloaded" in secured.log("gateway") and "auth.key_file reloaded" in secured.log("controller")
+
+
+async def test_a_nodemanager_accepts_keys_from_a_file_of_digests_that_holds_none_of_them(secured: SecuredFleet) -> None:
+    """The nodemanager's operator keys are digests only: the controller drove it to ACTIVE with its
+    key (the fixture), a person's key works, and neither the keys nor a digest presented as a key
+    get anything from the file."""
+    text = secured.files["nm_operators"].read_text()
+    assert KEYS["alice"] not in text and KEYS["controller"] not in text and text.count("sha256:") == 2
+    async with open_channel(secured.nodemanager.address) as ch:
+        stub = npbg.NodeManagerServiceStub(ch)
+        status = await stub.GetStatus(npb.GetStatusRequest(), metadata=call_metadata(KEYS["alice"]), timeout=5)
+        assert status.node_id
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetStatus(npb.GetStatusRequest(), metadata=call_metadata(digest(KEYS["alice"])), timeout=5)
+        assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED
