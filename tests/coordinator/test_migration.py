@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
-from motor_coordinator.migration import StreamTracker, migratable
+from motor_coordinator.migration import MAX_PENDING_EVENT_BYTES, StreamTracker, migratable
 from motor_coordinator.request import CHAT, COMPLETIONS
 
 
@@ -101,3 +102,69 @@ def test_nothing_left_to_generate_gives_no_continuation() -> None:
     t = StreamTracker(COMPLETIONS)
     t.feed(cmpl(" a") + cmpl(" b"))
     assert t.continuation({"prompt": "p", "max_tokens": 2}) is None
+
+
+# Every event separator of the SSE spec: a line ends at CRLF, LF or CR; an empty line ends an event.
+SEPARATORS = [b"\n\n", b"\r\n\r\n", b"\r\r", b"\n\r\n", b"\r\n\n", b"\n\r", b"\r\n\r"]
+
+
+def framed(sep: bytes, n: int = 5) -> bytes:
+    """A completions stream of *n* tokens and [DONE], its events ended by *sep*."""
+    return b"".join(cmpl(f" t{i}")[:-2] + sep for i in range(n)) + b"data: [DONE]" + sep
+
+
+@pytest.mark.parametrize("sep", SEPARATORS, ids=repr)
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 16])
+def test_every_sse_framing_is_forwarded_unchanged_event_by_event(sep: bytes, size: int) -> None:
+    raw = framed(sep)
+    t = StreamTracker(COMPLETIONS)
+    out = b"".join(t.feed(raw[i:i + size]) for i in range(0, len(raw), size))
+    assert out == raw and t.pending == 0  # every event went out as soon as its blank line arrived
+    assert (t.text, t.tokens, t.done) == (" t0 t1 t2 t3 t4", 5, True)
+
+
+def test_a_crlf_event_goes_out_when_its_blank_line_arrives_not_with_the_next_event() -> None:
+    t = StreamTracker(COMPLETIONS)
+    first = cmpl(" a")[:-2] + b"\r\n\r\n"
+    assert t.feed(first[:-1]) == first[:-1]  # the second CR ends the event
+    assert t.feed(first[-1:] + b"data: ") == first[-1:]  # its LF follows it; the next event waits
+    assert (t.text, t.pending) == (" a", len(b"data: "))
+
+
+def test_a_crlf_stream_broken_mid_event_continues_and_its_continuation_is_rewritten() -> None:
+    t = StreamTracker(COMPLETIONS)
+    sent = t.feed(framed(b"\r\n\r\n", 2)[:-8])  # two tokens, then the engine died in [DONE]'s event
+    assert sent.count(b"\r\n\r\n") == 2 and t.tokens == 2
+    cont = t.continuation({"prompt": "Say:", "max_tokens": 4})
+    assert cont == {"prompt": "Say: t0 t1", "max_tokens": 2}
+    raw = cmpl(" x", rid="cmpl-2")[:-2] + b"\r\r" + cmpl(" y", "length", rid="cmpl-2")[:-2] + b"\r\n\r\n"
+    out = events(t.rewrite(raw + b"data: [DONE]\r\n\r\n"))
+    assert [o if o == "[DONE]" else (o["id"], o["choices"][0]["text"]) for o in out] == [
+        ("cmpl-1", " x"), ("cmpl-1", " y"), "[DONE]"]
+
+
+def test_what_follows_the_last_blank_line_is_sent_when_the_stream_ends() -> None:
+    t = StreamTracker(COMPLETIONS)
+    raw = cmpl(" a") + b"data: [DONE]"  # an engine that ends without the last blank line
+    assert t.feed(raw) == cmpl(" a") and t.pending == len(b"data: [DONE]")
+    assert t.feed(b"", end=True) == b"data: [DONE]" and t.done and t.pending == 0
+    t = StreamTracker(COMPLETIONS)
+    t.feed(cmpl(" a"))
+    t.continuation({"prompt": "p", "max_tokens": 3})
+    assert events(t.rewrite(cmpl(" b", rid="cmpl-2") + b"data: [DONE]") + t.rewrite(b"", end=True))[-1] == "[DONE]"
+
+
+def test_a_long_run_without_a_blank_line_is_held_back_at_most_the_bound_then_relayed_as_it_comes() -> None:
+    t = StreamTracker(CHAT)
+    chunk = b"data: " + b"x" * (64 * 1024 - 6)
+    first = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    out = [t.feed(first)]
+    for _ in range(320):  # 20 MiB of one unterminated event
+        out.append(t.feed(chunk))
+        assert t.pending <= MAX_PENDING_EVENT_BYTES
+    assert not t.tracking and t.pending == 0 and t.tokens == 1
+    assert b"".join(out) == first + chunk * 320  # the client got every byte, in order
+    assert t.feed(chunk) is chunk  # untracked: relayed as it came, not scanned or copied
+    more = b"data: x\n" * (MAX_PENDING_EVENT_BYTES // 8 + 1)  # lines, but never an empty one
+    t = StreamTracker(CHAT)
+    assert t.feed(more) == more and not t.tracking

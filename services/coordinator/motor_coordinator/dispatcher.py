@@ -49,7 +49,7 @@ from motor_coordinator.config import DispatchConfig
 from motor_coordinator.dispatch_trace import DispatchTrace, EngineCall, RetryReason
 from motor_coordinator.engine_client import EngineClient, EngineUnreachable
 from motor_coordinator.liveness import Attempt, Key
-from motor_coordinator.migration import StreamTracker, migratable
+from motor_coordinator.migration import MAX_PENDING_EVENT_BYTES, StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
 from motor_coordinator.quarantine import Quarantine, Turn
 from motor_coordinator.request import PASSTHROUGH, RESPONSES, VERSION, ParsedRequest, prompt_prefix
@@ -256,14 +256,25 @@ class Dispatcher:
                         elif plain:
                             yield frame
                         else:
+                            tracking = tracker.tracking
                             out = tracker.feed(frame) if current is req else tracker.rewrite(frame)
                             if out:
                                 yield out
+                            if tracking and not tracker.tracking:
+                                log.warning("request %s: an SSE event of its engine's stream passed %d bytes; the "
+                                            "rest is relayed as it comes and cannot be continued on another engine",
+                                            rid, MAX_PENDING_EVENT_BYTES)
+                if tracker is not None and head is not None and not plain:
+                    # what an engine sent after its last blank line (an unterminated last event)
+                    out = tracker.feed(b"", end=True) if current is req else tracker.rewrite(b"", end=True)
+                    if out:
+                        yield out
                 if held is not None:
                     yield held
                 return
             except Unavailable as exc:
-                if exc.reason != "ENGINE_STREAM_BROKEN" or plain or migrations >= self.cfg.migration_budget:
+                if (exc.reason != "ENGINE_STREAM_BROKEN" or plain or migrations >= self.cfg.migration_budget
+                        or (tracker is not None and not tracker.tracking)):
                     raise
                 fate.drops += 1
                 if fate.drops >= 2:

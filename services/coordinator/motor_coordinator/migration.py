@@ -16,11 +16,20 @@ continuation's context is the uninterrupted run's context at that point. Seeded 
 engine restarts its random stream with the continuation: the text is a valid sample, not the same
 one. Migratable: one choice (``n`` 1), no ``echo``/``logprobs``/``best_of``/``suffix``, no stop
 strings or ``stop_token_ids`` (their hold-back splits tokens), no tools, a text prompt.
+
+Events are framed as the SSE spec frames them: a line ends at CRLF, LF or CR, an event at an empty
+line (LF LF, CRLF CRLF, CR CR or a mix). Only new bytes are scanned. An incomplete event
+longer than :data:`MAX_PENDING_EVENT_BYTES` is not held back: the tracker stops tracking and relays
+the rest of the stream as it comes (``tracking`` false; the stream can no longer be continued), so
+the client still gets every byte the engine sent. What is pending when the engine's stream ends is
+relayed too (``end=True``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -29,6 +38,12 @@ from motor_coordinator.request import CHAT, COMPLETIONS
 
 _DONE = b"[DONE]"
 _SEP = b"\n\n"
+_EOL = re.compile(rb"[\r\n]")
+_LF = 0x0A
+_CR = 0x0D
+# The longest incomplete event held back from the client: a token's event is a few hundred bytes,
+# a usage event not many more; past this a stream is relayed untracked (module docstring).
+MAX_PENDING_EVENT_BYTES = 1 << 20
 # Completions' default max_tokens in the OpenAI API and vLLM (chat defaults to the room left,
 # which shrinks by exactly the tokens sent, so it needs no rewrite).
 _COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -60,11 +75,14 @@ def _max_tokens_key(api: str, body: Mapping[str, Any]) -> str | None:
 class StreamTracker:
     """What the client has received of one migratable SSE stream (see the module docstring)."""
 
-    __slots__ = ("_buf", "_sent_before", "api", "created", "done", "finished", "id", "model", "text", "tokens")
+    __slots__ = ("_buf", "_cr", "_line", "_sent_before", "api", "created", "done", "finished", "id", "model",
+                 "text", "tokens", "tracking")
 
     def __init__(self, api: str) -> None:
         self.api = api
-        self._buf = b""
+        self._buf = bytearray()  # the incomplete event not sent yet
+        self._line = 0  # where the current line starts in _buf
+        self._cr = -2  # where in _buf the last CR that ended a line is (-1: just before _buf; -2: none)
         self.id: str | None = None
         self.created: int | None = None
         self.model: str | None = None
@@ -72,22 +90,60 @@ class StreamTracker:
         self.tokens = 0
         self.finished = False  # a finish_reason was sent
         self.done = False  # [DONE] was sent
+        self.tracking = True  # false: an event was too long; the stream is relayed as it comes
         self._sent_before = 0  # tokens sent before the current continuation
 
-    def _whole_events(self, data: bytes) -> bytes:
-        """The complete SSE events buffered so far plus *data*; an incomplete tail stays buffered."""
-        buf = self._buf + data
-        end = buf.rfind(_SEP)
-        if end == -1:
-            self._buf = buf
-            return b""
-        whole, self._buf = buf[: end + 2], buf[end + 2 :]
-        return whole
+    @property
+    def pending(self) -> int:
+        """How many bytes are held back (an incomplete event)."""
+        return len(self._buf)
 
-    def feed(self, data: bytes) -> bytes:
-        """The whole events in *data* (plus what was buffered), unchanged, to send to the client."""
-        out = self._whole_events(data)
-        for event in out.split(_SEP):
+    def _whole_events(self, data: bytes, end: bool) -> list[bytes]:
+        """The SSE events that *data* completes, each as received (with its blank line); an
+        incomplete tail stays buffered, unless *end* (the stream ended: it is the last event).
+        Only *data* is scanned for line ends."""
+        buf = self._buf
+        scanned = len(buf)
+        buf += data
+        line, cr = self._line, self._cr
+        cuts: list[int] = []
+        for m in _EOL.finditer(buf, scanned):
+            i = m.start()
+            if buf[i] == _LF and cr == i - 1:  # the LF of a CRLF: the line ended at its CR
+                line = i + 1
+                if cuts and cuts[-1] == i:
+                    cuts[-1] = i + 1
+                elif i == 0:  # its CR ended the last event sent: this LF follows it at once
+                    cuts.append(1)
+                continue
+            if i == line:  # an empty line ends the event
+                cuts.append(i + 1)
+            line = i + 1
+            cr = i if buf[i] == _CR else -2
+        if end and len(buf) > (cuts[-1] if cuts else 0):
+            cuts.append(len(buf))
+        cut = cuts[-1] if cuts else 0
+        self._line, self._cr = line - cut, max(cr - cut, -2)
+        if not cuts:
+            return []
+        whole = bytes(buf[:cut])
+        del buf[:cut]
+        return [whole[a:b] for a, b in pairwise([0, *cuts])]
+
+    def _stop_tracking(self) -> bytes:
+        """The pending bytes, to relay as they are; from now on nothing is held back."""
+        self.tracking = False
+        pending = bytes(self._buf)
+        self._buf.clear()
+        return pending
+
+    def feed(self, data: bytes, *, end: bool = False) -> bytes:
+        """The whole events in *data* (plus what was buffered), unchanged, to send to the client;
+        *end*: the engine's stream ended (what is pending is sent too)."""
+        if not self.tracking:
+            return data
+        events = self._whole_events(data, end)
+        for event in events:
             payload = _payload(event)
             if payload is None:
                 continue
@@ -97,6 +153,9 @@ class StreamTracker:
             obj = _json(payload)
             if obj is not None:
                 self._note(obj)
+        out = b"".join(events)
+        if len(self._buf) > MAX_PENDING_EVENT_BYTES:
+            out += self._stop_tracking()
         return out
 
     def _note(self, obj: dict[str, Any]) -> None:
@@ -112,11 +171,13 @@ class StreamTracker:
             if ch.get("finish_reason") is not None:
                 self.finished = True
 
-    def rewrite(self, data: bytes) -> bytes:
-        """The continuation's whole events in *data* as events of the original stream."""
-        whole = self._whole_events(data)
+    def rewrite(self, data: bytes, *, end: bool = False) -> bytes:
+        """The continuation's whole events in *data* as events of the original stream; *end*: the
+        continuation's stream ended (what is pending is rewritten as its last event)."""
+        if not self.tracking:
+            return data
         out: list[bytes] = []
-        for event in whole.split(_SEP):
+        for event in self._whole_events(data, end):
             payload = _payload(event)
             if payload is None:
                 continue
@@ -132,6 +193,8 @@ class StreamTracker:
             self._adopt(obj)
             self._note_continuation(obj)
             out.append(b"data: " + orjson.dumps(obj) + _SEP)
+        if len(self._buf) > MAX_PENDING_EVENT_BYTES:
+            out.append(self._stop_tracking())
         return b"".join(out)
 
     def _is_role_only(self, obj: dict[str, Any]) -> bool:
@@ -171,7 +234,8 @@ class StreamTracker:
     def continuation(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The body that continues the stream after the text sent so far (None: nothing is left
         to generate), and from now on :meth:`rewrite` counts usage against it."""
-        self._buf = b""
+        self._buf.clear()
+        self._line, self._cr = 0, -2
         out = dict(body)
         if self.finished:
             return None
@@ -206,10 +270,9 @@ class StreamTracker:
 
 
 def _payload(event: bytes) -> bytes | None:
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None
+    """The event's data (its ``data:`` lines joined), None when it has none."""
+    data = [line[5:] for line in event.splitlines() if line.startswith(b"data:")]
+    return b"\n".join(data).strip() if data else None
 
 
 def _json(payload: bytes) -> dict[str, Any] | None:
