@@ -122,6 +122,7 @@ class Controller:
         self.signals: dict[int, Signal] = {}
         self.start_gates: dict[str, tuple[int, float]] = {}
         self.alarms = AlarmStore()
+        self._alarm_lock = asyncio.Lock()  # one alarm change at a time: store write, then memory
         # Told of every alarm RAISE/CLEAR applied (alarm delivery, alarm_webhook.py); must not block.
         self.on_alarm: Callable[[Alarm], None] | None = None
         self._precision_recoveries: set[tuple[int, ...]] = set()
@@ -524,12 +525,17 @@ class Controller:
         if promoted:  # the previous master's announcement ends with this term: cleared as any CLEAR is
             for old in self.alarms.other_promotions(alarm):
                 await self.report_alarm(replace(old, action=AlarmAction.CLEAR, message=f"superseded by {alarm.address}"))
-        changed = self.alarms.report(alarm)
-        key = codec.alarm_store_key(alarm)
-        if alarm.action is AlarmAction.RAISE:
-            await self.store.put(key, codec.encode_alarm(alarm))
-        elif changed is not None:
-            await self.store.delete(key)
+        # Persisted first, applied to memory only once the store took it: a call the store
+        # rejects changes nothing, so its retry (the coordinator's outbox) still finds the change
+        # to make and runs its recovery and notification. A CLEAR deletes the key even when
+        # nothing is active in memory (idempotent: no record can outlive its CLEAR).
+        async with self._alarm_lock:
+            key = codec.alarm_store_key(alarm)
+            if alarm.action is AlarmAction.RAISE:
+                await self.store.put(key, codec.encode_alarm(alarm))
+            else:
+                await self.store.delete(key)
+            changed = self.alarms.report(alarm)
         if promoted:
             await self.on_coordinator_promoted(alarm.address)
         if changed is not None and self.on_alarm is not None:
@@ -680,12 +686,14 @@ class Controller:
 
     async def _clear_precision(self, instance_ids: int | Sequence[int], message: str = "cleared by terminate") -> None:
         wanted = [instance_ids] if isinstance(instance_ids, int) else list(instance_ids)
-        cleared = [a for iid in wanted for a in self.alarms.clear_precision(iid, message)]
-        if cleared:
-            await self.store.batch({}, [codec.alarm_store_key(a) for a in cleared])
-            if self.on_alarm is not None:
-                for a in cleared:
-                    self.on_alarm(a)
+        async with self._alarm_lock:  # deleted from the store first, as report_alarm does
+            keys = sorted({codec.alarm_store_key(a) for iid in wanted for a in self.alarms.active_precision(iid)})
+            if keys:
+                await self.store.batch({}, keys)
+            cleared = [a for iid in wanted for a in self.alarms.clear_precision(iid, message)]
+        if self.on_alarm is not None:
+            for a in cleared:
+                self.on_alarm(a)
         ids = sorted({i for a in cleared for i in a.instance_ids} | set(wanted))
         for pusher in self.pushers:
             try:
