@@ -266,17 +266,19 @@ class Controller:
                 pusher.run(), name=f"pusher:{pusher.client.address}")
 
     async def pause(self) -> None:
-        """Stop acting (this controller lost the election): background work stops, clients stay."""
+        """Stop acting (this controller lost the election): background work stops, clients stay.
+        The reconcile loop and the pushers are cancelled first: closing the fault manager can take
+        seconds (its aborts get a grace), and a demoted controller must not push meanwhile."""
         self.acting = False
-        await self.fault_manager.close()
         await self._tasks.close()
+        await self.fault_manager.close()
         self._tasks = TaskOwner("controller")
         self.fault_manager = self._new_fault_manager()
 
     async def close(self) -> None:
         self.acting = False
-        await self.fault_manager.close()
         await self._tasks.close()
+        await self.fault_manager.close()
         await self._clock_tasks.close()
         for pusher in self.pushers:
             await pusher.client.close()
