@@ -1,9 +1,17 @@
-"""Store records ↔ domain objects (JSON via orjson). Keys live in :data:`KEYS`."""
+"""Store records ↔ domain objects (JSON via orjson). Keys live in :data:`KEYS`.
+
+Decoding is lenient where that is safe: keys a record does not define are ignored at every level
+(a record written by a newer version, which added a field, still loads), and fields an older
+version did not write take their defaults. A record that still cannot be decoded (truncated,
+corrupt, an enum value this version does not know) raises :class:`RecordError` from
+:func:`decode`, which names the record's key; what to do with it is the loader's decision.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict, fields
+from typing import Any, TypeVar
 
 import orjson
 
@@ -19,6 +27,31 @@ from motor_common.domain import (
 from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
 from motor_controller.model import InstanceState, ManagedInstance, NodeRecord
 
+T = TypeVar("T")
+
+
+class RecordError(ValueError):
+    """A stored record that cannot be decoded; the message names its key and the cause."""
+
+    def __init__(self, key: str, cause: BaseException) -> None:
+        self.key = key
+        super().__init__(f"store record {key!r} cannot be decoded: {type(cause).__name__}: {str(cause)[:200]}")
+
+
+def decode(key: str, decoder: Callable[[bytes], T], raw: bytes) -> T:
+    """``decoder(raw)``; any failure to decode (bad JSON, missing field, wrong type, unknown enum
+    value) is a :class:`RecordError` naming *key*."""
+    try:
+        return decoder(raw)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RecordError(key, exc) from exc
+
+
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The items of *d* that are fields of dataclass *cls* (newer versions may add others)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
 
 class KEYS:
     NODE = "nodes/"
@@ -31,7 +64,7 @@ class KEYS:
 
 
 def _endpoint(d: dict[str, Any]) -> Endpoint:
-    return Endpoint(**d)
+    return Endpoint(**_known(Endpoint, d))
 
 
 def _instance(d: dict[str, Any]) -> Instance:
@@ -89,7 +122,7 @@ def decode_node(raw: bytes) -> NodeRecord:
         node_rank=s["node_rank"],
         nodes_per_instance=s["nodes_per_instance"],
         endpoints=tuple(_endpoint(e) for e in s["endpoints"]),
-        capabilities=Capabilities(**s["capabilities"]),
+        capabilities=Capabilities(**_known(Capabilities, s["capabilities"])),
         local_world_size=s["local_world_size"],
     )
     return NodeRecord(spec=spec, registered_at=d["registered_at"], registered_mono=None)

@@ -16,13 +16,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from motor_common.domain import Instance, NodeSpec
 from motor_common.errors import (
     FailedPrecondition,
+    Internal,
     MotorError,
     NotFound,
     ResourceExhausted,
@@ -80,6 +81,24 @@ MAX_DELETED_KEPT = 1000
 log = logging.getLogger(__name__)
 
 START_FAILURE_BACKOFF = 1.0
+T = TypeVar("T")
+
+
+def _decode_incarnation(raw: bytes) -> int:
+    return int(orjson.loads(raw)["incarnation"])
+
+
+def _required(key: str, decoder: Callable[[bytes], T], raw: bytes) -> T:
+    """Decode a record the controller cannot act without. Nobody sends an instance, a job
+    incarnation or a scale-down transaction again: skipping one would take a live instance off
+    every coordinator (the pushers' SET omits it), could reuse an instance id or replay a
+    scale-down. ``load()`` fails instead, naming the key."""
+    try:
+        return codec.decode(key, decoder, raw)
+    except codec.RecordError as exc:
+        log.error("a store record the controller cannot act without cannot be decoded", extra={"key": key})
+        raise Internal(f"{exc}; the controller does not act without it: repair or delete the record (or run the "
+                       "version that wrote it)", reason="STORE_RECORD_UNREADABLE", metadata={"key": key}) from exc
 
 
 class Controller:
@@ -122,6 +141,7 @@ class Controller:
         self.signals: dict[int, Signal] = {}
         self.start_gates: dict[str, tuple[int, float]] = {}
         self.alarms = AlarmStore()
+        self.unreadable: dict[str, str] = {}  # store key -> why it was skipped at the last load
         self._alarm_lock = asyncio.Lock()  # one alarm change at a time: store write, then memory
         # Told of every alarm RAISE/CLEAR applied (alarm delivery, alarm_webhook.py); must not block.
         self.on_alarm: Callable[[Alarm], None] | None = None
@@ -201,20 +221,26 @@ class Controller:
             await self.store.put(KEYS.META_EPOCH, self.epoch.encode())
         else:
             self.epoch = raw.decode()
-        for _, value in await self.store.list(KEYS.NODE):
-            rec = codec.decode_node(value)
-            self.nodes[rec.spec.node_id] = rec
-        for _, value in await self.store.list(KEYS.INSTANCE):
-            mi = codec.decode_instance(value)
+        # A record that cannot be decoded: nodes and alarms are skipped (their owners send them
+        # again: a nodemanager re-registers when its heartbeat is refused, a coordinator re-raises)
+        # and kept in the store (a newer version may read them); instances, job incarnations and
+        # scale-down transactions are not (see _required).
+        self.unreadable = {}
+        for key, value in await self.store.list(KEYS.NODE):
+            if (rec := self._relearnable(key, codec.decode_node, value)) is not None:
+                self.nodes[rec.spec.node_id] = rec
+        for key, value in await self.store.list(KEYS.INSTANCE):
+            mi = _required(key, codec.decode_instance, value)
             self.instances[mi.id] = mi
         for key, value in await self.store.list(KEYS.JOB):
-            self.incarnations[key[len(KEYS.JOB) :]] = int(orjson.loads(value)["incarnation"])
+            self.incarnations[key[len(KEYS.JOB) :]] = _required(key, _decode_incarnation, value)
         self.scale_downs = {}
-        for _, value in await self.store.list(KEYS.SCALE_DOWN):
-            txn = sdown.decode(value)
+        for key, value in await self.store.list(KEYS.SCALE_DOWN):
+            txn = _required(key, sdown.decode, value)
             self.scale_downs[txn.instance_id] = txn
-        for _, value in await self.store.list(KEYS.ALARM):
-            self.alarms.report(codec.decode_alarm(value))
+        for key, value in await self.store.list(KEYS.ALARM):
+            if (alarm := self._relearnable(key, codec.decode_alarm, value)) is not None:
+                self.alarms.report(alarm)
         # A new term of this controller: only configured coordinators are targets until a master
         # announces itself again; generations persisted for any other address (an earlier
         # announced master, an earlier configuration) are stale and deleted, never pushed to.
@@ -236,6 +262,17 @@ class Controller:
             extra={"nodes": len(self.nodes), "instances": len(self.instances), "epoch": self.epoch,
                    "reattach_grace_sec": self.config.reattach_grace()},
         )
+
+    def _relearnable(self, key: str, decoder: Callable[[bytes], T], raw: bytes) -> T | None:
+        """Decode a record whose owner sends it again (a node, an alarm); one that cannot be decoded
+        is skipped (ERROR log, ``unreadable``, the metric ``motor_controller_store_records_unreadable``)."""
+        try:
+            return codec.decode(key, decoder, raw)
+        except codec.RecordError as exc:
+            self.unreadable[key] = str(exc)
+            log.error("skipped a store record that cannot be decoded (its owner sends it again)",
+                      extra={"key": key, "error": str(exc)})
+            return None
 
     def start(self) -> None:
         if self.stall_clock is not None and len(self._clock_tasks) == 0:

@@ -1,6 +1,7 @@
 """The controller's Prometheus metrics, read from its state at scrape time (no bookkeeping on
 the control path): instances by state, nodes and their heartbeat age, engine relaunches the
-nodemanagers report, active alarms by kind, whether this controller acts."""
+nodemanagers report, active alarms by kind, whether this controller acts, store records skipped
+at the last load because they cannot be decoded."""
 
 from __future__ import annotations
 
@@ -68,6 +69,14 @@ class ControllerCollector(Collector):
         for kind in AlarmKind:
             alarms.add_metric([kind.value], float(kinds.get(kind.value, 0)))
         yield alarms
+
+        skipped = Counter(key.split("/", 1)[0] for key in c.unreadable)
+        unreadable = GaugeMetricFamily("motor_controller_store_records_unreadable",
+                                       "Store records skipped at the last load because they cannot be decoded "
+                                       "(the log names each key)", labels=["prefix"])
+        for prefix in ("nodes", "alarms"):
+            unreadable.add_metric([prefix], float(skipped.get(prefix, 0)))
+        yield unreadable
 
 
 def register(controller: Controller) -> ControllerCollector:
