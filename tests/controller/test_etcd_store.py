@@ -9,7 +9,7 @@ import aetcd
 import pytest
 
 from motor_common.errors import Unavailable
-from motor_controller.etcd_store import MAX_TXN_OPS, EtcdStore
+from motor_controller.etcd_store import LIST_PAGE_KEYS, MAX_TXN_OPS, EtcdStore
 from tests.etcd_server import etcd_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.etcd, pytest.mark.timeout(60)]
@@ -57,3 +57,29 @@ async def test_store_protocol_batches_fencing_and_unavailability() -> None:
         finally:
             await store.close()
             await other.close()
+
+
+async def test_list_returns_every_key_of_a_prefix_larger_than_a_grpc_reply() -> None:
+    """A prefix over gRPC's default 4 MiB reply (10,000 alarms, 1,000 deleted instances with many
+    endpoints) is listed whole: in pages, over more than one page, in key order; and so is one
+    page of big records over 4 MiB."""
+    async with etcd_server() as etcd:
+        store = EtcdStore([etcd.endpoint], "/motor/t/controller", timeout=5.0)
+        try:
+            value = b"v" * 32 * 1024
+            keys = [f"alarms/precision/coordinator@c:{i:04d}/1" for i in range(3 * LIST_PAGE_KEYS)]
+            for start in range(0, len(keys), 30):  # each transaction under etcd's 1.5 MiB request limit
+                await store.batch({k: value + k.encode() for k in keys[start : start + 30]})
+            await store.put("alarmsX", b"a neighbour of the prefix")
+            assert len(keys) * len(value) > 4 * 1024 * 1024
+            listed = await store.list("alarms/")
+            assert [k for k, _ in listed] == sorted(keys)
+            assert all(v == value + k.encode() for k, v in listed)
+
+            # a few big records (each under etcd's request limit) fill one page beyond 4 MiB
+            big = {f"instances/{i}": bytes([i]) * (1200 * 1024) for i in range(1, 5)}
+            for k, v in big.items():
+                await store.put(k, v)
+            assert await store.list("instances/") == sorted(big.items())
+        finally:
+            await store.close()

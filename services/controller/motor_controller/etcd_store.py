@@ -5,6 +5,12 @@ Keys are the store's keys under a prefix (``/motor/<cluster>/controller/`` + ``n
 timeout. A :meth:`batch` is **one** etcd transaction (up to ``MAX_TXN_OPS`` operations, etcd's
 default limit; a larger batch is split, each part atomic).
 
+Reads: :meth:`list` reads a prefix in pages of ``LIST_PAGE_KEYS`` keys (each its own call with its
+own timeout), every page at the revision of the first one, so the listing is one consistent
+snapshot however large the prefix is (10,000 alarms, 1,000 deleted instance records). A page must
+fit the channel's receive limit, ``MAX_RECEIVE_BYTES``, which is far above gRPC's 4 MiB default:
+a page of values at etcd's default request limit (1.5 MiB each) still fits.
+
 Fencing: with a ``fence`` (election key, our candidate id) every write is a transaction guarded by
 ``value(election key) == candidate``, so a controller that lost the election (frozen, partitioned)
 cannot overwrite what the new master wrote; such a write fails with ``Unavailable`` reason
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -35,6 +42,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_TXN_OPS = 128
+LIST_PAGE_KEYS = 64
+MAX_RECEIVE_BYTES = 128 * 1024 * 1024
 OnStatus = Callable[[bool, str], None]
 Ops = list[tuple[str, str, bytes]]  # (put|delete, key, value)
 
@@ -70,7 +79,8 @@ class EtcdStore:
 
         if self._client is None:
             host, port = parse_endpoint(self.endpoints[self._endpoint_index % len(self.endpoints)])
-            self._client = aetcd.Client(host=host, port=port, timeout=self.timeout, connect_wait_timeout=1)
+            self._client = aetcd.Client(host=host, port=port, timeout=self.timeout, connect_wait_timeout=1,
+                                        options={"grpc.max_receive_message_length": MAX_RECEIVE_BYTES})
         return self._client
 
     async def _drop_client(self) -> None:
@@ -117,9 +127,27 @@ class EtcdStore:
         await self.batch({}, [key])
 
     async def list(self, prefix: str) -> list[tuple[str, bytes]]:
-        rng = await self._call(lambda c: c.get_prefix(self._key(prefix)), f"list {prefix}")
+        from aetcd import rpc
+        from aetcd.utils import prefix_range_end
+
+        start = self._key(prefix)
+        end = prefix_range_end(start)
         cut = len(self.prefix)
-        return sorted((bytes(kv.key).decode()[cut:], bytes(kv.value)) for kv in rng)
+        out: list[tuple[str, bytes]] = []
+        revision = 0  # the first page reads the latest revision; the others read that one
+        while True:
+            request = rpc.RangeRequest(key=start, range_end=end, limit=LIST_PAGE_KEYS, revision=revision)
+            reply = await self._call(functools.partial(self._range, request=request), f"list {prefix}")
+            out.extend((bytes(kv.key).decode()[cut:], bytes(kv.value)) for kv in reply.kvs)
+            if not reply.more or not reply.kvs:
+                return sorted(out)
+            revision = revision or reply.header.revision
+            start = bytes(reply.kvs[-1].key) + b"\0"  # the next key after this page's last
+
+    async def _range(self, client: Any, request: Any) -> Any:
+        # aetcd's get_range() has no limit; its channel and stub are used as its own calls use them
+        await client.connect()
+        return await client.kvstub.Range(request, timeout=self.timeout, metadata=client.metadata)
 
     async def batch(self, puts: Mapping[str, bytes], deletes: Sequence[str] = ()) -> None:
         ops: Ops = [("put", k, v) for k, v in puts.items()]
