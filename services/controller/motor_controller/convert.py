@@ -114,6 +114,16 @@ def managed_to_pb(mi: ManagedInstance) -> pb.ManagedInstance:
     return out
 
 
+# Every active alarm is persisted and reloaded (up to MAX_ACTIVE_ALARMS), so its size is bounded
+# tighter than the generic request limits: its identity (source, instance ids) and address are
+# refused beyond these; the message, free text, is cut (a coordinator's outbox retries a refused
+# report for ever).
+MAX_ALARM_SOURCE = 512  # "coordinator@" + a DNS name (253) + ":port"
+MAX_ALARM_ADDRESS = 512
+MAX_ALARM_MESSAGE = 1024
+MAX_ALARM_INSTANCE_IDS = 2  # a P/D group: one prefill and one decode instance, or one union instance
+
+
 def alarm_from_pb(msg: pb.Alarm, wall: float) -> Alarm:
     from motor_common.errors import InvalidArgument
 
@@ -123,17 +133,26 @@ def alarm_from_pb(msg: pb.Alarm, wall: float) -> Alarm:
         raise InvalidArgument("alarm.action must be RAISE or CLEAR", reason="INVALID_ALARM")
     if not msg.source:
         raise InvalidArgument("alarm.source is required", reason="INVALID_ALARM")
+    for field, value, limit in (("source", msg.source, MAX_ALARM_SOURCE), ("address", msg.address, MAX_ALARM_ADDRESS)):
+        if len(value) > limit:
+            raise InvalidArgument(f"alarm.{field} is {len(value)} characters long; at most {limit} are allowed",
+                                  reason="INVALID_ALARM", metadata={"field": f"alarm.{field}"})
+    if len(msg.instance_ids) > MAX_ALARM_INSTANCE_IDS:
+        raise InvalidArgument(f"alarm.instance_ids has {len(msg.instance_ids)} ids; an alarm concerns one P/D group "
+                              f"(at most {MAX_ALARM_INSTANCE_IDS})", reason="INVALID_ALARM",
+                              metadata={"field": "alarm.instance_ids"})
     kind = ALARM_KIND_FROM_PB[msg.kind]
     if kind is AlarmKind.PRECISION and not msg.instance_ids:
         raise InvalidArgument("a precision alarm needs the instance ids of its P/D group", reason="INVALID_ALARM")
     raised = msg.raised_at.ToNanoseconds() / 1e9 if msg.HasField("raised_at") else wall
+    message = msg.message if len(msg.message) <= MAX_ALARM_MESSAGE else msg.message[: MAX_ALARM_MESSAGE - 1] + "…"
     return Alarm(
         kind=kind,
         action=ALARM_ACTION_FROM_PB[msg.action],
         source=msg.source,
         instance_ids=tuple(msg.instance_ids),
         address=msg.address,
-        message=msg.message,
+        message=message,
         raised_at=raised,
     )
 

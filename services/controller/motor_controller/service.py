@@ -26,8 +26,8 @@ ADMIN_SERVICE = "motor.controller.v1.ControllerAdminService"
 
 T = TypeVar("T")
 MAX_PAGE = 1000
-# Alarms per ListAlarms page: an alarm's message and source may each be 4,096 characters, so a
-# page stays far below a client's default 4 MiB message limit.
+# Alarms per ListAlarms page: an alarm's source and address are at most 512 characters and its
+# message 1,024 (convert.py), so a page stays far below a client's default 4 MiB message limit.
 MAX_ALARM_PAGE = 200
 
 _LEVELS = {pb.FAULT_LEVEL_ENGINE_UNHEALTHY: "engine_unhealthy", pb.FAULT_LEVEL_ENGINE_DEAD: "engine_dead"}
