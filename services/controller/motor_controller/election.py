@@ -11,6 +11,10 @@ key) into the controller's mode:
                                       in-memory state are left as they are); health NOT_SERVING;
                                       mutating RPCs refused with UNAVAILABLE reason NOT_MASTER
 
+The load runs inside the election's callback, when no renewal can run. If the lease may have
+lapsed meanwhile (the election's view *now* is isolated), the controller does not start: the next
+renewal either confirms the lease, and the controller loads again and acts, or loses it.
+
 Every promotion reloads from the store, so a controller that takes over (or comes back after an
 etcd outage) resumes exactly like a restarted one: heartbeats re-attach nodes to their persisted
 instances and no healthy engine is relaunched. Writes are fenced on the election key
@@ -50,6 +54,10 @@ class ControllerLeader:
         self._wall = wall
         self._lock = asyncio.Lock()
         self.promotions = 0
+        # The election's view *now* (``EtcdElection.current``: a master whose renewal is overdue
+        # reads as isolated). No renewal runs while this callback loads the state, so the view it
+        # was called with may be stale by the time the load ends.
+        self.current: Callable[[], Leadership] | None = None
 
     def check(self) -> None:
         """Gate of mutating RPCs: only the acting master accepts them."""
@@ -64,6 +72,11 @@ class ControllerLeader:
             self.store_status(view.store_available, "" if view.store_available else "election renewal failed")
             if view.serving and not self.controller.acting:
                 await self.controller.load()
+                now = self.current() if self.current is not None else view
+                if not now.serving:  # the lease may have lapsed during the load: a standby may act
+                    log.warning("the lease may have expired while the state loaded: not acting; the next renewal "
+                                "decides", extra={"role": now.role.value, "isolated": now.isolated})
+                    return
                 self.controller.start()
                 self.promotions += 1
                 await self.health.set_serving(True)

@@ -178,6 +178,7 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
     election = EtcdElection(st.etcd_endpoints, ha.election_key, candidate, ttl=ha.lock_ttl_sec,
                             check_interval=ha.check_interval_sec, on_change=leader.on_change,
                             call_timeout=min(1.0, st.etcd_timeout_sec))  # fmt: skip
+    leader.current = election.current
     await election.start()
 
     async def acting() -> tuple[bool, str]:
