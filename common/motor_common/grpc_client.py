@@ -22,6 +22,10 @@ _OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.enable_retries", 0),
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Each channel its own connections: by default gRPC shares one connection among the channels
+    # of a process to the same address, so a new channel opened to give up a connection pinned
+    # (behind a Service address) to a demoted or frozen peer would get that same connection back.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 

@@ -8,9 +8,11 @@ translated into :mod:`motor_common.errors` at this boundary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +27,9 @@ from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
 from motor_common.tls import TlsConfig
+from motor_nodemanager.controller_reopen import CONNECTION_REOPENED, ReopenPolicy
+
+log = logging.getLogger(__name__)
 
 
 class NodeState(enum.Enum):
@@ -115,37 +120,78 @@ def timestamp(seconds: float) -> timestamp_pb2.Timestamp:
 
 
 class GrpcController:
-    """ControllerService over one channel (reconnects by itself; streams are re-opened by callers).
+    """ControllerService over one channel per address (streams are re-opened by callers).
 
     *address* may be a comma-separated list (HA controllers: only the master accepts calls, the
     others answer UNAVAILABLE ``NOT_MASTER``): a call that fails UNAVAILABLE or DEADLINE_EXCEEDED
-    moves the next call to the next address."""
+    moves the next call to the next address. A channel whose calls are refused ``NOT_MASTER``, or
+    keep failing, is replaced by a new one (:class:`~motor_nodemanager.controller_reopen.ReopenPolicy`:
+    with back-off), so a connection pinned behind a Service address to a demoted controller is
+    given up and the new connection reaches the pod that is master now. The old channel is closed
+    in the background; calls still open on it end as UNAVAILABLE ``CONNECTION_REOPENED``."""
 
     def __init__(self, address: str, management_key: Credential, *, tls: TlsConfig | None = None,
-                 tls_ca_file: str | None = None) -> None:
+                 tls_ca_file: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self.address = self.addresses[0]
         self._key = management_key
-        self._channels = {a: open_channel(a, tls=tls, tls_ca_file=tls_ca_file) for a in self.addresses}
-        self._stubs = {a: cgrpc.ControllerServiceStub(ch) for a, ch in self._channels.items()}
+        self._tls = tls
+        self._tls_ca_file = tls_ca_file
+        self._clock = clock
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, cgrpc.ControllerServiceStub] = {}
+        self._reopen = {a: ReopenPolicy() for a in self.addresses}
+        self._closing: set[asyncio.Task[None]] = set()
+        self.reopened = 0  # channels replaced so far
+        for a in self.addresses:
+            self._open(a)
 
-    @property
-    def _stub(self) -> cgrpc.ControllerServiceStub:
-        return self._stubs[self.address]
+    def _open(self, address: str) -> None:
+        self._channels[address] = open_channel(address, tls=self._tls, tls_ca_file=self._tls_ca_file)
+        self._stubs[address] = cgrpc.ControllerServiceStub(self._channels[address])
 
-    def _failed(self, exc: grpc.aio.AioRpcError) -> MotorError:
-        err = translate(exc, f"controller {self.address}")
-        if isinstance(err, Unavailable | DeadlineExceeded) and len(self.addresses) > 1:
-            self.address = self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)]
+    def _reconnect(self, address: str, cause: MotorError) -> None:
+        old = self._channels[address]
+        self._open(address)
+        self.reopened += 1
+        log.warning("re-opening the connection to controller %s (%s): %s", address, cause.reason, cause.message)
+        task = asyncio.get_running_loop().create_task(old.close(), name=f"close-channel:{address}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _failed(self, address: str, exc: grpc.aio.AioRpcError) -> MotorError:
+        err = translate(exc, f"controller {address}")
+        if isinstance(err, Unavailable | DeadlineExceeded):
+            if self._reopen[address].failed(err.reason, self._clock()):
+                self._reconnect(address, err)
+            if len(self.addresses) > 1 and self.address == address:
+                self.address = self.addresses[(self.addresses.index(address) + 1) % len(self.addresses)]
         return err
 
-    async def register(self, spec: NodeSpec, timeout: float) -> Registration:
+    @contextlib.contextmanager
+    def _errors(self, address: str, what: str) -> Iterator[None]:
+        """gRPC errors as MotorErrors. A call cut short by the closing of its channel (our own
+        re-open, or a rotated client certificate's drained channel past its drain time) surfaces from
+        grpc.aio as ``CancelledError`` although this task was not cancelled: a failed call to retry
+        (UNAVAILABLE ``CONNECTION_REOPENED``), not a cancellation that would end the caller's loop."""
         try:
-            resp = await self._stub.RegisterNode(
+            yield
+        except grpc.aio.AioRpcError as exc:
+            raise self._failed(address, exc) from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            raise Unavailable(f"controller {address}: {what} cut short by a closed channel",
+                              reason=CONNECTION_REOPENED) from None
+
+    async def register(self, spec: NodeSpec, timeout: float) -> Registration:
+        address = self.address
+        with self._errors(address, "registration"):
+            resp = await self._stubs[address].RegisterNode(
                 cpb.RegisterNodeRequest(node=node_spec_to_pb(spec)), metadata=call_metadata(self._key), timeout=timeout
             )
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc) from exc
+        self._reopen[address].succeeded()
         return Registration(resp.node_id or spec.node_id, resp.heartbeat_interval_seconds, resp.controller_epoch)
 
     async def report_fault(self, report: FaultReport, timeout: float) -> FaultAck:
@@ -158,10 +204,10 @@ class GrpcController:
             pid=report.pid,
             detail=report.detail,
         )
-        try:
-            resp = await self._stub.ReportFault(req, metadata=call_metadata(self._key), timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc) from exc
+        address = self.address
+        with self._errors(address, "fault report"):
+            resp = await self._stubs[address].ReportFault(req, metadata=call_metadata(self._key), timeout=timeout)
+        self._reopen[address].succeeded()
         return FaultAck(bool(resp.accepted), bool(resp.relaunch_expected))
 
     async def heartbeat(self, frames: AsyncIterator[HeartbeatFrame]) -> AsyncIterator[Ack]:
@@ -179,25 +225,20 @@ class GrpcController:
                     relaunch_count=f.relaunch_count,
                 )
 
-        call = self._stub.Heartbeat(requests(), metadata=call_metadata(self._key))
+        address = self.address
+        call = self._stubs[address].Heartbeat(requests(), metadata=call_metadata(self._key))
         try:
-            async for resp in call:
-                cmd = AckCommand.REREGISTER if resp.command == cpb.HEARTBEAT_COMMAND_REREGISTER else AckCommand.NONE
-                yield Ack(resp.acked_sequence, cmd, resp.message)
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc) from exc
-        except asyncio.CancelledError:
-            # grpc.aio ends a call whose channel was closed under it (a rotated client certificate's
-            # drained channel, past its drain time) with CancelledError although this task was not
-            # cancelled: a broken stream to re-open, not the end of the heartbeat loop.
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            raise Unavailable(f"controller {self.address}: heartbeat stream cut short by a closed channel",
-                              reason="CONNECTION_REOPENED") from None
+            with self._errors(address, "heartbeat stream"):
+                async for resp in call:
+                    self._reopen[address].succeeded()
+                    cmd = AckCommand.REREGISTER if resp.command == cpb.HEARTBEAT_COMMAND_REREGISTER else AckCommand.NONE
+                    yield Ack(resp.acked_sequence, cmd, resp.message)
         finally:
             call.cancel()
 
     async def close(self) -> None:
         for ch in self._channels.values():
             await ch.close()
+        for task in list(self._closing):
+            with contextlib.suppress(Exception):
+                await task
