@@ -2,7 +2,7 @@
 
 Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``poll_interval_sec``
 with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, timeout, refused, garbage) →
-UNHEALTHY. Each probe carries the generation read *before* it was sent, so the state machine can drop
+UNHEALTHY. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
 it if newer controller data arrived meanwhile.
 
 Any program can answer 200, so the first 200 after each (re)start of the poller (a launch, a
@@ -42,10 +42,16 @@ class PollSettings:
     verify_port_owner: bool = True  # health.verify_port_owner
 
 
+# The most of a /health body read: only the status counts; the rest is left unread and the
+# connection closed (the session's connector is force_close), so no engine can make a probe buffer
+# an endless body.
+MAX_BODY = 4096
+
+
 async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> tuple[Observation, str]:
     try:
         async with session.get(f"{ep.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            await resp.read()
+            await resp.content.read(MAX_BODY)  # the first bytes (or the end) of the body, at most MAX_BODY
             if resp.status == 200:
                 return Observation.HEALTHY, ""
             return Observation.UNHEALTHY, f"/health answered {resp.status}"

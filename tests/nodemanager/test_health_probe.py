@@ -1,0 +1,70 @@
+"""The /health probe against engine-like HTTP servers that misbehave (raw sockets, real probe()):
+an endless body is not buffered, and a malformed response with a long line gives a detail short
+enough for the controller's request limits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from motor_common.domain import Endpoint
+from motor_nodemanager.endpoint_state import Observation
+from motor_nodemanager.health import probe
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Callable[[Handler], Awaitable[Endpoint]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> Endpoint:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        return Endpoint(0, "127.0.0.1", server.sockets[0].getsockname()[1])
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+async def _probe(ep: Endpoint, timeout: float) -> tuple[Observation, str]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        return await probe(session, ep, timeout)
+
+
+async def test_an_endless_health_body_is_not_read_and_the_probe_answers_from_the_status(
+    engine: Callable[[Handler], Awaitable[Endpoint]],
+) -> None:
+    sent = 0
+    chunk = b"x" * 65536
+    done = asyncio.Event()
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            while True:  # until the client goes away
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+                sent += len(chunk)
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            done.set()
+
+    ep = await engine(endless)
+    started = time.monotonic()
+    obs, detail = await _probe(ep, timeout=5.0)
+    assert (obs, detail) == (Observation.HEALTHY, "")
+    assert time.monotonic() - started < 4.0  # answered from the status, not cut by the timeout
+    await asyncio.wait_for(done.wait(), 10)  # the probe closed the connection
+    # what the server got rid of is what the socket buffers took: megabytes, not the gigabytes a
+    # probe that reads the whole body takes in its 5 s
+    assert sent < 64 * 1024 * 1024
