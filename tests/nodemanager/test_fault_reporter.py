@@ -15,6 +15,7 @@ from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_common.grpc_server import GrpcServer
 from motor_nodemanager.controller_client import FaultLevel
+from motor_nodemanager.detail import MAX_DETAIL
 from motor_nodemanager.fault_reporter import TOPIC, FaultReporter, decide, parse
 from tests.helpers import free_port, wait_for
 from tests.nodemanager.conftest import Admin, nm_config
@@ -38,6 +39,23 @@ def test_parse_and_decide() -> None:
     assert decide("unhealthy", "unhealthy") is None
     assert decide("unhealthy", "dead") is FaultLevel.ENGINE_DEAD
     assert decide("dead", "dead") is None
+
+
+async def test_a_long_publisher_reason_is_sent_clipped() -> None:
+    details: list[str] = []
+
+    async def send(eid: int, level: FaultLevel, detail: str) -> bool:
+        details.append(detail)
+        return True
+
+    rep = FaultReporter(lambda: "127.0.0.1", lambda: None, send, lambda: 0.05)
+    try:
+        reason = "Traceback:\n" + "x" * 5000 + "\nValueError: boom"
+        await rep._on_message(0, [TOPIC, orjson.dumps({"status": "dead", "reason": reason})])
+        assert len(details) == 1 and len(details[0]) <= MAX_DETAIL
+        assert details[0].startswith("engine publisher: dead: Traceback:") and details[0].endswith("ValueError: boom")
+    finally:
+        await rep.close()
 
 
 async def test_reports_each_state_once_after_acceptance_and_pause_resets_it() -> None:

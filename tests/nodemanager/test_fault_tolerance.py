@@ -14,7 +14,7 @@ import grpc
 import pytest
 import yaml
 
-from motor_common.errors import Aborted, FailedPrecondition, Unavailable
+from motor_common.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_common.grpc_server import GrpcServer
@@ -68,6 +68,19 @@ async def test_a_failed_report_is_retried_until_accepted_and_only_then_counts() 
     assert not await rep.report(exit_report(7))  # the same pid again: suppressed, no second report
     await wait_for(lambda: accepted, timeout=2, what="accepted after retries")
     assert len(calls) == 3 and rep.pending == 0
+    await rep.close()
+
+
+async def test_a_report_refused_invalid_argument_is_given_up_not_retried_unchanged() -> None:
+    calls: list[FaultReport] = []
+
+    async def send(r: FaultReport) -> FaultAck:
+        calls.append(r)
+        raise InvalidArgument("detail is 6168 characters long; at most 4096 are allowed", reason="TOO_LONG")
+
+    rep = DeathReporter(send, lambda r, a: None, lambda: 0.01)
+    assert not await rep.report(probe_report(3))
+    assert (len(calls), rep.pending, rep.refused, rep.accepted) == (1, 0, 1, 0)  # no retry task
     await rep.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import time
@@ -28,6 +29,7 @@ from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
 from motor_common.tls import TlsConfig
 from motor_nodemanager.controller_reopen import CONNECTION_REOPENED, ReopenPolicy
+from motor_nodemanager.detail import clip
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,7 @@ class GrpcController:
             level=report.level.value,
             source=report.source.value,
             pid=report.pid,
-            detail=report.detail,
+            detail=clip(report.detail),  # a backstop: producers clip their own text already
         )
         address = self.address
         with self._errors(address, "fault report"):
@@ -220,7 +222,8 @@ class GrpcController:
                     sequence=seq,
                     state=f.state.value,
                     instance_id=f.instance_id,
-                    endpoints=[endpoint_health_to_pb(e) for e in f.endpoints],
+                    endpoints=[endpoint_health_to_pb(dataclasses.replace(e, detail=clip(e.detail)))
+                               for e in f.endpoints],
                     sent_at=timestamp(f.sent_at),
                     relaunch_count=f.relaunch_count,
                 )

@@ -9,19 +9,22 @@ Signals (SPEC §4.3, seed "引擎死亡双信号源"):
 :class:`DeathLedger` is the pure dedup bookkeeping. :class:`DeathReporter` sends a report with
 ``ControllerService.ReportFault``; a failed report is retried in the background every
 ``retry_interval`` until the controller accepts it or the report is withdrawn (the endpoint
-recovered or was relaunched). Only an *accepted* report with ``relaunch_expected`` may freeze the
-arbiter (and only with ``enable_engine_relaunch`` on): when the controller is unreachable nothing
-freezes and self-termination keeps counting, so the node-restart fallback is never delayed.
+recovered or was relaunched); one the controller refuses as INVALID_ARGUMENT is given up (logged
+as an error), since the same request would be refused forever. Only an *accepted* report with
+``relaunch_expected`` may freeze the arbiter (and only with ``enable_engine_relaunch`` on): when the
+controller is unreachable or refuses the report nothing freezes and self-termination keeps
+counting, so the node-restart fallback is never delayed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from motor_common.errors import MotorError
+from motor_common.errors import InvalidArgument, MotorError
 from motor_common.logs import request_id_var
 from motor_common.tasks import TaskOwner
 from motor_nodemanager.controller_client import FaultAck, FaultReport, FaultSource
@@ -29,6 +32,12 @@ from motor_nodemanager.controller_client import FaultAck, FaultReport, FaultSour
 log = logging.getLogger(__name__)
 
 ReportFn = Callable[[FaultReport], Awaitable[FaultAck]]
+
+
+class _Outcome(enum.Enum):
+    ACCEPTED = "accepted"
+    RETRY = "retry"  # the controller was unreachable or did not accept it: try again later
+    REFUSED = "refused"  # INVALID_ARGUMENT: the same request would be refused again
 
 
 def report_key(report: FaultReport) -> tuple[str, int]:
@@ -88,6 +97,7 @@ class DeathReporter:
         self._tasks = TaskOwner("death-reports")
         self.sent = 0
         self.accepted = 0
+        self.refused = 0  # refused INVALID_ARGUMENT: given up
 
     async def report(self, report: FaultReport) -> bool:
         """Send *report* once (deduplicated); on failure keep retrying in the background.
@@ -96,27 +106,39 @@ class DeathReporter:
         if not self.ledger.claim(report):
             log.info("duplicate fault report suppressed", extra={"key": str(report_key(report))})
             return False
-        if await self._attempt(report):
-            return True
+        outcome = await self._attempt(report)
+        if outcome is not _Outcome.RETRY:
+            return outcome is _Outcome.ACCEPTED
         key = report_key(report)
         self._retries[key] = self._tasks.spawn(self._retry(report), name=f"fault-retry-{key[0]}-{key[1]}")
         return False
 
-    async def _attempt(self, report: FaultReport) -> bool:
+    async def _attempt(self, report: FaultReport) -> _Outcome:
         self.sent += 1
         try:
             ack = await self._send(report)
+        except InvalidArgument as exc:
+            # The controller refused the request itself: the same report would be refused again.
+            # Self-termination keeps counting, as when the controller is unreachable.
+            self.refused += 1
+            log.error(
+                "fault report refused by the controller, not retried: %s",
+                exc.message,
+                extra={"endpoint_id": report.endpoint_id, "pid": report.pid, "source": report.source.name,
+                       "reason": exc.reason},
+            )  # fmt: skip
+            return _Outcome.REFUSED
         except MotorError as exc:
             log.warning(
                 "fault report failed, will retry: %s",
                 exc.message,
                 extra={"endpoint_id": report.endpoint_id, "pid": report.pid, "source": report.source.name},
             )
-            return False
+            return _Outcome.RETRY
         if not ack.accepted:
             log.warning("fault report not accepted by the controller, will retry",
                         extra={"endpoint_id": report.endpoint_id})  # fmt: skip
-            return False
+            return _Outcome.RETRY
         self.accepted += 1
         log.warning(
             "engine fault reported",
@@ -124,7 +146,7 @@ class DeathReporter:
                    "source": report.source.name, "relaunch_expected": ack.relaunch_expected},
         )  # fmt: skip
         self._on_accepted(report, ack)
-        return True
+        return _Outcome.ACCEPTED
 
     async def _retry(self, report: FaultReport) -> None:
         request_id_var.set("")
@@ -132,7 +154,7 @@ class DeathReporter:
         try:
             while True:
                 await asyncio.sleep(self._retry_interval())
-                if await self._attempt(report):
+                if await self._attempt(report) is not _Outcome.RETRY:
                     return
         finally:
             if self._retries.get(key) is asyncio.current_task():

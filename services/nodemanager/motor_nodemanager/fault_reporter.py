@@ -26,6 +26,7 @@ import zmq.asyncio
 
 from motor_common.logs import request_id_var
 from motor_nodemanager.controller_client import FaultLevel
+from motor_nodemanager.detail import clip
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class FaultReporter:
         level = decide(self.reported.get(eid), status)
         if level is None:
             return
-        if await self._send(eid, level, f"engine publisher: {status}: {reason}".rstrip(": ")):
+        if await self._send(eid, level, clip(f"engine publisher: {status}: {reason}".rstrip(": "))):
             self.reported[eid] = status
 
     async def close(self) -> None:

@@ -26,6 +26,7 @@ from motor_common.domain import Endpoint
 from motor_common.logs import request_id_var
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import port_owner
+from motor_nodemanager.detail import clip
 from motor_nodemanager.endpoint_state import Observation
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) ->
     except TimeoutError:
         return Observation.UNHEALTHY, f"/health timed out after {timeout}s"
     except (aiohttp.ClientError, OSError, ValueError) as exc:
-        return Observation.UNHEALTHY, f"/health failed: {type(exc).__name__}: {exc}"
+        return Observation.UNHEALTHY, clip(f"/health failed: {type(exc).__name__}: {exc}")  # may quote a long line
 
 
 async def wait_port(ep: Endpoint, deadline: float) -> bool:
