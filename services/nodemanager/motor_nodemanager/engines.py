@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -220,11 +220,52 @@ class EngineSupervisor:
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group *pgid* still runs. A zombie does not count: ``kill(…, 0)``
+    succeeds on one, and an orphaned engine worker adopted by a nodemanager that is PID 1 of its
+    container (no init) stays a zombie until its parent reaps it, which may be never."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    running = group_running(pgid, _proc_stats())
+    return True if running is None else running
+
+
+def parse_stat(text: str) -> tuple[str, int] | None:
+    """(state, process group) of a ``/proc/<pid>/stat`` line; None when it cannot be parsed. The
+    command name in parentheses may hold spaces and parentheses: the fields start after the last ``)``."""
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 3 or not fields[2].lstrip("-").isdigit():
+        return None
+    return fields[0], int(fields[2])
+
+
+def group_running(pgid: int, stats: Iterable[str] | None) -> bool | None:
+    """Whether any process of group *pgid* among the ``/proc/<pid>/stat`` lines *stats* is neither a
+    zombie (Z) nor dead (X) (pure); None when the lines are not available."""
+    if stats is None:
+        return None
+    for text in stats:
+        parsed = parse_stat(text)
+        if parsed is not None and parsed[1] == pgid and parsed[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _proc_stats() -> list[str] | None:
+    """Every ``/proc/<pid>/stat`` line (processes that end meanwhile are skipped); None without /proc."""
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                out.append(f.read())
+        except OSError:
+            continue
+    return out
 
 
 def engine_log_name(prefix: str, endpoint_id: int) -> str:
