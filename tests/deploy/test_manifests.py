@@ -398,9 +398,12 @@ def test_images_copy_every_package_dir_run_non_root_and_have_a_healthcheck() -> 
             assert re.search(r":v?\d+\.\d+", arg[1]) and "latest" not in arg[1], f"{df.name}: {arg} not pinned"
         assert re.search(r"^USER 10001:10001$", text, re.M), f"{df.name}: non-root user"
         assert "HEALTHCHECK" in text
-    # the engine images run the nodemanager as their entrypoint
+    # the engine images run the nodemanager as their entrypoint, under an init (tini) as PID 1 that
+    # reaps the engine processes re-parented to it
     for df in DOCKERFILES[1:]:
-        assert 'ENTRYPOINT ["/opt/motor/bin/motor-nodemanager"]' in df.read_text()
+        text = df.read_text()
+        assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/opt/motor/bin/motor-nodemanager"]' in text
+        assert "COPY --from=wheel /usr/bin/tini-static /usr/bin/tini" in text
     # every program the manifests start is a console script of the package
     for overlay in OVERLAYS:
         for _, _, c in containers(overlay):
