@@ -144,6 +144,16 @@ def test_every_container_requests_resources_and_runs_non_root_read_only(overlay:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_image_has_an_explicit_tag_or_digest(overlay: str) -> None:
+    # no tag means :latest with imagePullPolicy Always: not the version the docs build and push
+    for w, t in pod_templates(overlay):
+        for c in (*t["spec"]["containers"], *t["spec"].get("initContainers", [])):
+            name, _, digest = c["image"].partition("@")
+            tag = name.rpartition("/")[2].partition(":")[2]
+            assert digest or (tag and tag != "latest"), f"{ident(w, c)}: image {c['image']!r} has no explicit tag"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_motor_containers_get_their_identity_from_the_downward_api(overlay: str) -> None:
     want = {"POD_NAME": "metadata.name", "POD_IP": "status.podIP", "POD_NAMESPACE": "metadata.namespace"}
     for w, _, c in containers(overlay):
@@ -407,5 +417,5 @@ def test_images_copy_every_package_dir_run_non_root_and_have_a_healthcheck() -> 
     # every program the manifests start is a console script of the package
     for overlay in OVERLAYS:
         for _, _, c in containers(overlay):
-            if c["image"].startswith("motor:") or c["image"] == "motor":
+            if c["image"].startswith("motor:"):
                 assert c["command"][0] in scripts
