@@ -154,6 +154,23 @@ def test_every_image_has_an_explicit_tag_or_digest(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_replicated_motor_workloads_prefer_distinct_kubernetes_nodes(overlay: str) -> None:
+    for w, t in pod_templates(overlay):
+        labels = t["metadata"].get("labels", {})
+        if labels.get("app.kubernetes.io/name") != "motor" or w["spec"].get("replicas", 1) < 2:
+            continue
+        terms = (t["spec"].get("affinity", {}).get("podAntiAffinity", {})
+                 .get("preferredDuringSchedulingIgnoredDuringExecution", []))  # fmt: skip
+        assert any(
+            term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+            and term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+            and term["podAffinityTerm"]["labelSelector"]["matchLabels"].get("app.kubernetes.io/component")
+            == labels.get("app.kubernetes.io/component")
+            for term in terms
+        ), f"{w['kind']}/{w['metadata']['name']}: no preferred anti-affinity on kubernetes.io/hostname"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_motor_containers_get_their_identity_from_the_downward_api(overlay: str) -> None:
     want = {"POD_NAME": "metadata.name", "POD_IP": "status.podIP", "POD_NAMESPACE": "metadata.namespace"}
     for w, _, c in containers(overlay):
