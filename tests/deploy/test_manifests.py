@@ -10,6 +10,8 @@ No Kubernetes API server runs here: these are static checks of what ``kubectl ap
 from __future__ import annotations
 
 import ast
+import base64
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -29,6 +31,8 @@ OVERLAYS = ["standalone", "managed", "managed-vllm", "managed-sglang", "dev"]
 TOP = ["standalone", "managed-vllm", "managed-sglang", "dev"]  # what a user applies (namespace set)
 K8S_VERSION = "1.37.0"  # the newest schemas bundled with the pinned kubernetes-validate
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+# The Secrets deploy/kustomize/make-secrets.sh makes (docs/kubernetes.md, "Keys").
+SECRETS = {"motor-management-key", "motor-node-keys", "motor-node-credentials"}
 # The only Kubernetes API call Motor makes, and the RBAC rule it needs: (apiGroup, resource, verb).
 API_CALLS = {"delete_namespaced_pod": ("", "pods", "delete")}
 
@@ -101,8 +105,8 @@ def test_top_overlays_set_a_namespace_and_reference_only_objects_they_define(ove
         for v in t["spec"].get("volumes", []):
             if "configMap" in v:
                 assert v["configMap"]["name"] in cms, f"{w['metadata']['name']}: {v}"
-            if "secret" in v:  # created by the user before applying (docs/kubernetes.md)
-                assert v["secret"]["secretName"] == "motor-management-key"
+            if "secret" in v:  # created by the user before applying (deploy/kustomize/make-secrets.sh)
+                assert v["secret"]["secretName"] in SECRETS
         for c in t["spec"]["containers"]:
             for e in c.get("env", []):
                 ref = e.get("valueFrom", {}).get("configMapKeyRef")
@@ -436,3 +440,82 @@ def test_images_copy_every_package_dir_run_non_root_and_have_a_healthcheck() -> 
         for _, _, c in containers(overlay):
             if c["image"].startswith("motor:"):
                 assert c["command"][0] in scripts
+
+
+# --- keys: the engines' pods hold nothing that drives the controller or the coordinators ----------
+def _made_secrets() -> dict[str, dict[str, str]]:
+    out = subprocess.run([str(KUSTOMIZE / "make-secrets.sh"), "--dry-run"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PATH": f"{Path(tool('kubectl')).parent}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert all(d["kind"] == "Secret" and d["metadata"]["namespace"] == "motor" for d in docs)
+    return {d["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in d["data"].items()} for d in docs}
+
+
+def _mount_secrets(overlay: str, t: dict[str, Any], c: dict[str, Any], root: Path,
+                   secrets: dict[str, dict[str, str]]) -> set[str]:  # fmt: skip
+    """Write the Secrets a container mounts under *root* + their mount paths; their names."""
+    vols = {v["name"]: v["secret"]["secretName"] for v in t["spec"]["volumes"] if "secret" in v}
+    mounted = set()
+    for m in c["volumeMounts"]:
+        if m["name"] in vols:
+            mounted.add(vols[m["name"]])
+            d = root / m["mountPath"].lstrip("/")
+            d.mkdir(parents=True, exist_ok=True)
+            for file, value in secrets[vols[m["name"]]].items():
+                (d / file).write_text(value)
+    return mounted
+
+
+@pytest.mark.parametrize("overlay", ["managed-vllm", "managed-sglang"])
+def test_engine_pods_hold_no_key_that_drives_the_controller_or_the_coordinators(overlay: str, tmp_path: Path) -> None:
+    """make-secrets.sh's keys, mounted where the rendered pods mount them and read by the programs'
+    own loaders: the controller's calls and the PreStop hook reach the nodemanager, the nodemanager
+    registers with the controller, and nothing in the engine pod is the management key or any key
+    the controller or a coordinator accepts as an operator."""
+    from motor_common.config import load_config
+    from motor_common.credentials import Authenticator, Role, presented_key
+    from motor_common.grpc_server import read_secret
+    from motor_controller.config import ControllerConfig
+    from motor_nodemanager import config as nmconfig
+
+    secrets = _made_secrets()
+    assert set(secrets) == SECRETS
+    management = secrets["motor-management-key"]["management.key"]
+    node_key = secrets["motor-node-credentials"]["node.key"]
+
+    def load(w: dict[str, Any], t: dict[str, Any], c: dict[str, Any]) -> tuple[Path, set[str]]:
+        root = tmp_path / w["metadata"]["name"]
+        mounted = _mount_secrets(overlay, t, c, root, secrets)
+        path, _ = _config_file(overlay, t, c, root)
+        path.write_text(path.read_text().replace("/etc/motor/", f"{root}/etc/motor/"))
+        return path, mounted
+
+    [(cw, ct, cc)] = [x for x in containers(overlay) if x[2]["name"] == "controller"]
+    path, mounted = load(cw, ct, cc)
+    ctl = load_config(ControllerConfig, path, env_prefix="MOTOR_CONTROLLER", environ=_env(overlay, cc, "ctl-0"))
+    ctl_auth = Authenticator.from_config(ctl.server.auth, read_secret(ctl.server.management_key_file))
+    nodes = [x for x in containers(overlay) if x[2]["name"] == "nodemanager"]
+    assert len(nodes) == 2  # prefill, decode
+    for w, t, c in nodes:
+        path, mounted = load(w, t, c)
+        assert mounted == {"motor-node-credentials"}, ident(w, c)
+        cfg = nmconfig.load(str(path), environ=_env(overlay, c, f"{w['metadata']['name']}-0"))
+        assert cfg.server.management_key_file is None
+        nm_auth = Authenticator.from_config(cfg.server.auth, None)
+        controller_calls = nm_auth.identify(management)  # the controller presents its management key
+        assert controller_calls is not None and Role.OPERATOR in controller_calls.roles
+        pre = c["lifecycle"]["preStop"]["exec"]["command"]
+        prestop_key = (tmp_path / w["metadata"]["name"] / pre[pre.index("--key-file") + 1].lstrip("/")).read_text()
+        assert nm_auth.identify(prestop_key) is not None  # the PreStop hook can pause its node
+        presented = str(presented_key(cfg.server.auth, None))
+        assert presented == node_key
+        registering = ctl_auth.identify(presented)  # register, heartbeat: a node key, nothing more
+        assert registering is not None and registering.roles == {Role.NODE}
+        # everything the engines can read in this pod: no key the controller takes as an operator
+        readable = [f.read_text() for f in (tmp_path / w["metadata"]["name"]).rglob("*") if f.is_file()]
+        for text in readable:
+            assert management not in text
+            for token in text.replace(":", " ").split():
+                who = ctl_auth.identify(token)
+                assert who is None or Role.OPERATOR not in who.roles, f"{ident(w, c)}: an operator key"
