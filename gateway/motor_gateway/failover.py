@@ -11,7 +11,9 @@ Before the head frame nothing has reached the HTTP client, so a request may be s
   was cut off; its call may never answer): cancel it and send the request to the new master.
 
 At most ``pool.dispatch_attempts`` sends per request, all inside the request's own deadline. After
-the head, nothing is retried (bytes may have reached the client).
+the head, nothing is retried (bytes may have reached the client). A client that goes away while
+its request waits for the head stops the request: a Dispatch call is cancelled, a request on the
+DispatchMany stream gets its ``cancel`` command (ahead of any later request on that stream).
 """
 
 from __future__ import annotations
@@ -134,6 +136,13 @@ async def _send(pool: CoordinatorPool, address: str, request: cpb.DispatchReques
         except grpc.aio.AioRpcError as exc:
             if not (multiplexed and exc.code() == grpc.StatusCode.UNIMPLEMENTED and not mux.supported):
                 raise
+        except BaseException:
+            # The HTTP client went away before the head (the handler is cancelled) or anything
+            # else: stop the request. A Dispatch call is cancelled with its read anyway; a request
+            # on the DispatchMany stream needs its cancel command, or the coordinator and engine
+            # run it to its deadline while the gateway counts it gone.
+            call.cancel()
+            raise
     raise AssertionError("unreachable")  # pragma: no cover
 
 
