@@ -72,11 +72,12 @@ def rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
 
 
 class _GrpcStream:
-    __slots__ = ("_call", "head")
+    __slots__ = ("_call", "deadline", "head")
 
-    def __init__(self, call: Any, head: Head) -> None:
+    def __init__(self, call: Any, head: Head, deadline: float) -> None:
         self._call = call
         self.head = head
+        self.deadline = deadline
 
     async def chunks(self) -> AsyncIterator[bytes]:
         read = self._call.read
@@ -103,8 +104,6 @@ class _GrpcStream:
             self._call.cancel()
 
 
-
-
 class GrpcDispatchClient:
     """``DispatchService`` through the coordinator pool (failover before the head)."""
 
@@ -124,6 +123,7 @@ class GrpcDispatchClient:
 
     async def dispatch(self, request_id: str, api: str, raw: bytes, body: dict[str, Any]) -> DispatchStream:
         call = None
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
         try:
             # To the routed coordinator; resent to the new master while nothing reached the client.
             call, first = await failover.dispatch(
@@ -134,7 +134,7 @@ class GrpcDispatchClient:
             if first is grpc.aio.EOF or not first.HasField("head"):
                 raise DispatchFailed(_NO_HEAD)
             head = first.head
-            return _GrpcStream(call, Head(head.http_status or 200, head.content_type))
+            return _GrpcStream(call, Head(head.http_status or 200, head.content_type), deadline)
         except BaseException as exc:
             if call is not None and not call.done():
                 call.cancel()

@@ -22,7 +22,8 @@ class GatewayConfig:
     port: int = 8000
     # Coordinator gRPC addresses (host:port), in order of preference; the first ready one serves.
     coordinators: tuple[str, ...] = (DEFAULT_COORDINATOR,)
-    # Deadline of one Dispatch call (the whole response, streamed or not).
+    # Deadline of one Dispatch call (the whole response, streamed or not). A client that has not
+    # taken its streamed answer by then (plus 2 s) has its connection closed.
     request_timeout_sec: float = 600.0
     # Deadline of the small coordinator calls (readiness, model list).
     control_timeout_sec: float = 3.0

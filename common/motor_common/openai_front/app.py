@@ -6,7 +6,9 @@ co-located front of ``motor-coordinator``: the dispatcher in process), and the r
 the head gives status and content type, the body chunks are written as they arrive (SSE) or joined
 (JSON). Failures become OpenAI error objects; a failure after an SSE stream started is written as a
 final ``data: {"error": ...}`` event. A client that goes away stops the request, which makes the
-coordinator abort the engine requests.
+coordinator abort the engine requests. A client that stops reading a streamed answer has its
+connection closed once the request's deadline has passed (plus :data:`STALL_GRACE_SEC`), which
+stops the request the same way and frees its admission slot.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ _ROUTES = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "
 _ENGINE_ROUTES = {"/version", "/tokenize", "/detokenize"}
 # Routes that get a request span (tracing on) and pass an incoming traceparent on (tracing off).
 _TRACED = {"/v1/completions", "/v1/chat/completions", "/version", *PASSTHROUGH_ROUTES, _STORED, _STORED_CANCEL}
+
+# Seconds past a request's deadline that a streamed answer may still be written (its final timeout
+# event included) before the connection of a client that does not read is closed.
+STALL_GRACE_SEC = 2.0
 
 # Seconds aiohttp keeps reading (and discarding) the rest of a refused body so that the client
 # sees the answer before the connection closes.
@@ -367,6 +373,7 @@ class Gateway:
         except DispatchFailed as exc:
             return error_response(exc.error, rid)
         stream: web.StreamResponse | None = None
+        guard: asyncio.TimerHandle | None = None
         try:
             head = call.head
             ctype = head.content_type or _JSON
@@ -382,6 +389,9 @@ class Gateway:
             stream = web.StreamResponse(status=head.status, headers=headers)
             stream.headers["Cache-Control"] = "no-cache"
             await stream.prepare(request)
+            # A client that stops reading blocks the writes below once the socket buffers are full;
+            # past the deadline its connection is closed, which ends this handler.
+            guard = asyncio.get_running_loop().call_at(call.deadline + STALL_GRACE_SEC, _cut_off, request)
             access = request[ACCESS_KEY]
             async for chunk in call.chunks():
                 access.usage_from_sse(chunk)
@@ -401,6 +411,8 @@ class Gateway:
             # The client went away mid-stream; the finally clause stops the request.
             return stream if stream is not None else web.Response(status=499)
         finally:
+            if guard is not None:
+                guard.cancel()
             await call.aclose()
 
     @staticmethod
@@ -463,6 +475,17 @@ def _route_of(request: web.Request) -> str:
     if path.startswith("/v1/responses/"):
         return _STORED_CANCEL if path.endswith("/cancel") else _STORED
     return "other"
+
+
+def _cut_off(request: web.Request) -> None:
+    """The request's deadline passed while its streamed answer was still being written: the client
+    stopped reading (its socket buffers are full). Close the connection: aiohttp cancels the
+    handler, which stops the request upstream and frees its admission slot."""
+    transport = request.transport
+    if transport is not None and not transport.is_closing():
+        log.warning("the client did not read the streamed answer before the request's deadline: "
+                    "connection closed")
+        transport.abort()
 
 
 async def _read_at_most(request: web.Request, limit: int, hold: Hold | None) -> bytes:

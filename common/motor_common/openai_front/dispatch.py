@@ -52,6 +52,9 @@ class DispatchStream(Protocol):
     """One dispatched request after its head: the body chunks, then :meth:`aclose`."""
 
     head: Head
+    # The request's deadline on the event loop's clock (``loop.time()``): the coordinator ends the
+    # request by then; the front also stops relaying it by then (a client that stopped reading).
+    deadline: float
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body chunks; raises :class:`DispatchFailed` if the response breaks."""

@@ -118,12 +118,15 @@ def _error(exc: BaseException) -> HttpError:
 class _LocalStream:
     """The dispatcher's frames for the HTTP handler, under the request's deadline: one timer per
     request (not an ``asyncio.timeout`` per frame), which cancels the handler's task only while it
-    waits for the next frame; a deadline that passed meanwhile fails the next wait at once."""
+    waits for the next frame; a deadline that passed meanwhile fails the next wait at once. A
+    handler blocked writing to a client that does not read is ended by the front itself
+    (``app.STALL_GRACE_SEC`` after :attr:`deadline`), which closes the frames (:meth:`aclose`)."""
 
-    __slots__ = ("_fired", "_frames", "_rid", "_task", "_timeout", "_timer", "_waiting", "head")
+    __slots__ = ("_fired", "_frames", "_rid", "_task", "_timeout", "_timer", "_waiting", "deadline", "head")
 
     def __init__(self, frames: AsyncIterator[Frame], deadline: float, timeout: float, rid: str) -> None:
         self._frames = frames
+        self.deadline = deadline
         self._timeout = timeout
         self._rid = rid
         self._task = asyncio.current_task()
