@@ -11,7 +11,7 @@ import logging
 import time
 import zlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import aiohttp
 import orjson
 import pytest
 
+from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.openai_front.limits import HttpLimits
 from motor_gateway.config import GatewayConfig
 from tests.gateway.fakes import (
@@ -31,6 +32,7 @@ from tests.gateway.fakes import (
     running_gateway,
 )
 from tests.gateway.test_dispatch import assert_openai_error
+from tests.helpers import wait_for
 
 COMPLETION = {"model": "tiny", "prompt": "hello", "max_tokens": 4}
 LIMITS = HttpLimits(max_body_bytes=64 * 1024, header_timeout_sec=1.0, body_timeout_sec=1.0, max_connections=8)
@@ -301,6 +303,39 @@ async def test_slow_body_is_408(front: Front) -> None:
     assert_openai_error(body_of(response), "invalid_request_error")
     assert time.monotonic() - start >= LIMITS.body_timeout_sec - 0.05
     assert front.fake.requests == []
+
+
+async def _in_flight(url: str, route: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        text = await r.text()
+    prefix = f'motor_gateway_requests_in_flight{{route="{route}"}} '
+    return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+
+async def test_idle_connections_declaring_large_bodies_do_not_take_the_body_budget() -> None:
+    idle = 4  # together they declare the whole budget
+    admission = AdmissionConfig(max_buffered_bytes=4 * LIMITS.max_body_bytes)
+    limits = replace(LIMITS, body_timeout_sec=60.0)  # they stay idle for the whole test
+    async with in_process_gateway(limits=limits, admission=admission) as (url, fake):
+        port = int(url.rsplit(":", 1)[1])
+        before = await _in_flight(url, "/v1/completions")
+        declared = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n{" % LIMITS.max_body_bytes)
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(idle)]
+        try:
+            for _, w in held:
+                w.write(declared)
+            await wait_for(lambda: _awaited(url, before + idle), timeout=10, what="the idle bodies being read")
+            async with aiohttp.ClientSession() as http, http.post(url + "/v1/completions", json=COMPLETION) as r:
+                assert r.status == 200, await r.read()
+            assert len(fake.requests) == 1
+        finally:
+            for _, w in held:
+                w.close()
+
+
+async def _awaited(url: str, n: float) -> bool:
+    return await _in_flight(url, "/v1/completions") >= n
 
 
 async def test_connections_beyond_the_limit_get_503_and_are_closed(front: Front) -> None:

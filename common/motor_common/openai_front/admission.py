@@ -43,8 +43,9 @@ class AdmissionConfig:
     # waits. One request is always admitted when nothing else is in flight. 0 = unbounded.
     max_in_flight_bytes: int = 16 * MIB
     # Request bodies the process holds at once, from the first byte read to the end of the
-    # response (being read, queued or in flight); a request that would pass it → 429 at once,
-    # on its Content-Length before the body is read (the front's memory bound). 0 = unbounded.
+    # response (being read, queued or in flight); a request whose arriving bytes would pass it →
+    # 429 at once (the front's memory bound; charged as bytes arrive, so connections that
+    # declare large bodies and send nothing hold nothing). 0 = unbounded.
     max_buffered_bytes: int = 32 * MIB
     # The Retry-After header of a 429, seconds.
     retry_after_sec: int = 1
@@ -260,8 +261,8 @@ class Admission:
 
 
 class BodyBudget:
-    """The bytes of request bodies held by the process (``max_buffered_bytes``): reserved on the
-    Content-Length before reading, or chunk by chunk, and given back at the end of the request."""
+    """The bytes of request bodies held by the process (``max_buffered_bytes``): taken chunk by
+    chunk as they arrive, and given back at the end of the request."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

@@ -295,7 +295,7 @@ class Gateway:
         of ``limits.ENCODINGS``, 413 above ``max_body_bytes`` (on Content-Length before reading,
         else while reading, and after decompression), 400 for a body that does not decompress,
         408 when it does not arrive within ``body_timeout_sec``, 429 when the process holds
-        ``admission.max_buffered_bytes`` of bodies already (taken from *hold*)."""
+        ``admission.max_buffered_bytes`` of bodies already (taken from *hold* as the bytes arrive)."""
         limit = self.limits.max_body_bytes
         codings = [c for c in encodings(request.headers.get("Content-Encoding", "")) if c != "identity"]
         unknown = [c for c in codings if c not in ENCODINGS]
@@ -308,10 +308,10 @@ class Gateway:
             return _refuse(413, f"request body is {size} bytes; at most {limit} are accepted",
                            "request_too_large", rid, close=True)
         try:
-            if size is not None:
-                hold.take(size)  # the memory bound, before a byte of the body is read
+            # Charged as it arrives, not on the Content-Length: connections that declare large
+            # bodies and send nothing must not take the budget from everybody else.
             async with asyncio.timeout(self.limits.body_timeout_sec):
-                raw = await _read_at_most(request, limit, None if size is not None else hold)
+                raw = await _read_at_most(request, limit, hold)
         except BodyTooLarge:
             return _refuse(413, f"request body is larger than {limit} bytes", "request_too_large", rid, close=True)
         except TimeoutError:
@@ -488,18 +488,17 @@ def _cut_off(request: web.Request) -> None:
         transport.abort()
 
 
-async def _read_at_most(request: web.Request, limit: int, hold: Hold | None) -> bytes:
+async def _read_at_most(request: web.Request, limit: int, hold: Hold) -> bytes:
     """The body in the chunks the connection delivers (aiohttp's ``read()`` first enlarges its
-    buffer to the whole limit); ``BodyTooLarge`` as soon as it passes *limit*. With *hold* (no
-    Content-Length), each chunk is taken from the body budget as it arrives (``Shed``)."""
+    buffer to the whole limit); ``BodyTooLarge`` as soon as it passes *limit*. Each chunk is taken
+    from the body budget (*hold*) as it arrives (``Shed``)."""
     buf = bytearray()
     content = request.content
     while chunk := await content.readany():
         buf += chunk
         if len(buf) > limit:
             raise BodyTooLarge(limit)
-        if hold is not None:
-            hold.take(len(chunk))
+        hold.take(len(chunk))
     return bytes(buf)
 
 
