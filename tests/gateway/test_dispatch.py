@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from motor_common import errors
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.openai_front import app
 from motor_gateway.config import GatewayConfig
 from tests.gateway.conftest import Rig
 from tests.gateway.fakes import (
@@ -256,6 +258,37 @@ async def test_client_disconnect_before_head_cancels_the_grpc_call(rig: Rig) -> 
         await rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION,
                             timeout=aiohttp.ClientTimeout(total=0.5))
     await asyncio.wait_for(rig.fake.cancelled.wait(), 5)
+
+
+async def test_a_non_streamed_answer_past_the_limit_is_a_502_and_stops_the_request(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    limit = 1024 * 1024
+    monkeypatch.setattr(app, "MAX_ANSWER_BYTES", limit)
+    piece, total = 64 * 1024, 32 * 1024 * 1024
+    produced = [0]
+    stopped = asyncio.Event()
+
+    async def big(request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        yield head(200, "application/json")
+        try:
+            while produced[0] < total:
+                produced[0] += piece
+                yield chunk(b"x" * piece)
+        except (asyncio.CancelledError, GeneratorExit):  # stopped while yielding
+            stopped.set()
+            raise
+
+    rig.fake.script = big
+    async with rig.http.post(f"{rig.url}/v1/completions", json=COMPLETION) as resp:
+        assert resp.status == 502
+        body = await resp.json()
+    assert_openai_error(body, "server_error")
+    assert body["error"]["code"] == "response_too_large"
+    assert f"larger than {limit} bytes" in body["error"]["message"]
+    await asyncio.wait_for(stopped.wait(), 5)
+    # The request stopped soon after the limit: the coordinator made little more than the front
+    # collected (at most the limit), not the whole answer (over gRPC, HTTP/2 windows lead by a few MiB).
+    assert produced[0] <= limit + 8 * 1024 * 1024 < total
 
 
 async def test_missing_head_is_a_502(rig: Rig) -> None:

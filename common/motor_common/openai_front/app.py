@@ -4,8 +4,9 @@ It holds no scheduling logic. A request is validated lightly and dispatched (``m
 gRPC ``Dispatch`` call with a deadline and the request id as ``x-request-id`` metadata; the
 co-located front of ``motor-coordinator``: the dispatcher in process), and the response relayed:
 the head gives status and content type, the body chunks are written as they arrive (SSE) or joined
-(JSON). Failures become OpenAI error objects; a failure after an SSE stream started is written as a
-final ``data: {"error": ...}`` event. A client that goes away stops the request, which makes the
+(JSON; at most ``limits.MAX_ANSWER_BYTES``, past it the request is stopped and answered 502).
+Failures become OpenAI error objects; a failure after an SSE stream started is written as a final
+``data: {"error": ...}`` event. A client that goes away stops the request, which makes the
 coordinator abort the engine requests. A client that stops reading a streamed answer has its
 connection closed once the request's deadline has passed (plus :data:`STALL_GRACE_SEC`), which
 stops the request the same way and frees its admission slot.
@@ -34,9 +35,15 @@ from motor_common.model_card import card_json
 from motor_common.openai_front import metrics
 from motor_common.openai_front.access_log import Access, log_access
 from motor_common.openai_front.admission import Admission, AdmissionConfig, BodyBudget, Hold, Shed
-from motor_common.openai_front.dispatch import DispatchClient, DispatchFailed, ModelInfo
+from motor_common.openai_front.dispatch import (
+    DispatchClient,
+    DispatchFailed,
+    DispatchStream,
+    ModelInfo,
+)
 from motor_common.openai_front.limits import (
     ENCODINGS,
+    MAX_ANSWER_BYTES,
     BodyTooLarge,
     HttpLimits,
     clean_request_id,
@@ -379,8 +386,7 @@ class Gateway:
             ctype = head.content_type or _JSON
             headers = {"Content-Type": ctype, REQUEST_ID_HEADER: rid}
             if not ctype.startswith(_SSE):
-                chunks = [c async for c in call.chunks()]
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                data = await _collected(call, MAX_ANSWER_BYTES)
                 if head.status >= 400:
                     data = self._engine_error(head.status, data, rid, headers)
                 else:
@@ -407,6 +413,12 @@ class Gateway:
             except ConnectionResetError:
                 pass
             return stream
+        except AnswerTooLarge as exc:  # the finally clause stops the request
+            log.warning("non-streamed answer larger than %d bytes: request stopped", exc.limit)
+            return error_response(HttpError(
+                502, f"the answer is larger than {exc.limit} bytes, the most this server sends unstreamed; "
+                "ask for a streamed answer (\"stream\": true) or a smaller one", "server_error",
+                "response_too_large"), rid)
         except ConnectionResetError:
             # The client went away mid-stream; the finally clause stops the request.
             return stream if stream is not None else web.Response(status=499)
@@ -475,6 +487,27 @@ def _route_of(request: web.Request) -> str:
     if path.startswith("/v1/responses/"):
         return _STORED_CANCEL if path.endswith("/cancel") else _STORED
     return "other"
+
+
+class AnswerTooLarge(Exception):
+    """A non-streamed answer passed the bytes the front collects (``limits.MAX_ANSWER_BYTES``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"answer larger than {limit} bytes")
+        self.limit = limit
+
+
+async def _collected(call: DispatchStream, limit: int) -> bytes:
+    """The whole non-streamed answer of *call*; :class:`AnswerTooLarge` as soon as it passes
+    *limit* bytes (what is collected stays within it; the caller stops the request)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for c in call.chunks():
+        size += len(c)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        chunks.append(c)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _cut_off(request: web.Request) -> None:

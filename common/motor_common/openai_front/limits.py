@@ -20,6 +20,10 @@ MIB = 1024 * 1024
 # Content-Encodings the front decodes (``decompress``); anything else is refused with 415.
 ENCODINGS = frozenset({"gzip", "x-gzip", "deflate"})
 _REQUEST_ID = re.compile(r"[\x21-\x7e]+")  # visible ASCII, no spaces or control bytes
+# Largest non-streamed answer the front collects before sending it (a streamed one is relayed as it
+# comes, under flow control); past it the request is stopped and answered 502 response_too_large.
+# The largest gRPC message the Motor services accept (request_limits.MAX_BYTES).
+MAX_ANSWER_BYTES = 64 * MIB
 
 
 @dataclass(frozen=True)

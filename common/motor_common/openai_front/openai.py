@@ -172,7 +172,7 @@ def error_from_motor(exc: MotorError) -> HttpError:
 # addresses, no exception names. Every other 5xx message is replaced by a public one below and
 # the original goes to the log with the request id.
 _SAFE_5XX = frozenset({"no_schedulable_instance", "request_timeout", "not_master", "isolated",
-                       "stream_not_continued"})
+                       "stream_not_continued", "response_too_large"})
 _PUBLIC_BY_CODE = {
     "prefill_failed": "the model's prefill engines failed to process the request; retry later",
     "decode_failed": "the model's decode engines failed to process the request; retry later",
