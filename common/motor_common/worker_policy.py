@@ -13,7 +13,7 @@ bound one process's memory and stay per worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from motor_common.openai_front.admission import AdmissionConfig
 
@@ -43,10 +43,31 @@ class RestartPolicy:
 def unresponsive(now: float, started: float, last_beat: float | None, timeout: float,
                  startup_grace: float) -> bool:
     """Whether a worker must be killed: no heartbeat for *timeout* seconds, or none at all within
-    *startup_grace* seconds of its start (imports, TLS files and binding take a while)."""
+    *startup_grace* seconds of its start (imports, TLS files and binding take a while). Every time
+    is the supervisor's monotonic clock (:class:`Heartbeat` gives *last_beat*)."""
     if last_beat is None:
         return now - started > startup_grace
     return now - max(last_beat, started) > timeout
+
+
+@dataclass
+class Heartbeat:
+    """One worker's heartbeat as the supervisor sees it. The worker stamps a file with the wall
+    clock; the stamp is only compared with the previous one, never with a clock: a beat is a
+    change of stamp, dated by the supervisor's monotonic *now*. A wall-clock step (NTP, a VM
+    resumed) therefore neither makes a healthy worker look silent nor a silent one look alive."""
+
+    started: float  # monotonic time of the spawn
+    stamp: int | None = field(default=None, init=False)  # the file's last stamp seen (st_mtime_ns)
+    seen: float | None = field(default=None, init=False)  # monotonic time it was seen to change
+
+    def observe(self, now: float, stamp: int | None) -> None:
+        """The file's stamp at *now* (None: no beat file yet)."""
+        if stamp is not None and stamp != self.stamp:
+            self.stamp, self.seen = stamp, now
+
+    def unresponsive(self, now: float, timeout: float, startup_grace: float) -> bool:
+        return unresponsive(now, self.started, self.seen, timeout, startup_grace)
 
 
 def share(limit: int, index: int, workers: int) -> int:

@@ -10,7 +10,9 @@ a *command* per slot).
   delay while it keeps dying young: :class:`motor_common.worker_policy.RestartPolicy`). Each worker
   touches a heartbeat file every second from its event loop (:func:`beat_forever`); one silent for
   the liveness timeout (a wedged loop: the kernel would still hand it connections) is killed and
-  restarted. On stop the parent forwards its signal to every worker, which stop listening and drain
+  restarted. Silence is measured on the parent's monotonic clock (a heartbeat is a change of the
+  file's stamp, :class:`motor_common.worker_policy.Heartbeat`), so a wall-clock step kills no one.
+  On stop the parent forwards its signal to every worker, which stop listening and drain
   their requests; stragglers are killed after the grace period. A worker gets SIGTERM when the
   parent dies (``PR_SET_PDEATHSIG`` through :func:`motor_common.procs.die_with_parent`'s exec shim,
   safe in a parent with threads).
@@ -52,7 +54,7 @@ from motor_common.errors import ConfigError
 from motor_common.ports import bind_failure
 from motor_common.procs import die_with_parent
 from motor_common.runner import write_ports_file
-from motor_common.worker_policy import RestartPolicy, unresponsive
+from motor_common.worker_policy import Heartbeat, RestartPolicy
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 STATUS_FILE = "supervisor.json"
@@ -159,7 +161,8 @@ def reserve_port(host: str, port: int) -> socket.socket:
 class _Slot:
     index: int
     proc: subprocess.Popen[bytes] | None = None
-    started: float = 0.0  # time.time() of the spawn (compared with heartbeat mtimes)
+    started: float = 0.0  # monotonic time of the spawn
+    heartbeat: Heartbeat = field(default_factory=lambda: Heartbeat(0.0))
     restart_at: float = 0.0
     quick_deaths: int = 0
     killed_unresponsive: bool = False
@@ -171,7 +174,7 @@ class Supervisor:
     """Runs ``command(i, ports_file)`` for each slot ``i`` of ``workers``, restarting what dies.
     *state_dir* (the caller's, existing) holds the heartbeats, ports files, status file and the
     metrics directory. The children get this process's environment plus *env* and
-    :data:`MULTIPROC_ENV`."""
+    :data:`MULTIPROC_ENV`. Times (``step``'s *now*) are ``time.monotonic()``."""
 
     workers: int
     command: Command
@@ -196,14 +199,15 @@ class Supervisor:
     def ports_file(self, index: int) -> str:
         return os.path.join(self.state_dir, f"w{index}.json")
 
-    def _spawn(self, slot: _Slot) -> None:
+    def _spawn(self, slot: _Slot, now: float) -> None:
         beat_path(self.state_dir, slot.index).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             os.unlink(self.ports_file(slot.index))
         cmd = die_with_parent(self.command(slot.index, self.ports_file(slot.index)))
         env = {**os.environ, **self.env, MULTIPROC_ENV: str(metrics_dir(self.state_dir))}
         slot.proc = subprocess.Popen(cmd, env=env)
-        slot.started = time.time()
+        slot.started = now
+        slot.heartbeat = Heartbeat(now)
         slot.killed_unresponsive = False
         slot.served = False
         self.log.info(f"{self.names.label} worker started", extra={"worker": slot.index, "pid": slot.proc.pid})
@@ -251,7 +255,7 @@ class Supervisor:
         for slot in self.slots:
             if slot.proc is None:
                 if not self.stopping and now >= slot.restart_at:
-                    self._spawn(slot)
+                    self._spawn(slot, now)
                     changed = True
                 continue
             code = slot.proc.poll()
@@ -264,10 +268,11 @@ class Supervisor:
             if self.stopping or slot.killed_unresponsive:
                 continue
             try:
-                last: float | None = beat_path(self.state_dir, slot.index).stat().st_mtime
+                stamp: int | None = beat_path(self.state_dir, slot.index).stat().st_mtime_ns
             except FileNotFoundError:
-                last = None
-            if unresponsive(now, slot.started, last, self.liveness_timeout, self.startup_grace):
+                stamp = None
+            slot.heartbeat.observe(now, stamp)
+            if slot.heartbeat.unresponsive(now, self.liveness_timeout, self.startup_grace):
                 self.log.error(f"{self.names.label} worker unresponsive (no heartbeat); killing it", extra={
                     "worker": slot.index, "pid": slot.proc.pid, "timeout_sec": self.liveness_timeout})
                 slot.killed_unresponsive = True
@@ -301,7 +306,7 @@ async def run(sup: Supervisor, stop: asyncio.Event, *, on_served: Callable[[], N
     has written its ports file. The workers keep running: :func:`shutdown` stops them."""
     served = False
     while not stop.is_set():
-        sup.step(time.time())
+        sup.step(time.monotonic())
         if not served and sup.all_served():
             served = True
             if on_served is not None:
@@ -322,7 +327,7 @@ async def shutdown(sup: Supervisor, grace: float, *, signum: int = signal.SIGTER
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     killed_at: float | None = None
-    while sup.step(time.time()):
+    while sup.step(time.monotonic()):
         now = loop.time()
         if killed_at is None and now >= deadline:
             sup.kill_stragglers()
@@ -361,7 +366,7 @@ def supervise(*, workers: int, host: str, port: int, command_for: Callable[[int,
     written = False
     try:
         while True:
-            if not sup.step(time.time()):
+            if not sup.step(time.monotonic()):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 sup.kill_stragglers()

@@ -6,6 +6,7 @@ import pytest
 
 from motor_common.openai_front.admission import AdmissionConfig
 from motor_common.worker_policy import (
+    Heartbeat,
     RestartPolicy,
     admission_share,
     admission_too_small,
@@ -49,6 +50,36 @@ def test_a_heartbeat_older_than_the_start_is_not_held_against_the_new_worker() -
 def test_before_the_first_heartbeat_the_startup_grace_applies() -> None:
     assert not unresponsive(now=159.0, started=100.0, last_beat=None, timeout=4.0, startup_grace=60.0)
     assert unresponsive(now=160.5, started=100.0, last_beat=None, timeout=4.0, startup_grace=60.0)
+
+
+def test_a_wall_clock_step_forward_does_not_make_a_beating_worker_unresponsive() -> None:
+    # beats every second; between two of them the wall clock jumps 15 s ahead (NTP step, VM resume)
+    hb = Heartbeat(started=1000.0)
+    wall = 1_700_000_000
+    for t in range(1, 6):
+        hb.observe(1000.0 + t, (wall + t) * 10**9)
+    hb.observe(1006.0, (wall + 6 + 15) * 10**9)
+    assert hb.seen == 1006.0
+    assert not hb.unresponsive(1007.0, timeout=10.0, startup_grace=60.0)
+    hb.observe(1007.0, (wall + 7 + 15) * 10**9)
+    assert not hb.unresponsive(1016.5, timeout=10.0, startup_grace=60.0)
+
+
+def test_a_wall_clock_step_back_still_counts_as_a_beat() -> None:
+    hb = Heartbeat(started=0.0)
+    hb.observe(1.0, 500 * 10**9)
+    hb.observe(2.0, 100 * 10**9)  # the clock went back: a new stamp all the same
+    assert not hb.unresponsive(11.5, timeout=10.0, startup_grace=60.0)
+
+
+def test_a_stamp_that_stops_changing_is_silence_on_the_monotonic_clock() -> None:
+    hb = Heartbeat(started=0.0)
+    assert not hb.unresponsive(59.0, timeout=4.0, startup_grace=60.0)  # no beat yet: startup grace
+    hb.observe(2.0, 7 * 10**9)
+    for now in (3.0, 5.0, 6.0):  # the file is still there, unchanged
+        hb.observe(now, 7 * 10**9)
+    assert not hb.unresponsive(6.0, timeout=4.0, startup_grace=60.0)
+    assert hb.unresponsive(6.1, timeout=4.0, startup_grace=60.0)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 7, 16])

@@ -136,6 +136,32 @@ async def test_a_worker_that_exits_is_restarted_and_counted_and_shutdown_drains_
     assert "test front worker did not stop" not in caplog.text
 
 
+async def test_a_wall_clock_step_forward_kills_no_beating_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The liveness check reads no wall clock: with ``time.time()`` 15 s ahead (an NTP step, a VM
+    resumed) and a 10 s timeout, workers that keep beating are left running."""
+    sup = supervisor(tmp_path, 2, {}, liveness_timeout=10.0)
+    passes = [0]
+    step = sup.step
+
+    def counted(now: float) -> bool:
+        passes[0] += 1
+        return step(now)
+
+    sup.step = counted  # type: ignore[method-assign]
+    async with supervised(sup):
+        await wait_for(sup.all_served, timeout=60, what="both workers serving")
+        pids = sup.pids()
+        real = time.time
+        monkeypatch.setattr(time, "time", lambda: real() + 15.0)
+        seen = passes[0]
+        await wait_for(lambda: passes[0] >= seen + 10, timeout=60, what="ten supervisor passes")
+        monkeypatch.undo()
+        assert sup.restarts == {"exited": 0, "unresponsive": 0}
+        assert sup.pids() == pids and all(alive(p) for p in pids)
+    await shutdown(sup, grace=30.0)
+
+
 async def test_a_worker_without_heartbeats_is_killed_and_restarted(tmp_path: Path) -> None:
     sup = supervisor(tmp_path, 1, {0: "silent"}, liveness_timeout=30.0, startup_grace=1.0)
     async with supervised(sup):
@@ -169,5 +195,5 @@ async def test_step_never_blocks_the_loop(tmp_path: Path) -> None:
         await wait_for(sup.all_served, timeout=60, what="both workers serving")
         started = time.monotonic()
         for _ in range(100):
-            assert sup.step(time.time())
+            assert sup.step(time.monotonic())
         assert time.monotonic() - started < 5.0  # 100 polls of 2 processes: milliseconds; a wait would be seconds
