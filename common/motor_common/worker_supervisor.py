@@ -12,7 +12,9 @@ a *command* per slot).
   the liveness timeout (a wedged loop: the kernel would still hand it connections) is killed and
   restarted. Silence is measured on the parent's monotonic clock (a heartbeat is a change of the
   file's stamp, :class:`motor_common.worker_policy.Heartbeat`), so a wall-clock step kills no one.
-  On stop the parent forwards its signal to every worker, which stop listening and drain
+  A restart that cannot be spawned (fork or exec failed: ``EAGAIN`` at the cgroup's pids limit,
+  ``ENOMEM``) is logged, counted and tried again with the same doubling delay; the other workers
+  are left alone. On stop the parent forwards its signal to every worker, which stop listening and drain
   their requests; stragglers are killed after the grace period. A worker gets SIGTERM when the
   parent dies (``PR_SET_PDEATHSIG`` through :func:`motor_common.procs.die_with_parent`'s exec shim,
   safe in a parent with threads).
@@ -21,7 +23,8 @@ a *command* per slot).
   (:func:`worker_registry`), whichever worker the connection lands on, sums the counters and
   histograms of every worker, past incarnations included, and the in-flight gauges of the live
   ones (``livesum``). The parent adds ``<prefix>_workers{state}`` (configured, running) and
-  ``<prefix>_worker_restarts_total{reason}`` through a status file the workers' collector reads.
+  ``<prefix>_worker_restarts_total{reason}`` and ``<prefix>_worker_spawn_failures_total`` through a
+  status file the workers' collector reads (written best-effort: a full disk stops no supervision).
 
 Two ways to own a :class:`Supervisor`: the blocking :func:`supervise` (a process that is only a
 supervisor: its own signal handlers, exit code), or :func:`run` and :func:`shutdown` from a process
@@ -70,6 +73,12 @@ KILL_WAIT_SEC = 5.0
 Command = Callable[[int, str], list[str]]
 """A slot's command line: ``command(index, ports_file)``; the worker writes its bound ports to
 *ports_file* (``write_ports_file``) once it serves."""
+Spawn = Callable[[list[str], dict[str, str]], subprocess.Popen[bytes]]
+"""Starts a worker: ``spawn(argv, env)``; raises ``OSError`` when the process cannot be created."""
+
+
+def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, env=env)
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,11 @@ class _SupervisorCollector:
         counts = status.get("restarts", {})
         for reason in RESTART_REASONS:
             restarts.add_metric([reason], float(counts.get(reason, 0)))
-        return [workers, restarts]
+        failures = CounterMetricFamily(f"{self.names.metric_prefix}_worker_spawn_failures",
+                                       f"{what} workers the supervisor could not start (fork or exec "
+                                       "failed); each is tried again after a delay.")
+        failures.add_metric([], float(status.get("spawn_failures", 0)))
+        return [workers, restarts, failures]
 
 
 def metrics_dir(state_dir: str) -> Path:
@@ -184,8 +197,10 @@ class Supervisor:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     startup_grace: float = STARTUP_GRACE_SEC
     env: Mapping[str, str] = field(default_factory=dict)
+    spawn: Spawn = popen
     slots: list[_Slot] = field(init=False)
     restarts: dict[str, int] = field(init=False)
+    spawn_failures: int = 0
     stopping: bool = False
     exit_codes: dict[int, int] = field(default_factory=dict)  # slot -> code, of those ended while stopping
     log: logging.Logger = field(init=False)
@@ -200,12 +215,23 @@ class Supervisor:
         return os.path.join(self.state_dir, f"w{index}.json")
 
     def _spawn(self, slot: _Slot, now: float) -> None:
-        beat_path(self.state_dir, slot.index).unlink(missing_ok=True)
+        """Start *slot*'s worker; when the process cannot be created, log, count and schedule
+        another try (the restart policy's delay, as for a worker that died at once)."""
+        with contextlib.suppress(OSError):
+            beat_path(self.state_dir, slot.index).unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             os.unlink(self.ports_file(slot.index))
         cmd = die_with_parent(self.command(slot.index, self.ports_file(slot.index)))
         env = {**os.environ, **self.env, MULTIPROC_ENV: str(metrics_dir(self.state_dir))}
-        slot.proc = subprocess.Popen(cmd, env=env)
+        try:
+            slot.proc = self.spawn(cmd, env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            delay, slot.quick_deaths = self.policy.next_delay(0.0, slot.quick_deaths)
+            slot.restart_at = now + delay
+            self.spawn_failures += 1
+            self.log.error(f"{self.names.label} worker could not be started; trying again", extra={
+                "worker": slot.index, "error": str(exc), "retry_in_sec": delay})
+            return
         slot.started = now
         slot.heartbeat = Heartbeat(now)
         slot.killed_unresponsive = False
@@ -213,9 +239,14 @@ class Supervisor:
         self.log.info(f"{self.names.label} worker started", extra={"worker": slot.index, "pid": slot.proc.pid})
 
     def _write_status(self) -> None:
-        write_ports_file(os.path.join(self.state_dir, STATUS_FILE),
-                         {"configured": self.workers, "running": self.running(),
-                          "restarts": self.restarts})  # type: ignore[dict-item]
+        """Best-effort: the workers' metrics read it; a full disk must not stop the supervision."""
+        try:
+            write_ports_file(os.path.join(self.state_dir, STATUS_FILE),
+                             {"configured": self.workers, "running": self.running(), "spawn_failures": self.spawn_failures,
+                              "restarts": self.restarts})  # type: ignore[dict-item]
+        except OSError as exc:
+            self.log.warning(f"{self.names.label} supervisor could not write its status file",
+                             extra={"error": str(exc)})
 
     def running(self) -> int:
         return sum(1 for s in self.slots if s.proc is not None and s.proc.poll() is None)
@@ -293,6 +324,16 @@ class Supervisor:
                 s.proc.kill()
 
 
+def _step(sup: Supervisor) -> bool:
+    """:meth:`Supervisor.step` now; an unexpected error in one pass is logged and the supervision
+    goes on (the next pass retries): it neither ends the supervising task nor kills the workers."""
+    try:
+        return sup.step(time.monotonic())
+    except Exception:
+        sup.log.exception(f"{sup.names.label} supervisor pass failed; continuing")
+        return True
+
+
 def drained_cleanly(exit_codes: Mapping[int, int]) -> bool:
     """Whether every worker ended cleanly while stopping: a worker that failed or had to be
     killed while draining makes a supervisor's exit non-zero."""
@@ -306,7 +347,7 @@ async def run(sup: Supervisor, stop: asyncio.Event, *, on_served: Callable[[], N
     has written its ports file. The workers keep running: :func:`shutdown` stops them."""
     served = False
     while not stop.is_set():
-        sup.step(time.monotonic())
+        _step(sup)
         if not served and sup.all_served():
             served = True
             if on_served is not None:
@@ -327,7 +368,7 @@ async def shutdown(sup: Supervisor, grace: float, *, signum: int = signal.SIGTER
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
     killed_at: float | None = None
-    while sup.step(time.monotonic()):
+    while _step(sup):
         now = loop.time()
         if killed_at is None and now >= deadline:
             sup.kill_stragglers()
@@ -366,7 +407,7 @@ def supervise(*, workers: int, host: str, port: int, command_for: Callable[[int,
     written = False
     try:
         while True:
-            if not sup.step(time.monotonic()):
+            if not _step(sup):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 sup.kill_stragglers()

@@ -6,9 +6,11 @@ script that beats, writes its ports file and behaves as each test needs. The gat
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +27,7 @@ from motor_common.worker_supervisor import (
     Supervisor,
     WorkerNames,
     drained_cleanly,
+    popen,
     run,
     shutdown,
     worker_registry,
@@ -114,7 +117,8 @@ async def test_a_worker_that_exits_is_restarted_and_counted_and_shutdown_drains_
                        timeout=60, what="slot 0 restarted after its exit and serving again")
         assert sup.restarts == {"exited": 1, "unresponsive": 0}
         status = orjson.loads((tmp_path / "supervisor.json").read_bytes())
-        assert status == {"configured": 2, "running": 2, "restarts": {"exited": 1, "unresponsive": 0}}
+        assert status == {"configured": 2, "running": 2, "restarts": {"exited": 1, "unresponsive": 0},
+                          "spawn_failures": 0}
         samples = {(s.name, tuple(s.labels.values())): s.value
                    for m in worker_registry(str(tmp_path), NAMES).collect() for s in m.samples}
         assert samples[("motor_test_front_workers", ("running",))] == 2
@@ -134,6 +138,40 @@ async def test_a_worker_that_exits_is_restarted_and_counted_and_shutdown_drains_
     assert sup.pids() == [] and sup.running() == 0
     assert not any(alive(p) for p in pids)
     assert "test front worker did not stop" not in caplog.text
+
+
+async def test_a_failed_spawn_is_retried_later_and_leaves_the_other_workers_alone(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A restart whose fork fails (EAGAIN at the pids limit) neither ends the supervising task nor
+    touches the other worker; the slot is spawned again after the restart delay."""
+    failing = [0]
+
+    def flaky(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        if failing[0]:
+            failing[0] -= 1
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        return popen(argv, env)
+
+    sup = supervisor(tmp_path, 2, {}, liveness_timeout=30.0, spawn=flaky)
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(sup, stop))
+    try:
+        await wait_for(sup.all_served, timeout=60, what="both workers serving")
+        first, other = ports(sup, 0)["pid"], ports(sup, 1)["pid"]
+        assert isinstance(first, int) and isinstance(other, int)
+        failing[0] = 1
+        os.kill(first, signal.SIGKILL)
+        await wait_for(lambda: sup.spawn_failures == 1 and sup.all_served() and ports(sup, 0)["pid"] != first,
+                       timeout=60, what="slot 0 spawned again after its failed spawn")
+        assert not task.done()
+        assert ports(sup, 1)["pid"] == other and alive(other)
+        assert sup.restarts == {"exited": 1, "unresponsive": 0}
+        assert orjson.loads((tmp_path / "supervisor.json").read_bytes())["spawn_failures"] == 1
+        assert "test front worker could not be started; trying again" in caplog.text
+    finally:
+        stop.set()
+        await task
+        await shutdown(sup, grace=30.0)
 
 
 async def test_a_wall_clock_step_forward_kills_no_beating_worker(
