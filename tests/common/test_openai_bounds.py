@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from motor_common.errors import InvalidArgument
-from motor_common.openai_bounds import PD_FIELDS, load_object, too_deep
+from motor_common.openai_bounds import (
+    MAX_JSON_CONTAINERS,
+    PD_FIELDS,
+    json_shape,
+    load_object,
+    too_deep,
+)
 from motor_common.openai_front.limits import (
     MAX_GZIP_MEMBERS,
     BodyTooLarge,
@@ -17,6 +26,7 @@ from motor_common.openai_front.limits import (
     clean_request_id,
     decompress,
 )
+from motor_common.openai_front.openai import validate_body
 from motor_coordinator.request import parse_body
 
 
@@ -25,10 +35,65 @@ def deep(depth: int) -> bytes:
 
 
 def test_depth_is_counted_in_levels_of_objects_and_arrays() -> None:
-    assert not too_deep(deep(64), orjson.loads(deep(64)), 64)
-    assert too_deep(deep(65), orjson.loads(deep(65)), 64)
+    assert not too_deep(deep(64), 64)
+    assert too_deep(deep(65), 64)
     many_flat = orjson.dumps({"messages": [{"role": "user", "content": "x"}] * 500})
-    assert not too_deep(many_flat, orjson.loads(many_flat), 3)
+    assert not too_deep(many_flat, 3)
+
+
+def test_brackets_inside_strings_do_not_count() -> None:
+    text = orjson.dumps({"model": "m", "prompt": ["[[[{{{", "\\", '"]]]\\"[[[', "", "{"], "x": "\\\""})
+    assert json_shape(text, 2, max_containers=2) is None  # an object holding a list
+    assert json_shape(text, 1, max_containers=2) == "JSON_TOO_DEEP"
+    assert json_shape(text, 2, max_containers=1) == "JSON_TOO_MANY_CONTAINERS"
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _containers(value: Any) -> int:
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return int(isinstance(value, dict | list)) + sum(map(_containers, children))
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(alphabet='[]{}"\\ax,:\n'),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet='[]{}"\\b'), inner, max_size=4),
+    max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(_JSON, st.integers(min_value=1, max_value=8), st.integers(min_value=1, max_value=30))
+def test_the_byte_scan_agrees_with_the_parsed_object(value: Any, max_depth: int, max_containers: int) -> None:
+    text = orjson.dumps(value)
+    want = ("JSON_TOO_MANY_CONTAINERS" if _containers(value) > max_containers
+            else "JSON_TOO_DEEP" if _depth(value) > max_depth else None)
+    assert json_shape(text, max_depth, max_containers) == want
+
+
+def test_a_gzip_bomb_of_empty_arrays_is_refused_before_any_object_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 MiB of ``[],`` (4 KiB gzipped) is 1.4 M lists once parsed (~80 MB, seconds of the event
+    loop): refused from its bytes, by the front and by the coordinator's Dispatch, unparsed."""
+    raw = decompress(gzip.compress(b'{"model":"m","prompt":[' + b"[]," * 1_398_000 + b"[]]}"), "gzip", 4 * 1024 * 1024)
+    parsed: list[bytes] = []
+    monkeypatch.setattr(orjson, "loads", lambda b: parsed.append(b))
+    for check in (lambda: validate_body(raw, "completions"), lambda: parse_body("completions", raw)):
+        with pytest.raises(InvalidArgument) as err:
+            check()
+        assert err.value.reason == "JSON_TOO_MANY_CONTAINERS"
+        assert f"at most {MAX_JSON_CONTAINERS}" in str(err.value)
+    assert parsed == []
+
+
+def test_a_large_but_legal_body_is_parsed() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "[{"}]}] * 30_000,
+            "x": orjson.loads(deep(64)[len(b'{"model": "m", "prompt": "p", "x": '):-1])}
+    assert load_object(orjson.dumps(body)) == body
 
 
 @pytest.mark.parametrize("depth", [65, 254, 255, 1100])
