@@ -550,7 +550,8 @@ async def start_site(app: web.Application, host: str, port: int, *, shutdown_tim
     await runner.setup()
     try:
         site = GuardedSite(runner, host, port, max_connections=limits.max_connections,
-                           reuse_port=reuse_port, ssl_context=ssl_context)
+                           reuse_port=reuse_port, ssl_context=ssl_context,
+                           handshake_timeout=limits.header_timeout_sec)
         try:
             await site.start()
         except OSError as exc:

@@ -4,8 +4,16 @@ aiohttp bounds a request head's size (``max_line_size``, ``max_field_size``, ``m
 through ``keepalive_timeout``, how long a connection may go without a complete head (its timer
 runs from the connection's start and after each response; ``start_site`` sets it to
 ``limits.header_timeout_sec``). It has no bound on the number of connections: a client opening
-hundreds and trickling bytes held them all. :class:`GuardedSite` answers a connection beyond
-``max_connections`` with a 503 OpenAI error and closes it before aiohttp sees it.
+hundreds and trickling bytes held them all. :class:`GuardedSite` counts a connection from its
+accept to its close and answers one beyond ``max_connections`` with a 503 OpenAI error (HTTPS: a
+close, before any handshake work) before aiohttp sees it.
+
+The count is kept by the site, not read from aiohttp: aiohttp registers a connection only in
+``connection_made``, which asyncio runs after the protocol factory of every connection of an
+accept burst (so a burst of hundreds all passed a check of ``len(server.connections)``) and, for
+TLS, only once the handshake is done (a client that never sends a ClientHello was never counted).
+An HTTPS connection's handshake is bounded by the site's *handshake_timeout* (asyncio's default
+is 60 s).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from asyncio import sslproto
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -44,6 +54,33 @@ class _Busy(asyncio.Protocol):
         transport.close()
 
 
+class _Refused(asyncio.Protocol):
+    """An HTTPS connection over the limit: closed before any handshake work."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        metrics.CONNECTIONS_REFUSED.inc()
+        transport.close()
+
+
+class _Count:
+    """A site's open client connections, counted from their accept to their close."""
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        self.open -= 1
+
+
 class ProtocolLog(logging.Logger):
     """aiohttp's connection logger: a malformed request (bad header bytes, over-long line, broken
     chunking) is the client's fault, logged as one line without a traceback; aiohttp answers it
@@ -62,7 +99,18 @@ class _Handler(RequestHandler):
     """aiohttp's connection handler whose answers to malformed requests (before any route: bad
     header bytes, over-long lines, broken chunking) are OpenAI error objects, not plain text."""
 
-    __slots__ = ()
+    __slots__ = ("_on_lost",)
+
+    def __init__(self, server: web.Server, on_lost: Callable[[], None] | None, **kwargs: Any) -> None:
+        super().__init__(server, **kwargs)
+        self._on_lost = on_lost
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            if self._on_lost is not None:
+                self._on_lost()
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -78,25 +126,46 @@ class _Handler(RequestHandler):
         return resp
 
 
-def _handler(server: web.Server) -> asyncio.Protocol:
-    kwargs = getattr(server, "_kwargs", None)
-    if kwargs is None:  # another aiohttp: its own handler, plain-text errors
-        return server()
-    return _Handler(server, loop=asyncio.get_running_loop(), **kwargs)
+def _handler(server: web.Server, on_lost: Callable[[], None] | None) -> _Handler:
+    # the handler web.Server.__call__ makes, with the server's settings (aiohttp >= 3.14 is required)
+    return _Handler(server, on_lost, loop=asyncio.get_running_loop(), **server._kwargs)
+
+
+class _TlsConnection(sslproto.SSLProtocol):
+    """The TLS layer of one HTTPS connection (what asyncio builds for ``create_server(ssl=...)``),
+    made by the site so that the connection is given back to the count when the socket closes:
+    asyncio tells the application protocol nothing of a handshake that fails or times out."""
+
+    def __init__(self, app: asyncio.BaseProtocol, context: ssl.SSLContext, handshake_timeout: float,
+                 on_lost: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()  # nobody waits on the handshake: the app protocol is told
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())  # mark a failure retrieved
+        super().__init__(loop, app, context, waiter, server_side=True,
+                         ssl_handshake_timeout=handshake_timeout)  # type: ignore[arg-type]  # a float works
+        self._on_lost = on_lost
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            self._on_lost()
 
 
 class GuardedSite(web.BaseSite):
-    """``web.TCPSite`` with at most *max_connections* open client connections."""
+    """``web.TCPSite`` with at most *max_connections* open client connections, counted from their
+    accept, and TLS handshakes bounded by *handshake_timeout* seconds."""
 
-    __slots__ = ("_host", "_max_connections", "_port", "_reuse_port")
+    __slots__ = ("_handshake_timeout", "_host", "_max_connections", "_port", "_reuse_port")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int,
                  reuse_port: bool = False, ssl_context: ssl.SSLContext | None = None,
-                 backlog: int = 1024) -> None:
+                 handshake_timeout: float = 10.0, backlog: int = 1024) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host = host
         self._port = port
         self._max_connections = max_connections
+        self._handshake_timeout = handshake_timeout
         self._reuse_port = reuse_port
 
     @property
@@ -113,14 +182,18 @@ class GuardedSite(web.BaseSite):
         await super().start()
         server = self._runner.server
         assert server is not None
-        limit = self._max_connections
+        count = _Count(self._max_connections)
+        context, timeout = self._ssl_context, self._handshake_timeout
 
-        def protocol() -> asyncio.Protocol:
-            if len(server.connections) >= limit:
-                return _Busy()
-            return _handler(server)
+        # Called by asyncio for each accepted socket, before any byte is read: counted here.
+        def protocol() -> asyncio.BaseProtocol:
+            if not count.take():
+                return _Busy() if context is None else _Refused()
+            if context is None:
+                return _handler(server, count.give_back)
+            return _TlsConnection(_handler(server, None), context, timeout, count.give_back)
 
         self._server = await asyncio.get_running_loop().create_server(
-            protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            protocol, self._host, self._port, backlog=self._backlog,
             reuse_address=True, reuse_port=self._reuse_port or None,
         )
