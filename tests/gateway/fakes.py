@@ -81,6 +81,14 @@ class FakeDispatch(cgrpc.DispatchServiceServicer):
             self.cancelled.set()
             raise
 
+    async def DispatchMany(self, requests: Any, context: Any) -> AsyncIterator[cpb.DispatchManyResponse]:
+        """No DispatchMany, as an older coordinator: UNIMPLEMENTED, and the gateway falls back to a
+        Dispatch call per request. Said with an explicit abort: the generated base method raises
+        NotImplementedError, which grpc.aio turns into INTERNAL ("Internal error from Core") about
+        once in 300 streams instead of UNIMPLEMENTED (a 502 in a test that expected a fallback)."""
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        yield cpb.DispatchManyResponse()  # pragma: no cover (makes this an async generator)
+
     async def ListModels(self, request: cpb.ListModelsRequest, context: Any) -> cpb.ListModelsResponse:
         return cpb.ListModelsResponse(
             models=[cpb.Model(id=m, created=1_700_000_000, prefill_instances=1, decode_instances=1) for m in self.models]
