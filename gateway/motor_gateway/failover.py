@@ -130,15 +130,12 @@ async def _send(pool: CoordinatorPool, address: str, request: cpb.DispatchReques
             call = pool.stub(address).Dispatch(request, timeout=timeout, metadata=md)
         try:
             return call, await _first_frame(pool, call, address)
-        except _Moved:
-            call.cancel()
-            raise
         except grpc.aio.AioRpcError as exc:
             if not (multiplexed and exc.code() == grpc.StatusCode.UNIMPLEMENTED and not mux.supported):
                 raise
         except BaseException:
-            # The HTTP client went away before the head (the handler is cancelled) or anything
-            # else: stop the request. A Dispatch call is cancelled with its read anyway; a request
+            # The route moved (``_Moved``), the HTTP client went away before the head (the handler
+            # is cancelled), or anything else: stop the request. A Dispatch call is cancelled with its read anyway; a request
             # on the DispatchMany stream needs its cancel command, or the coordinator and engine
             # run it to its deadline while the gateway counts it gone.
             call.cancel()
