@@ -51,7 +51,7 @@ async def test_a_group_whose_only_member_is_a_zombie_is_not_alive() -> None:
 
 
 SUBREAPER_NODE = textwrap.dedent("""
-    import asyncio, ctypes, os, sys, time
+    import asyncio, ctypes, logging, os, sys, time
     from motor_common.domain import Endpoint
     from motor_nodemanager.engines import EngineSupervisor, parse_stat
     from motor_nodemanager.launch import LaunchPlan
@@ -77,6 +77,7 @@ SUBREAPER_NODE = textwrap.dedent("""
         return out
 
     async def main():
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)  # the stop's SIGKILL warning
         sup = EngineSupervisor()
         plan = LaunchPlan(Endpoint(0, "127.0.0.1", 1), 0, (sys.executable, "-c", ENGINE), dict(os.environ))
         sup._procs[0] = sup._spawn(plan, None)
@@ -85,9 +86,8 @@ SUBREAPER_NODE = textwrap.dedent("""
         while not zombies():  # the adopted worker exited and nobody reaps it
             assert time.monotonic() < deadline, "no zombie appeared"
             await asyncio.sleep(0.05)
-        t = time.monotonic()
         await sup.stop_all(8.0)
-        print(f"{time.monotonic() - t:.2f} {len(zombies())}")
+        print(len(zombies()))
 
     asyncio.run(main())
 """)
@@ -97,6 +97,7 @@ def test_stopping_an_engine_whose_adopted_worker_is_a_zombie_does_not_wait_the_s
     out = subprocess.run([sys.executable, "-c", SUBREAPER_NODE], capture_output=True, text=True, timeout=60,
                          env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})  # fmt: skip
     assert out.returncode == 0, out.stderr
-    took, zombies = out.stdout.split()
-    assert int(zombies) >= 1  # the worker is still a zombie: the stop did not depend on reaping it
-    assert float(took) < 4.0  # not the stop timeout (8 s)
+    assert int(out.stdout) >= 1  # the worker is still a zombie: the stop did not depend on reaping it
+    # the group counted as stopped once only the zombie was left: no wait for the stop timeout
+    # and its SIGKILL (the warning a zombie-blind check logs after the whole 8 s)
+    assert "still running after SIGTERM" not in out.stderr, out.stderr
