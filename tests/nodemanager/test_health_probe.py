@@ -5,7 +5,6 @@ it) gives a detail short enough for the controller's request limits."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -64,10 +63,8 @@ async def test_an_endless_health_body_is_not_read_and_the_probe_answers_from_the
             done.set()
 
     ep = await engine(endless)
-    started = time.monotonic()
     obs, detail = await _probe(ep, timeout=5.0)
-    assert (obs, detail) == (Observation.HEALTHY, "")
-    assert time.monotonic() - started < 4.0  # answered from the status, not cut by the timeout
+    assert (obs, detail) == (Observation.HEALTHY, "")  # from the status: a timed-out probe is UNHEALTHY
     await asyncio.wait_for(done.wait(), 10)  # the probe closed the connection
     # what the server got rid of is what the socket buffers took: megabytes, not the gigabytes a
     # probe that reads the whole body takes in its 5 s
