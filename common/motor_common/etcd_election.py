@@ -10,6 +10,11 @@ Safety margin: etcd expires the lease no earlier than ``ttl`` after the last ref
 the master considers itself valid only until ``sent + 2/3 ttl`` (:meth:`EtcdElection.current`),
 so a master frozen past its lease (SIGSTOP, starved loop) reads as isolated the instant it resumes,
 before the standby that took over could overlap with it.
+
+A master that holds the lock but cannot act (its ``on_change`` raised :class:`StepDown`: say, the
+state it must load is unreadable to this version) revokes its lease at once, so another candidate
+can take over instead of waiting for a master that never acts; it goes on campaigning, and
+``may_acquire`` decides when it takes a free lock again.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ from motor_common.leadership import LeaderRole, Leadership
 log = logging.getLogger(__name__)
 
 OnChange = Callable[[Leadership], Awaitable[None] | None]
+
+
+class StepDown(Exception):
+    """Raised by ``on_change`` when this candidate was made master but cannot act: the election
+    revokes its lease (the lock is free for another candidate) and publishes the lost view."""
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -95,16 +105,28 @@ class EtcdElection:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if resign and self.view.role is LeaderRole.MASTER and self._lease is not None:
-            try:
-                client = await self._connect()
-                async with asyncio.timeout(self.call_timeout):
-                    await client.revoke_lease(self._lease.id)
-                log.info("resigned: lease revoked")
-            except Exception as exc:  # the lease then expires after its TTL
-                log.warning("could not revoke the lease on stop: %s", exc)
-            self._lease = None
+            await self._revoke()
             self.view = lship.lost(self.view)
         await self._close_client()
+
+    async def _revoke(self) -> None:
+        """Revoke our lease (the lock key goes with it, so a standby can take it at its next check)."""
+        lease, self._lease = self._lease, None
+        if lease is None:
+            return
+        try:
+            client = await self._connect()
+            async with asyncio.timeout(self.call_timeout):
+                await client.revoke_lease(lease.id)
+            log.info("resigned: lease revoked")
+        except Exception as exc:  # the lease then expires after its TTL
+            log.warning("could not revoke the lease: %s", exc)
+
+    async def _step_down(self, why: StepDown) -> None:
+        log.error("holding the lock but cannot act: handing it over (%s)", why)
+        self._valid_until = 0.0
+        await self._revoke()
+        await self._publish(lship.lost(self.view))
 
     async def _publish(self, view: Leadership) -> None:
         if view == self.view:
@@ -153,6 +175,8 @@ class EtcdElection:
                         await asyncio.sleep(self.check_interval)
             except asyncio.CancelledError:
                 raise
+            except StepDown as why:
+                await self._step_down(why)
             except Exception as exc:
                 log.warning("etcd unreachable: %s", exc)
                 await self._publish(lship.renew_failed(self.view))

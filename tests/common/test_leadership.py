@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from motor_common import leadership as lship
-from motor_common.etcd_election import EtcdElection
+from motor_common.etcd_election import EtcdElection, StepDown
 from motor_common.leadership import LeaderRole
 from tests.etcd_server import etcd_server
 from tests.helpers import SurvivesOneCancel, wait_for
@@ -138,3 +138,32 @@ async def test_stop_ends_a_campaign_that_survived_a_cancellation() -> None:
         stop.cancel()
         task.cancel()
     assert stubborn.swallowed == 1 and task.cancelled() and e._task is None
+
+
+@pytest.mark.etcd
+async def test_a_master_that_cannot_act_hands_the_lock_over_at_once() -> None:
+    """``on_change`` raising StepDown (a controller whose state load failed): the lease is revoked,
+    so a standby takes over well before the ttl (8 s) would have freed the lock; the one that
+    stepped down keeps campaigning and holds back as ``may_acquire`` says."""
+    refused: list[str] = []
+
+    def cannot_act(view: lship.Leadership) -> None:
+        if view.serving:
+            refused.append(view.holder)
+            raise StepDown("state unreadable")
+
+    async with etcd_server() as etcd:
+        a = EtcdElection([etcd.endpoint], "/motor/test/leader", "a", ttl=8, check_interval=0.2,
+                         on_change=cannot_act, may_acquire=lambda: "its load failed" if refused else None)
+        await a.start()
+        await wait_for(lambda: refused == ["a"], timeout=10, what="a made master once")
+        await wait_for(lambda: a.view.role is LeaderRole.STANDBY and a.holding_back == "its load failed",
+                       timeout=5, what="a stepped down and holding back")
+        b = EtcdElection([etcd.endpoint], "/motor/test/leader", "b", ttl=8, check_interval=0.2)
+        await b.start()
+        # a lease left to expire would free the lock only >= 8 s after a's last refresh
+        await wait_for(lambda: b.view.role is LeaderRole.MASTER, timeout=5, what="b master")
+        await wait_for(lambda: a.view.holder == "b", timeout=5, what="a sees b")
+        assert a.view.role is LeaderRole.STANDBY and refused == ["a"]
+        await b.stop()
+        await a.stop()
