@@ -52,14 +52,20 @@ class FleetView:
     acting: bool = True
     # Message of an active STORE_UNAVAILABLE alarm ("" = the store is reachable).
     store_unavailable: str = ""
+    # Message of an active STATE_LOAD_FAILED alarm ("" = the controller's state loads).
+    state_load_failed: str = ""
 
     @property
     def isolation(self) -> str:
         """What an operator must know when the controller does not act ("" when it does)."""
         if self.acting and not self.store_unavailable:
             return ""
-        why = f"controller ISOLATED: store unavailable ({self.store_unavailable})" if self.store_unavailable \
-            else "controller NOT ACTING (standby: another controller holds the lock)"
+        if self.store_unavailable:
+            why = f"controller ISOLATED: store unavailable ({self.store_unavailable})"
+        elif self.state_load_failed:
+            why = f"controller NOT ACTING: its state cannot be loaded ({self.state_load_failed})"
+        else:
+            why = "controller NOT ACTING (standby: another controller holds the lock)"
         return (why + "; meanwhile no node registration, heartbeat intake, fault recovery or instance change "
                 "reaches the coordinators — engines and coordinators keep serving what they have; node and "
                 "instance states below are the last known, not live")
@@ -100,6 +106,8 @@ async def fetch_view(address: str, key: str | None, timeout: float = 2.0, tls: T
     view = FleetView(acting=health.status == health_pb2.HealthCheckResponse.SERVING)
     view.store_unavailable = next((a.message or "store unavailable" for a in alarms.alarms
                                    if a.kind == pb.ALARM_KIND_STORE_UNAVAILABLE), "")
+    view.state_load_failed = next((a.message or "state load failed" for a in alarms.alarms
+                                   if a.kind == pb.ALARM_KIND_STATE_LOAD_FAILED), "")
     for n in nodes.nodes:
         hb = n.last_heartbeat_at.ToSeconds() + n.last_heartbeat_at.nanos / 1e9 if n.HasField("last_heartbeat_at") else None
         view.nodes.append(

@@ -35,6 +35,8 @@ def test_an_alarm_within_the_bounds_is_taken_as_sent() -> None:
     ("alarm.source", precision(source="c@" + "h" * MAX_ALARM_SOURCE)),
     ("alarm.address", precision(address="a" * (MAX_ALARM_ADDRESS + 1))),
     ("alarm.instance_ids", precision(instance_ids=list(range(1, MAX_ALARM_INSTANCE_IDS + 2)))),
+    # a controller raises STATE_LOAD_FAILED about itself; a node key must not forge or clear it
+    ("alarm.kind", precision(kind=pb.ALARM_KIND_STATE_LOAD_FAILED, instance_ids=[])),
 ])
 def test_an_oversized_identity_or_address_is_refused_naming_the_field(field: str, msg: pb.Alarm) -> None:
     with pytest.raises(InvalidArgument) as err:

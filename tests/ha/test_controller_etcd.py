@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aetcd
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from motor_cli.status import fetch_view
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
@@ -218,6 +220,42 @@ async def test_etcd_down_controller_holds_reports_store_unavailable_and_recovers
         assert not await _store_alarm(w, ctl.address)
         assert await w.engines() == engines and ctl.alive()
         assert ctl.log().count("motor-controller ready") == 1  # never restarted
+
+
+async def test_a_controller_that_cannot_read_its_state_hands_the_lock_over_and_acts_once_repaired(tmp_path: Path) -> None:
+    """An instance record this version cannot decode: the elected controller does not act, raises
+    STATE_LOAD_FAILED naming the key, says why in its readiness log, and revokes its lease (the
+    lock key is gone, so another candidate could take over) instead of holding the lock while
+    never acting; once the record is deleted it acts, and the alarm is gone."""
+    bad = "/motor/t/controller/instances/6"
+    async with world(tmp_path, 1) as w:
+        async with aetcd.Client(host="127.0.0.1", port=w.etcd.client_port, timeout=2) as raw:
+            await raw.put(bad.encode(), b'{"id": 6, "state": "draining"}')
+
+            async def lock_free() -> bool:
+                return await raw.get(b"/motor/t/controller-leader") is None
+
+            async with controller(w, 0, "ctl") as ctl:
+                alarms = await wait_for(lambda: _alarms_of(w, ctl.address, pb.ALARM_KIND_STATE_LOAD_FAILED),
+                                        timeout=15, what="STATE_LOAD_FAILED alarm")
+                assert "'instances/6'" in alarms[0].message and alarms[0].source.startswith("controller@")
+                assert not await w.serving(ctl.address)
+                view = await fetch_view(ctl.address, KEY)  # what `motor status` prints first
+                assert view.isolation.startswith("controller NOT ACTING: its state cannot be loaded (")
+                assert "'instances/6'" in view.isolation
+                await wait_for(lambda: "handing the lock to another candidate" in ctl.log(), timeout=5,
+                               what="the step-down logged")
+                await wait_for(lock_free, timeout=5, interval=0.05, what="the lock released")
+                assert "state load failed" in ctl.log()  # holding back from the free lock, and why
+
+                await raw.delete(bad.encode())
+                await wait_for(lambda: w.serving(ctl.address), timeout=30, interval=0.1, what="acting once repaired")
+                assert not await _alarms_of(w, ctl.address, pb.ALARM_KIND_STATE_LOAD_FAILED)
+                assert ctl.alive() and ctl.log().count("motor-controller ready") == 1
+
+
+async def _alarms_of(w: World, address: str, kind: int) -> list[pb.Alarm]:
+    return [a for a in await w.alarms(address) if a.kind == kind]
 
 
 async def _serving_one(w: World, procs: list[Proc]) -> Proc | None:

@@ -16,6 +16,7 @@ class AlarmKind(enum.Enum):
     PRECISION = "precision"
     COORDINATOR_PROMOTED = "coordinator_promoted"
     STORE_UNAVAILABLE = "store_unavailable"
+    STATE_LOAD_FAILED = "state_load_failed"
 
 
 class AlarmAction(enum.Enum):

@@ -49,6 +49,7 @@ ALARM_KIND_FROM_PB = {
     pb.ALARM_KIND_PRECISION: AlarmKind.PRECISION,
     pb.ALARM_KIND_COORDINATOR_PROMOTED: AlarmKind.COORDINATOR_PROMOTED,
     pb.ALARM_KIND_STORE_UNAVAILABLE: AlarmKind.STORE_UNAVAILABLE,
+    pb.ALARM_KIND_STATE_LOAD_FAILED: AlarmKind.STATE_LOAD_FAILED,
 }
 ALARM_KIND_TO_PB = {v: k for k, v in ALARM_KIND_FROM_PB.items()}
 ALARM_ACTION_FROM_PB = {pb.ALARM_ACTION_RAISE: AlarmAction.RAISE, pb.ALARM_ACTION_CLEAR: AlarmAction.CLEAR}
@@ -142,6 +143,9 @@ def alarm_from_pb(msg: pb.Alarm, wall: float) -> Alarm:
                               f"(at most {MAX_ALARM_INSTANCE_IDS})", reason="INVALID_ALARM",
                               metadata={"field": "alarm.instance_ids"})
     kind = ALARM_KIND_FROM_PB[msg.kind]
+    if kind is AlarmKind.STATE_LOAD_FAILED:
+        raise InvalidArgument("STATE_LOAD_FAILED is raised by a controller about itself; it cannot be reported",
+                              reason="INVALID_ALARM", metadata={"field": "alarm.kind"})
     if kind is AlarmKind.PRECISION and not msg.instance_ids:
         raise InvalidArgument("a precision alarm needs the instance ids of its P/D group", reason="INVALID_ALARM")
     raised = msg.raised_at.ToNanoseconds() / 1e9 if msg.HasField("raised_at") else wall

@@ -22,6 +22,13 @@ instances and no healthy engine is relaunched. Writes are fenced on the election
 
 The store's reachability (the election's renewals and every store call) is mirrored as a
 ``STORE_UNAVAILABLE`` alarm in the controller's alarm store (memory only: the store is down).
+
+A load that fails for any other reason (a record this version cannot decode, a bug) is not retried
+while holding the lock: the controller raises ``STATE_LOAD_FAILED`` (naming the cause, in its own
+memory), steps down (:class:`~motor_common.etcd_election.StepDown`: the lease is revoked, so
+another candidate, perhaps of the version that wrote the record, can take over at once) and holds
+back from the free lock for 2 s, doubling up to 60 s, before it tries again. Its readiness says
+why. The alarm clears with the next load that succeeds.
 """
 
 from __future__ import annotations
@@ -32,12 +39,18 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from motor_common.errors import Unavailable
+from motor_common.errors import MotorError, Unavailable
+from motor_common.etcd_election import StepDown
 from motor_common.leadership import LeaderRole, Leadership
 from motor_controller.alarms import Alarm, AlarmAction, AlarmKind
 from motor_controller.controller import Controller
 
 log = logging.getLogger(__name__)
+
+# After a failed state load: leave a free lock to the other candidates this long, doubling per
+# failure in a row.
+LOAD_RETRY_FIRST_SEC = 2.0
+LOAD_RETRY_MAX_SEC = 60.0
 
 
 class Health(Protocol):
@@ -58,6 +71,26 @@ class ControllerLeader:
         # reads as isolated). No renewal runs while this callback loads the state, so the view it
         # was called with may be stale by the time the load ends.
         self.current: Callable[[], Leadership] | None = None
+        # Why the last state load failed ("" = it did not), and until when (monotonic) this
+        # candidate leaves a free lock to the others.
+        self.load_failure = ""
+        self.load_failures = 0
+        self._hold_until = 0.0
+        self._mono = time.monotonic
+
+    def may_acquire(self) -> str | None:
+        """Election hook: None = take a free lock; else why not yet (after a failed load)."""
+        left = self._hold_until - self._mono()
+        if left > 0:
+            return f"the last state load failed ({self.load_failure}); trying again in {left:.0f} s"
+        return None
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.controller.acting:
+            return True, "ok"
+        if self.load_failure:
+            return False, f"cannot load the controller state: {self.load_failure}"
+        return False, "controller is not master"
 
     def check(self) -> None:
         """Gate of mutating RPCs: only the acting master accepts them."""
@@ -71,7 +104,13 @@ class ControllerLeader:
             self.view = view
             self.store_status(view.store_available, "" if view.store_available else "election renewal failed")
             if view.serving and not self.controller.acting:
-                await self.controller.load()
+                try:
+                    await self.controller.load()
+                except Unavailable:
+                    raise  # the store is unreachable: the election isolates and retries
+                except Exception as exc:
+                    raise self._load_failed(exc) from exc
+                self._load_ok()
                 now = self.current() if self.current is not None else view
                 if not now.serving:  # the lease may have lapsed during the load: a standby may act
                     log.warning("the lease may have expired while the state loaded: not acting; the next renewal "
@@ -87,18 +126,31 @@ class ControllerLeader:
                 log.warning("controller stopped acting", extra={"role": view.role.value, "isolated": view.isolated,
                                                                 "holder": view.holder})
 
+    def _load_failed(self, exc: Exception) -> StepDown:
+        self.load_failures += 1
+        hold = min(LOAD_RETRY_MAX_SEC, LOAD_RETRY_FIRST_SEC * 2 ** (self.load_failures - 1))
+        self._hold_until = self._mono() + hold
+        self.load_failure = exc.message if isinstance(exc, MotorError) else f"{type(exc).__name__}: {exc}"
+        log.error("the controller state cannot be loaded: not acting; handing the lock to another candidate",
+                  extra={"error": self.load_failure, "failures": self.load_failures, "retry_in_sec": hold},
+                  exc_info=not isinstance(exc, MotorError))  # fmt: skip
+        self._report(AlarmKind.STATE_LOAD_FAILED, AlarmAction.RAISE, self.load_failure[:1024])
+        return StepDown(self.load_failure)
+
+    def _load_ok(self) -> None:
+        if self.load_failure:
+            log.info("the controller state loaded after %d failed attempts", self.load_failures)
+            self._report(AlarmKind.STATE_LOAD_FAILED, AlarmAction.CLEAR, "state loaded")
+        self.load_failure, self.load_failures, self._hold_until = "", 0, 0.0
+
+    def _report(self, kind: AlarmKind, action: AlarmAction, message: str) -> None:
+        alarm = Alarm(kind=kind, action=action, source=self.source, instance_ids=(), message=message,
+                      raised_at=self._wall())  # fmt: skip
+        if self.controller.alarms.report(alarm) is not None:
+            (log.info if action is AlarmAction.CLEAR else log.warning)(
+                "alarm %s", action.value, extra={"kind": kind.value, "source": self.source, "detail": message})
+
     def store_status(self, available: bool, detail: str = "") -> None:
         """Raise or clear this controller's STORE_UNAVAILABLE alarm (idempotent)."""
-        alarm = Alarm(
-            kind=AlarmKind.STORE_UNAVAILABLE,
-            action=AlarmAction.CLEAR if available else AlarmAction.RAISE,
-            source=self.source,
-            instance_ids=(),
-            message=detail or ("store available again" if available else "store unavailable"),
-            raised_at=self._wall(),
-        )
-        if self.controller.alarms.report(alarm) is not None:
-            (log.info if available else log.warning)(
-                "alarm %s", alarm.action.value, extra={"kind": alarm.kind.value, "source": self.source,
-                                                       "detail": alarm.message})  # fmt: skip
-
+        self._report(AlarmKind.STORE_UNAVAILABLE, AlarmAction.CLEAR if available else AlarmAction.RAISE,
+                     detail or ("store available again" if available else "store unavailable"))  # fmt: skip

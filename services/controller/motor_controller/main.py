@@ -17,7 +17,6 @@ from prometheus_client import REGISTRY
 from motor_common.channel_pool import ChannelPool
 from motor_common.config import load_config
 from motor_common.credentials import Role, presented_key
-from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.logs import setup_logging
@@ -177,16 +176,12 @@ async def serve_ha(config: ControllerConfig, ports_file: str | None, key: str | 
     store.on_status = leader.store_status
     election = EtcdElection(st.etcd_endpoints, ha.election_key, candidate, ttl=ha.lock_ttl_sec,
                             check_interval=ha.check_interval_sec, on_change=leader.on_change,
-                            call_timeout=min(1.0, st.etcd_timeout_sec))  # fmt: skip
+                            call_timeout=min(1.0, st.etcd_timeout_sec), may_acquire=leader.may_acquire)  # fmt: skip
     leader.current = election.current
     await election.start()
 
     async def acting() -> tuple[bool, str]:
-        try:
-            leader.check()
-        except MotorError as exc:
-            return False, exc.message
-        return True, "ok"
+        return leader.readiness()
 
     ops = await start_ops(config, acting)
     collector = controller_metrics.register(controller)

@@ -47,6 +47,7 @@ class AlarmKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ALARM_KIND_PRECISION: _ClassVar[AlarmKind]
     ALARM_KIND_COORDINATOR_PROMOTED: _ClassVar[AlarmKind]
     ALARM_KIND_STORE_UNAVAILABLE: _ClassVar[AlarmKind]
+    ALARM_KIND_STATE_LOAD_FAILED: _ClassVar[AlarmKind]
 
 class AlarmAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -96,6 +97,7 @@ ALARM_KIND_UNSPECIFIED: AlarmKind
 ALARM_KIND_PRECISION: AlarmKind
 ALARM_KIND_COORDINATOR_PROMOTED: AlarmKind
 ALARM_KIND_STORE_UNAVAILABLE: AlarmKind
+ALARM_KIND_STATE_LOAD_FAILED: AlarmKind
 ALARM_ACTION_UNSPECIFIED: AlarmAction
 ALARM_ACTION_RAISE: AlarmAction
 ALARM_ACTION_CLEAR: AlarmAction
