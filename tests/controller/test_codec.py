@@ -110,3 +110,43 @@ async def test_load_refuses_an_instance_record_that_cannot_be_decoded_and_names_
     finally:
         await ctl.close()
         await store.close()
+
+
+async def test_load_marks_a_store_without_a_format_as_this_versions_and_loads_it(tmp_path: Path) -> None:
+    """A store written before ``meta/format`` existed is format 1: it loads, and the key is written."""
+    store = await store_with(tmp_path, {})
+    ctl = Controller(ControllerConfig(), store, NoNodeManagers())  # type: ignore[arg-type]
+    try:
+        await ctl.load()
+        assert sorted(ctl.instances) == [5]
+        assert await store.get(KEYS.META_FORMAT) == str(codec.STORE_FORMAT).encode() == b"1"
+        await ctl.load()  # and again, now with the key
+        assert sorted(ctl.instances) == [5]
+    finally:
+        await ctl.close()
+        await store.close()
+
+
+@pytest.mark.parametrize(("raw", "reason"), [
+    (str(codec.STORE_FORMAT + 1).encode(), "STORE_FORMAT_NEWER"),
+    (b"two", "STORE_RECORD_UNREADABLE"),
+    (b"0", "STORE_RECORD_UNREADABLE"),
+])
+async def test_load_refuses_a_store_in_a_newer_or_unreadable_format_and_changes_nothing(
+        tmp_path: Path, raw: bytes, reason: str) -> None:
+    """A downgrade must not act on (and then overwrite) records a newer version laid out
+    differently: the load stops before reading any record, and writes nothing (no epoch)."""
+    store = await store_with(tmp_path, {KEYS.META_FORMAT: raw})
+    before = await store.list("")
+    ctl = Controller(ControllerConfig(), store, NoNodeManagers())  # type: ignore[arg-type]
+    try:
+        with pytest.raises(Internal) as err:
+            await ctl.load()
+        assert err.value.reason == reason and err.value.metadata["key"] == KEYS.META_FORMAT
+        if reason == "STORE_FORMAT_NEWER":
+            assert err.value.message.startswith(f"the store holds records in format {codec.STORE_FORMAT + 1}, written "
+                                                "by a newer Motor") and "run that version or a newer one" in err.value.message
+        assert ctl.instances == {} and await store.list("") == before
+    finally:
+        await ctl.close()
+        await store.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -158,3 +160,25 @@ async def test_ops_endpoint_serves_metrics_health_and_readiness(tmp_path: Path) 
                 assert r.status == 200 and 'method="ListNodes"' in text
             async with http.get(f"{base}/ready", timeout=aiohttp.ClientTimeout(total=5)) as r:
                 assert r.status == 200 and (await r.json())["ready"] is True
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (b"2", "the store holds records in format 2, written by a newer Motor"),
+    (b"", "store record 'meta/format' cannot be decoded"),
+])
+def test_a_store_it_cannot_act_on_exits_2_in_one_sentence_not_a_traceback(tmp_path: Path, value: bytes,
+                                                                         said: str) -> None:
+    """A store in a newer format (a downgrade) or a damaged record a restart cannot mend: exit 2
+    (`motor up` does not restart a program that exits 2) and one line naming the store file."""
+    db = tmp_path / "controller.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL)")
+        conn.execute("INSERT INTO kv VALUES ('meta/format', ?)", (value,))
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"server": {"port": 0}, "store": {"path": str(db)}}))
+    out = subprocess.run([tool("motor-controller"), "--config", str(cfg)], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert f"error: store {db}: {said}" in out.stderr and "Traceback" not in out.stderr
+    with sqlite3.connect(db) as conn:  # nothing written: no epoch, the format left as found
+        assert conn.execute("SELECT key, value FROM kv").fetchall() == [("meta/format", value)]

@@ -47,6 +47,25 @@ def decode(key: str, decoder: Callable[[bytes], T], raw: bytes) -> T:
         raise RecordError(key, exc) from exc
 
 
+# The layout of the records under KEYS, as a whole. Raised only by a change an older version would
+# misread (a field that changes meaning, a record moved): additive fields do not need it, older
+# versions ignore them. A store without the key is format 1 (written before the key existed).
+STORE_FORMAT = 1
+
+
+def store_format(raw: bytes | None) -> int:
+    """The format *raw* (``meta/format``) names; :class:`RecordError` if it is not a positive integer."""
+    if raw is None:
+        return 1
+    try:
+        value = int(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RecordError(KEYS.META_FORMAT, exc) from exc
+    if value < 1:
+        raise RecordError(KEYS.META_FORMAT, ValueError(f"format {value} is not a positive integer"))
+    return value
+
+
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
     """The items of *d* that are fields of dataclass *cls* (newer versions may add others)."""
     names = {f.name for f in fields(cls)}
@@ -60,6 +79,7 @@ class KEYS:
     COORDINATOR = "coordinators/"
     ALARM = "alarms/"
     META_EPOCH = "meta/epoch"
+    META_FORMAT = "meta/format"
     SCALE_DOWN = "scaledown/"
 
 

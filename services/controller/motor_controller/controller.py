@@ -215,6 +215,7 @@ class Controller:
         is dropped: a controller promoted by the election starts from the store, like a restart)."""
         self.nodes, self.observations, self.instances, self.incarnations = {}, {}, {}, {}
         self.signals, self.start_gates, self.alarms = {}, {}, AlarmStore()
+        await self._check_store_format()
         raw = await self.store.get(KEYS.META_EPOCH)
         if raw is None:
             self.epoch = uuid.uuid4().hex
@@ -262,6 +263,23 @@ class Controller:
             extra={"nodes": len(self.nodes), "instances": len(self.instances), "epoch": self.epoch,
                    "reattach_grace_sec": self.config.reattach_grace()},
         )
+
+    async def _check_store_format(self) -> None:
+        """Refuse a store written in a newer record format (a downgrade would misread it, then
+        overwrite it); mark a store without the key as this version's format."""
+        raw = await self.store.get(KEYS.META_FORMAT)
+        try:
+            found = codec.store_format(raw)
+        except codec.RecordError as exc:
+            raise Internal(f"{exc}; repair the record (it holds the store's format, 1 for this version)",
+                           reason="STORE_RECORD_UNREADABLE", metadata={"key": KEYS.META_FORMAT}) from exc
+        if found > codec.STORE_FORMAT:
+            log.error("the store was written by a newer Motor", extra={"format": found, "readable": codec.STORE_FORMAT})
+            raise Internal(f"the store holds records in format {found}, written by a newer Motor; this version reads "
+                           f"format {codec.STORE_FORMAT} and does not act on it: run that version or a newer one",
+                           reason="STORE_FORMAT_NEWER", metadata={"key": KEYS.META_FORMAT, "format": str(found)})
+        if raw is None:
+            await self.store.put(KEYS.META_FORMAT, str(codec.STORE_FORMAT).encode())
 
     def _relearnable(self, key: str, decoder: Callable[[bytes], T], raw: bytes) -> T | None:
         """Decode a record whose owner sends it again (a node, an alarm); one that cannot be decoded

@@ -1,7 +1,7 @@
 """The controller's :class:`~motor_controller.store.Store` on etcd (aetcd client), for HA.
 
 Keys are the store's keys under a prefix (``/motor/<cluster>/controller/`` + ``nodes/…``,
-``instances/…``, ``jobs/…``, ``coordinators/…``, ``alarms/…``, ``meta/epoch``). Every call has a
+``instances/…``, ``jobs/…``, ``coordinators/…``, ``alarms/…``, ``meta/epoch``, ``meta/format``). Every call has a
 timeout. A :meth:`batch` is **one** etcd transaction (up to ``MAX_TXN_OPS`` operations, etcd's
 default limit; a larger batch is split, each part atomic).
 

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from motor_common.channel_pool import ChannelPool
 from motor_common.config import load_config
 from motor_common.credentials import Role, presented_key
+from motor_common.errors import ConfigError, Internal
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.grpc_server import GrpcServer
 from motor_common.logs import setup_logging
@@ -93,6 +94,11 @@ def start_alarm_webhook(config: ControllerConfig, controller: Controller) -> Ala
     return webhook
 
 
+# Load failures of the embedded store that a restart cannot mend (the operator must repair the
+# record or run the version that wrote it).
+UNLOADABLE = ("STORE_RECORD_UNREADABLE", "STORE_FORMAT_NEWER")
+
+
 async def serve(config: ControllerConfig, ports_file: str | None) -> int:
     from motor_common.grpc_server import read_secret
 
@@ -114,7 +120,14 @@ async def serve(config: ControllerConfig, ports_file: str | None) -> int:
         coordinator_factory=lambda a: GrpcCoordinator(a, out_key, config.rpc_timeout_sec, tls),
         scale_down_peers=GrpcScaleDown(out_key, pool=pool),
     )
-    await controller.load()
+    try:
+        await controller.load()
+    except Internal as exc:
+        await controller.close()
+        await store.close()
+        if exc.reason in UNLOADABLE:  # a restart cannot help: one sentence, exit 2, no restart loop
+            raise ConfigError(f"store {config.store.path}: {exc.message}", reason=exc.reason) from exc
+        raise
     server = build_server(config, controller, key)
     stop = stop_event_on_signals()
     port = await server.start()
