@@ -171,3 +171,31 @@ async def test_a_push_stands_when_the_store_cannot_persist_the_generation() -> N
     desired[2] = inst(2)
     await p.flush()
     assert coord.calls == [("set", 1), ("add", 2)] and p.state.generation == 2
+
+
+async def test_a_failed_check_is_retried_soon_then_backs_off_and_a_restarted_coordinator_is_set_at_once() -> None:
+    """A coordinator that restarts serves nothing until its first SET: a failed check is retried
+    after 0.25 s, doubling up to sync_interval (5 s), and the first check that answers again sets
+    the coordinator in the same round."""
+    coord, clock = MemoryCoordinator(), Clock()
+    desired = {1: inst(1)}
+    p = CoordinatorPusher(coord, lambda: desired, MemoryStore(), sync_interval=5, set_retry_interval=1, clock=clock)
+    await p._round()
+    assert set(coord.instances) == {1}
+    coord.down = True
+    clock.t = p._next_check  # the periodic check finds it down
+    gaps = []
+    for _ in range(7):
+        start = clock.t
+        await p._round()
+        gaps.append(p._next_check - start)
+        clock.t = p._next_check
+    assert gaps == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    coord.down, coord.instances, coord.generation = False, {}, 0  # restarted: empty, generation 0
+    await p._round()
+    assert set(coord.instances) == {1} and p.check_failing_since is None
+    assert p._next_check - clock.t == 5  # answering again: back to the periodic check
+    coord.down = True
+    clock.t = p._next_check
+    await p._round()
+    assert p._next_check - clock.t == 0.25  # the back-off starts over

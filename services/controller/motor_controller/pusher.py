@@ -3,7 +3,9 @@
 Each coordinator has its own client (channel), :class:`~push_plan.SyncState` and persisted
 generation. The loop wakes when poked (desired view changed) or on its timers: a periodic full
 check (``sync_interval_sec``: the coordinator's list + generation vs what we believe is synced)
-and a bounded retry of a pending SET (``set_retry_interval_sec``).
+and a bounded retry of a pending SET (``set_retry_interval_sec``). A check that fails (the
+coordinator restarting, say) is retried after 0.25 s, doubling up to ``sync_interval_sec``, so a
+restarted coordinator gets its SET within about a quarter of a second of answering again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from motor_controller.store import Store
 log = logging.getLogger(__name__)
 
 CHECK_WARN_EVERY = 30.0  # seconds between repeated "cannot read the coordinator" warnings
+# After a failed check the next comes this soon, doubling per failure up to sync_interval: a
+# restarted coordinator serves nothing until its first SET, so it must not wait a whole interval.
+CHECK_RETRY_FIRST = 0.25
 
 
 class CoordinatorPusher:
@@ -69,6 +74,7 @@ class CoordinatorPusher:
         # spaced by CHECK_WARN_EVERY so a coordinator that cannot be synced is visible in the log.
         self.check_failing_since: float | None = None
         self._check_warned_at = 0.0
+        self._check_retry = CHECK_RETRY_FIRST
 
     @property
     def key(self) -> str:
@@ -165,7 +171,10 @@ class CoordinatorPusher:
                 await self.check_now()
             except MotorError as exc:
                 self._check_failed(exc, now)
+                self._next_check = now + min(self._check_retry, self._sync_interval)
+                self._check_retry = min(self._check_retry * 2, self._sync_interval)
             else:
+                self._check_retry = CHECK_RETRY_FIRST
                 if self.check_failing_since is not None:
                     log.info("coordinator answers again", extra={
                         "coordinator": self.client.address, "after_sec": round(now - self.check_failing_since, 1)})
