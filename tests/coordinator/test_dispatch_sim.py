@@ -184,6 +184,60 @@ async def test_errors_before_the_head_and_engine_4xx_relayed(tmp_path: Path, sta
     assert code == grpc.StatusCode.UNAVAILABLE and "decode" in msg
 
 
+async def test_with_no_prefill_schedulable_a_vllm_decode_serves_requests_whole_until_a_prefill_is_back(
+    tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    """The only prefill paused (down, breaker open, all alike): the coordinator stays ready and
+    sends each request whole to the decode, which computes the prompt itself — the same text as
+    a union engine's, stream and not; the decode is retried like a union. A prefill back: P/D again."""
+    p, d, u = await asyncio.gather(*(stack.enter_async_context(start_simulator("vllm", r, tmp_path))
+                                     for r in ("prefill", "decode", "union")))
+    s = await coordinator(stack, tmp_path)
+    await s.set(instance(1, Role.PREFILL, EngineType.VLLM, [p]), instance(2, Role.DECODE, EngineType.VLLM, [d]))
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)
+    r = await s.readiness()
+    assert r.ready and r.reason == "", r.reason
+    before = (await asyncio.to_thread(sim_state, d))["stats"]
+    for api, path, body in BODIES:
+        for stream in (False, True):
+            b = {**body, "stream": stream}
+            head, raw = await dispatch(s, api, b)
+            assert head.http_status == 200, raw
+            assert (head.prefill_instance_id, head.decode_instance_id) == (2, 2)
+            want = await asyncio.to_thread(direct, u, path, b)
+            assert text_of(api, raw, stream) == text_of(api, want, stream)
+    after = (await asyncio.to_thread(sim_state, d))["stats"]
+    assert after["prompt_tokens_external_kv_transfer"] == before["prompt_tokens_external_kv_transfer"]
+    assert after["prompt_tokens_local_compute"] > before["prompt_tokens_local_compute"]
+    assert (await asyncio.to_thread(sim_state, p))["stats"]["kv_transfers"] == 0
+    await s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)
+    head, raw = await dispatch(s, COMPLETIONS, BODIES[0][2])
+    assert head.http_status == 200 and (head.prefill_instance_id, head.decode_instance_id) == (1, 2)
+    assert (await asyncio.to_thread(sim_state, p))["stats"]["kv_transfers"] == 1
+
+
+@pytest.mark.parametrize("case", ["sglang", "fallback off"])
+async def test_with_no_prefill_schedulable_sglang_or_a_fleet_without_the_fallback_refuses_naming_the_prefill(
+    case: str, tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    """SGLang decodes wait for a prefill's KV, so they cannot serve alone; with
+    ``scheduler.decode_only_fallback: false`` vLLM's do not either: UNAVAILABLE, not ready."""
+    engine, etype = ("sglang", EngineType.SGLANG) if case == "sglang" else ("vllm", EngineType.VLLM)
+    p, d = await asyncio.gather(*(stack.enter_async_context(start_simulator(engine, r, tmp_path))
+                                  for r in ("prefill", "decode")))
+    config = FAST if case == "sglang" else {**FAST, "scheduler": {"decode_only_fallback": False}}
+    s = await coordinator(stack, tmp_path, config)
+    await s.set(instance(1, Role.PREFILL, etype, [p]), instance(2, Role.DECODE, etype, [d]))
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)
+    r = await s.readiness()
+    assert not r.ready and r.reason == "no schedulable prefill+decode pair or union instance"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await dispatch(s, COMPLETIONS, BODIES[0][2])
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 async def test_client_cancellation_aborts_the_engine_requests(
     engine: str, tmp_path: Path, stack: AsyncExitStack

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -140,6 +141,45 @@ def test_paused_and_broken_endpoints_are_not_scheduled_and_readiness_follows() -
     now[0] = 5.0
     s.record_probe(endpoint_key(p1), True)
     assert s.has_schedulable_route()
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_load", "prefix_aware"])
+def test_with_no_prefill_schedulable_a_vllm_decode_takes_requests_whole_with_the_fallback_only(
+        policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Prefills broken: decode-only routes to vLLM decodes (never SGLang's, which wait for a
+    prefill's KV), readiness holds, one WARNING per outage; a prefill back: P/D again, one INFO."""
+    def broken(s: Scheduler) -> None:
+        for _ in range(2):
+            s.record_failure(s.state.instances[1].endpoints[0])
+
+    caplog.set_level(logging.INFO, logger="motor_coordinator.scheduler")
+    s, now = sched(inst(1, Role.PREFILL), inst(2, Role.DECODE), inst(4, Role.DECODE, engine=EngineType.SGLANG),
+                   policy=policy)
+    s.decode_only_fallback = True
+    broken(s)
+    assert s.has_schedulable_route()
+    routes = [s.route(req(i, f"p{i}")) for i in range(6)]
+    assert {(r.decode_only, r.prefill, r.union, r.engine) for r in routes} == {(True, None, None, EngineType.VLLM)}
+    assert {r.decode.instance.id for r in routes} == {2}  # type: ignore[union-attr]
+    warned = [r for r in caplog.records if "no prefill is schedulable for model 'm'" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    now[0] = 5.0
+    s.record_probe(endpoint_key(s.state.instances[1].endpoints[0]), True)
+    r = s.route(req(7))
+    assert not r.decode_only and r.prefill.instance.id == 1  # type: ignore[union-attr]
+    assert sum("schedulable again for model 'm'" in r.getMessage() for r in caplog.records) == 1
+
+    s.decode_only_fallback = False  # the fallback off: the old refusal
+    broken(s)
+    assert not s.has_schedulable_route()
+    with pytest.raises(Unavailable, match="no schedulable prefill instance"):
+        s.route(req())
+    s, _ = sched(inst(1, Role.PREFILL, engine=EngineType.SGLANG), inst(4, Role.DECODE, engine=EngineType.SGLANG))
+    s.decode_only_fallback = True
+    broken(s)
+    assert not s.has_schedulable_route()
+    with pytest.raises(Unavailable, match="no schedulable prefill instance"):
+        s.route(req())
 
 
 def test_accepting_a_new_snapshot_keeps_breakers_of_kept_endpoints() -> None:

@@ -94,6 +94,10 @@ class SchedulerConfig:
     kv_usage_weight: float = 4.0
     # kv_events: where the KV events come from and how prompts are hashed.
     kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)
+    # While no prefill is schedulable for a model, send its requests whole to a vLLM decode, which
+    # computes the prompt itself (slower, but served), instead of refusing them with 503. SGLang
+    # decodes cannot: they wait for a prefill's KV.
+    decode_only_fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 1:

@@ -209,6 +209,9 @@ class Dispatcher:
         route = self.scheduler.route(info)
         if route.union is not None:
             stream = self._union(req, route.union, info, request_id, fate)
+        elif route.decode_only:
+            assert route.decode is not None
+            stream = self._union(req, route.decode, info, request_id, fate, Role.DECODE)
         elif self.adapters[route.engine].concurrent:
             stream = self._concurrent(req, route, info, request_id, fate)
         else:
@@ -658,17 +661,21 @@ class Dispatcher:
     # -- union ------------------------------------------------------------------------------
 
     async def _union(
-        self, req: ParsedRequest, first: Candidate, info: RequestInfo, rid: str, fate: _Fate
+        self, req: ParsedRequest, first: Candidate, info: RequestInfo, rid: str, fate: _Fate,
+        role: Role = Role.UNION,
     ) -> AsyncIterator[Frame]:
+        """The request whole to one endpoint of *role* (a union instance, or a vLLM decode while no
+        prefill is schedulable), another one after an unreachable engine."""
         cand: Candidate | None = first
         tried: list[EndpointKey] = []
         last = ""
+        name = role.value
         while cand is not None and len(tried) <= self.cfg.prefill_retries:
-            call = fate.trace.call("union", cand)
+            call = fate.trace.call(name, cand)
             async with self.scheduler.load_guard(cand):
                 try:
                     resp = await self._attempt(
-                        cand, "union", fate,
+                        cand, name, fate,
                         self.client.open(cand.endpoint, req.path, dict(req.body), rid, trace=call.carrier))
                 except EngineUnreachable as exc:
                     call.fail("unreachable")
@@ -679,10 +686,10 @@ class Dispatcher:
                         yield frame
                     return
             tried.append(endpoint_key(cand.endpoint))
-            failed, cand = cand, self.scheduler.pick(Role.UNION, info, engine=cand.instance.engine_type, exclude=tried)
+            failed, cand = cand, self.scheduler.pick(role, info, engine=cand.instance.engine_type, exclude=tried)
             if len(tried) <= self.cfg.prefill_retries:
-                fate.trace.retry("union", "unreachable", failed, cand)
-        raise self._exhausted("union", req, len(tried), last or "no other union endpoint")
+                fate.trace.retry(name, "unreachable", failed, cand)
+        raise self._exhausted(name, req, len(tried), last or f"no other {name} endpoint")
 
     async def _open_whole(self, cand: Candidate, req: ParsedRequest, rid: str,
                           fate: _Fate) -> tuple[aiohttp.ClientResponse | None, EngineCall, str]:

@@ -9,6 +9,7 @@ from the dispatcher (request outcomes) and the monitor (probes, metrics scrapes)
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from bisect import bisect_left, insort
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -25,6 +26,8 @@ from motor_coordinator.metrics import POLICY_DECISIONS
 from motor_coordinator.policies import Candidate, EngineLoad, Policy, RequestInfo
 from motor_coordinator.policies.base import LiveSet, candidate_key, score
 from motor_coordinator.registry import RegistryState
+
+log = logging.getLogger(__name__)
 
 EndpointKey = tuple[str, int]
 
@@ -128,6 +131,9 @@ class Route:
     # Prompt tokens the prefill is expected to compute (policies with ``select_prefill``), queued
     # on its endpoint while it runs (``load_guard(..., tokens=)``).
     prefill_tokens: int = 0
+    # No prefill is schedulable: the request goes whole to ``decode``, which computes the prompt
+    # itself (vLLM only: ``scheduler.decode_only_fallback``).
+    decode_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,13 @@ class Scheduler:
         breaker_failures: int = 3,
         breaker_cooldown: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        decode_only_fallback: bool = False,
     ) -> None:
         self.policy = policy
+        # vLLM: with no prefill schedulable for a model, send its requests whole to a decode
+        # (which then computes the prompt itself) instead of refusing them.
+        self.decode_only_fallback = decode_only_fallback
+        self._decode_only_models: set[str] = set()  # models served decode-only now (log transitions)
         self._failures = breaker_failures
         self._cooldown = breaker_cooldown
         self._clock = clock
@@ -457,6 +468,8 @@ class Scheduler:
             return None
         self._decided(Role.PREFILL, "routed")
         self._decided(Role.DECODE, "routed")
+        if self._decode_only_models:
+            self._prefills_back(req.model)
         return Route(d.engine, prefill=self._candidate(p, pi), decode=self._candidate(d, di))
 
     def route(self, req: RequestInfo) -> Route:
@@ -478,6 +491,7 @@ class Scheduler:
         engines = {c.instance.engine_type for c in decodes}
         prefills = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type in engines]
         if prefills:
+            self._prefills_back(model)
             tokens = 0
             if self._select_prefill is not None:
                 choice = self._select_prefill(prefills, req)
@@ -495,6 +509,12 @@ class Scheduler:
             u = self.policy.select(Role.UNION, unions, req)
             self._decided(Role.UNION, "routed")
             return Route(u.instance.engine_type, union=u)
+        alone = self._decode_alone(model, decodes)
+        if alone:
+            d = self.policy.select(Role.DECODE, alone, req)
+            self._decided(Role.PREFILL, "no_candidate")
+            self._decided(Role.DECODE, "decode_only")
+            return Route(EngineType.VLLM, decode=d, decode_only=True)
         roles = {i.role for i in registered}
         if Role.PREFILL in roles or Role.DECODE in roles:
             has_p = bool(self._candidates(model, Role.PREFILL))
@@ -515,13 +535,34 @@ class Scheduler:
             metadata={"model": model, "role": "union"},
         )
 
+    def _decode_alone(self, model: str, decodes: list[Candidate]) -> list[Candidate]:
+        """The decodes that may serve *model*'s requests whole while no prefill is schedulable
+        (vLLM decodes, with ``decode_only_fallback``); logs when a model starts being served so."""
+        if not self.decode_only_fallback:
+            return []
+        alone = [c for c in decodes if c.instance.engine_type is EngineType.VLLM]
+        if alone and model not in self._decode_only_models:
+            self._decode_only_models.add(model)
+            log.warning("no prefill is schedulable for model %r: its requests go whole to a decode instance, which "
+                        "computes the prompt itself, until a prefill is back", model)
+        return alone
+
+    def _prefills_back(self, model: str) -> None:
+        if model in self._decode_only_models:
+            self._decode_only_models.discard(model)
+            log.info("a prefill is schedulable again for model %r: prefill and decode are disaggregated again", model)
+
     def has_schedulable_route(self) -> bool:
-        """Some model has a schedulable P+D pair of one engine type, or a union endpoint."""
+        """Some model has a schedulable P+D pair of one engine type, or a union endpoint, or (with
+        ``decode_only_fallback``) a vLLM decode that can serve requests whole."""
         for model in self._by_model:
             if self._candidates(model, Role.UNION):
                 return True
-            d_engines = {c.instance.engine_type for c in self._candidates(model, Role.DECODE)}
+            decodes = self._candidates(model, Role.DECODE)
+            d_engines = {c.instance.engine_type for c in decodes}
             if any(c.instance.engine_type in d_engines for c in self._candidates(model, Role.PREFILL)):
+                return True
+            if self.decode_only_fallback and any(c.instance.engine_type is EngineType.VLLM for c in decodes):
                 return True
         return False
 
