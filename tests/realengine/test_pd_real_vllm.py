@@ -13,7 +13,10 @@ its own core. Then, through gateway + coordinator with the ``openai`` SDK:
 3. the prefill's real ``kv_transfer_params`` have exactly the fields motor-sim produces, and the
    decode's real answers to a failed KV load (500, and the streamed error event) are what the
    coordinator's retry recognises (``kv_load_failed``) and what motor-sim answers;
-4. SIGKILL of the decode's engine while requests are in flight → the decode nodemanager reports it,
+4. the prefill paused (no prefill schedulable): the decode answers every request alone, with the
+   same greedy answers, computing the prompt itself (``scheduler.decode_only_fallback``); resumed:
+   PD over NIXL again;
+5. SIGKILL of the decode's engine while requests are in flight → the decode nodemanager reports it,
    the controller relaunches it in place, and PD serving (over a new NIXL handshake) works again.
 
 Start-up and relaunch times go to ``.real-engine/last-pd-run.json``. Needs ``scripts/real-engine-setup``.
@@ -34,6 +37,8 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
+from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
+from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as cgrpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as kpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as kgrpc
 from motor_common.grpc_client import call_metadata, open_channel
@@ -54,6 +59,7 @@ from tests.realengine.test_fleet_real_vllm import (
 PD = ("--union", "0", "--prefill", "1", "--decode", "1")
 EXTERNAL = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="external_kv_transfer"}'
 LOCAL = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="local_compute"}'
+LOCAL_HIT = 'vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="local_cache_hit"}'
 XFERS = 'vllm:nixl_bytes_transferred_count{engine="0",model_name="tiny"}'
 SIM_KTP_KEYS = ["do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
                 "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size",
@@ -72,6 +78,28 @@ async def _engines(fleet: UpFleet) -> dict[str, str]:
         [ep] = list(inst.endpoints)
         out[tpb.Role.Name(inst.role)] = f"http://{ep.ip}:{ep.business_port}"
     return out
+
+
+async def _pause(fleet: UpFleet, node: str, pause: bool) -> None:
+    """Pause (or resume) the instance *node* serves, through the controller, and wait until the
+    coordinator's registry shows it."""
+    async with open_channel(fleet.info["controller"]) as ch:
+        admin = cgrpc.ControllerAdminServiceStub(ch)
+        if pause:
+            await admin.PauseInstance(cpb.PauseInstanceRequest(node_id=node, reason="test: no prefill"),
+                                      metadata=call_metadata(fleet.key), timeout=10)
+        else:
+            await admin.ResumeInstance(cpb.ResumeInstanceRequest(node_id=node),
+                                       metadata=call_metadata(fleet.key), timeout=10)
+
+    async def shown() -> bool:
+        async with open_channel(fleet.info["coordinators"][0]) as ch:
+            resp = await kgrpc.InstanceRegistryServiceStub(ch).ListInstances(
+                kpb.ListInstancesRequest(page_size=100), metadata=call_metadata(fleet.key), timeout=5)
+        want = tpb.INSTANCE_STATUS_PAUSED if pause else tpb.INSTANCE_STATUS_AVAILABLE
+        return any(i.role == tpb.ROLE_PREFILL and i.status == want for i in resp.instances)
+
+    await wait_for(shown, timeout=20, interval=0.1, what=f"the prefill {'paused' if pause else 'resumed'}")
 
 
 async def _metric(http: aiohttp.ClientSession, engine: str, name: str) -> float:
@@ -177,6 +205,18 @@ async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_deco
             assert list(ktp) == SIM_KTP_KEYS, list(ktp)
             assert len(ktp["remote_block_ids"]) == 1 and ktp["transfer_mode"] == "pull"
             await _failed_load_shapes(http, decode, ktp)
+
+            # --- the prefill paused: the decode answers alone (scheduler.decode_only_fallback) ---
+            await _pause(fleet, "prefill-0", True)
+            before = [await _metric(http, decode, m) for m in (EXTERNAL, LOCAL, LOCAL_HIT)]
+            sent = await _pd_equals_union(client, http, prefill)  # the same greedy answers
+            after = [await _metric(http, decode, m) for m in (EXTERNAL, LOCAL, LOCAL_HIT)]
+            assert after[0] == before[0], (before, after)  # nothing came over NIXL
+            assert (after[1] + after[2]) - (before[1] + before[2]) == sent, (before, after, sent)
+            await _pause(fleet, "prefill-0", False)
+            ext_r = await _metric(http, decode, EXTERNAL)
+            sent = await _pd_equals_union(client, http, prefill)
+            assert await _metric(http, decode, EXTERNAL) - ext_r == sent  # PD again
 
             # --- SIGKILL the decode engine under a few requests; relaunched in place ------------
             status = await _nm_status(fleet, "decode-0")
