@@ -4,8 +4,8 @@ Each coordinator has its own client (channel), :class:`~push_plan.SyncState` and
 generation. The loop wakes when poked (desired view changed) or on its timers: a periodic full
 check (``sync_interval_sec``: the coordinator's list + generation vs what we believe is synced)
 and a bounded retry of a pending SET (``set_retry_interval_sec``). A check that fails (the
-coordinator restarting, say) is retried after 0.25 s, doubling up to ``sync_interval_sec``, so a
-restarted coordinator gets its SET within about a quarter of a second of answering again.
+coordinator restarting, say) is retried after 0.25 s, doubling up to 1 s, so a restarted
+coordinator gets its SET within about a second of answering again.
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ from motor_controller.store import Store
 log = logging.getLogger(__name__)
 
 CHECK_WARN_EVERY = 30.0  # seconds between repeated "cannot read the coordinator" warnings
-# After a failed check the next comes this soon, doubling per failure up to sync_interval: a
-# restarted coordinator serves nothing until its first SET, so it must not wait a whole interval.
+# After a failed check the next comes this soon, doubling per failure up to CHECK_RETRY_MAX (or
+# sync_interval, if shorter): a restarted coordinator serves nothing until its first SET, so it must
+# not wait a whole interval. A check of a coordinator that is down is one failed call (the channel
+# reconnects with its own back-off, at most 2 s: grpc_client).
 CHECK_RETRY_FIRST = 0.25
+CHECK_RETRY_MAX = 1.0
 
 
 class CoordinatorPusher:
@@ -172,7 +175,7 @@ class CoordinatorPusher:
             except MotorError as exc:
                 self._check_failed(exc, now)
                 self._next_check = now + min(self._check_retry, self._sync_interval)
-                self._check_retry = min(self._check_retry * 2, self._sync_interval)
+                self._check_retry = min(self._check_retry * 2, CHECK_RETRY_MAX)
             else:
                 self._check_retry = CHECK_RETRY_FIRST
                 if self.check_failing_since is not None:
