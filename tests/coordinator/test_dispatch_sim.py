@@ -19,7 +19,7 @@ from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.grpc_server import error_reason
 from tests.coordinator.grpc_util import KEY, MD, Stubs
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for
 from tests.procs import Proc, start_coordinator, start_simulator
 
 pytestmark = pytest.mark.slow
@@ -215,6 +215,33 @@ async def test_with_no_prefill_schedulable_a_vllm_decode_serves_requests_whole_u
     head, raw = await dispatch(s, COMPLETIONS, BODIES[0][2])
     assert head.http_status == 200 and (head.prefill_instance_id, head.decode_instance_id) == (1, 2)
     assert (await asyncio.to_thread(sim_state, p))["stats"]["kv_transfers"] == 1
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+async def test_a_request_whose_prefills_are_all_unreachable_is_computed_whole_by_the_vllm_decode(
+    fallback: bool, tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    """The prefill is registered and schedulable (its breaker still closed) but nothing listens on
+    its port: the request is not refused PREFILL_FAILED, the decode computes it whole — unless
+    ``scheduler.decode_only_fallback`` is off."""
+    d, u = await asyncio.gather(*(stack.enter_async_context(start_simulator("vllm", r, tmp_path))
+                                  for r in ("decode", "union")))
+    config = {**FAST, "scheduler": {"decode_only_fallback": fallback},
+              "dispatch": {**FAST["dispatch"], "health_probe_interval_sec": 60}}  # the breaker stays closed
+    s = await coordinator(stack, tmp_path, config)
+    gone = Instance(1, Role.PREFILL, "job-1", MODEL, EngineType.VLLM, (Endpoint(0, "127.0.0.1", free_port()),),
+                    InstanceStatus.AVAILABLE)
+    await s.set(gone, instance(2, Role.DECODE, EngineType.VLLM, [d]))
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    api, path, body = BODIES[0]
+    if not fallback:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await dispatch(s, api, body)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and error_reason(err.value) == "PREFILL_FAILED"
+        return
+    head, raw = await dispatch(s, api, body)
+    assert head.http_status == 200 and (head.prefill_instance_id, head.decode_instance_id) == (2, 2), raw
+    assert text_of(api, raw, False) == text_of(api, await asyncio.to_thread(direct, u, path, body), False)
 
 
 @pytest.mark.parametrize("case", ["sglang", "fallback off"])

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import aiohttp
 import orjson
 
-from motor_common.domain import Endpoint, Role
+from motor_common.domain import Endpoint, EngineType, Role
 from motor_common.errors import FailedPrecondition, NotFound, Unavailable
 from motor_common.logs import request_id_var
 from motor_common.openai_front.openai import public_engine_error
@@ -95,6 +95,11 @@ class _PrefillFailed(Exception):
     def __init__(self, message: str, reason: RetryReason) -> None:
         super().__init__(message)
         self.reason: RetryReason = reason
+
+
+class _DecodeAlone(Exception):
+    """Every prefill tried was unreachable (none took the request) and no other may be tried: a
+    vLLM decode computes the request whole (``scheduler.decode_only_fallback``)."""
 
 
 class _Stalled(Exception):
@@ -855,19 +860,24 @@ class Dispatcher:
 
     async def _prefill_with_retries(
         self, adapter: EngineAdapter, req: ParsedRequest, route: Route, info: RequestInfo, rid: str,
-        p: Candidate, fate: _Fate,
+        p: Candidate, fate: _Fate, *, alone_ok: bool = False,
     ) -> tuple[Candidate, dict[str, Any], dict[str, Any] | _Answer]:
         """Run the prefill, on other prefills after retryable failures. Returns the prefill that
-        answered, the body it was sent and its parsed reply — or its refusal (an _Answer to relay)."""
+        answered, the body it was sent and its parsed reply — or its refusal (an _Answer to relay).
+        With *alone_ok*, raises _DecodeAlone when every prefill tried was unreachable."""
         tried: list[EndpointKey] = []
+        unreachable = True  # every failure so far: the engine never took the request
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             try:
                 answer = await self._prefill(p, req, pbody, rid, fate, route.prefill_tokens)
             except _PrefillFailed as exc:
                 tried.append(endpoint_key(p.endpoint))
+                unreachable = unreachable and exc.reason == "unreachable"
                 nxt = self._next(Role.PREFILL, info, route, tried)
                 if nxt is None or len(tried) > self.cfg.prefill_retries:
+                    if alone_ok and unreachable and self.scheduler.decode_only_fallback:
+                        raise _DecodeAlone(f"prefill unreachable on {len(tried)} endpoint(s): {exc}") from None
                     raise self._exhausted("prefill", req, len(tried), str(exc)) from None
                 fate.trace.retry("prefill", exc.reason, p, nxt)
                 p = nxt
@@ -886,7 +896,15 @@ class Dispatcher:
         adapter = self.adapters[route.engine]
         p, d = route.prefill, route.decode
         assert p is not None and d is not None
-        p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate)
+        try:
+            p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate,
+                                                               alone_ok=route.engine is EngineType.VLLM)
+        except _DecodeAlone as exc:
+            self.scheduler.decided(Role.DECODE, "decode_only")
+            log.warning("request %s: %s; the decode computes it whole", rid, exc)
+            async for frame in self._union(req, d, info, rid, fate, Role.DECODE):
+                yield frame
+            return
         if isinstance(reply, _Answer):
             yield Head(reply.status, reply.content_type, rid, p.instance.id, d.instance.id)
             yield reply.body

@@ -191,6 +191,10 @@ class Scheduler:
         self.liveness = Liveness(clock)
         self._decisions: dict[tuple[Role, str], Any] = {}
 
+    def decided(self, role: Role, outcome: str) -> None:
+        """Count a decision the dispatcher made (e.g. a decode taking a request whole)."""
+        self._decided(role, outcome)
+
     def _decided(self, role: Role, outcome: str) -> None:
         """Count one decision (``motor_coordinator_policy_decisions_total``); label children cached."""
         child = self._decisions.get((role, outcome))
