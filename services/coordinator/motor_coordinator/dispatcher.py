@@ -43,11 +43,16 @@ from motor_common.errors import FailedPrecondition, NotFound, Unavailable
 from motor_common.logs import request_id_var
 from motor_common.openai_front.openai import public_engine_error
 from motor_common.tracing import Parent
-from motor_coordinator import metrics, passthrough
+from motor_coordinator import engine_client, metrics, passthrough
 from motor_coordinator.adapters import EngineAdapter
 from motor_coordinator.config import DispatchConfig
 from motor_coordinator.dispatch_trace import DispatchTrace, EngineCall, RetryReason
-from motor_coordinator.engine_client import EngineClient, EngineUnreachable
+from motor_coordinator.engine_client import (
+    AnswerTooLarge,
+    EngineClient,
+    EngineUnreachable,
+    read_body,
+)
 from motor_coordinator.liveness import Attempt, Key
 from motor_coordinator.migration import MAX_PENDING_EVENT_BYTES, StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
@@ -532,12 +537,16 @@ class Dispatcher:
                         call.first_byte()
                     yield chunk
             elif read is None:  # a complete answer: read as one message, sent as one chunk
-                data = await resp.read()
+                data = await read_body(resp)
                 if call is not None:
                     call.first_byte()
                 yield data
             if call is not None:
                 call.end()
+        except AnswerTooLarge as exc:
+            if call is not None:
+                call.fail("answer_too_large")
+            raise self._too_large(cand.endpoint.host_port, exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             if call is not None:
                 call.fail("stream_broken")
@@ -562,6 +571,18 @@ class Dispatcher:
                 f"log has the details under request id {rid}",
                 reason="ENGINE_STREAM_BROKEN",
             ) from None
+
+    @staticmethod
+    def _too_large(engine: str, exc: AnswerTooLarge) -> FailedPrecondition:
+        """A non-streamed answer the coordinator will not hold whole: the engine is not at fault
+        (not tripped) and another engine would answer the same (not retried or continued)."""
+        rid = request_id_var.get()
+        log.warning("engine %s: %s (request id %s); the request fails", engine, exc, rid)
+        return FailedPrecondition(
+            f"the answer to request {rid} is larger than {engine_client.MAX_ANSWER_BYTES // 2**20} MiB, more than "
+            "Motor relays as one non-streamed answer; send it with \"stream\": true or ask for fewer tokens",
+            reason="ANSWER_TOO_LARGE",
+        )
 
     async def _chunks(self, resp: aiohttp.ClientResponse, key: Key) -> AsyncIterator[bytes]:
         """The SSE body's chunks as they come; raise :class:`_Stalled` once the engine has given no
@@ -621,7 +642,7 @@ class Dispatcher:
         read: list[bytes] = []
         try:
             if not ctype.startswith(SSE):
-                read.append(await resp.read())
+                read.append(await read_body(resp))
                 return adapter.handoff_failed(resp.status, ctype, read[0]) is True, read
             head = b""
             while True:
@@ -632,6 +653,8 @@ class Dispatcher:
                 verdict = adapter.handoff_failed(resp.status, ctype, head)
                 if verdict is not None or not chunk:
                     return verdict is True, read
+        except AnswerTooLarge as exc:
+            raise self._too_large(f"{resp.url.host}:{resp.url.port}", exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             rid = request_id_var.get()
             log.warning("engine %s broke its answer before the first byte (request id %s): %r",
@@ -831,7 +854,7 @@ class Dispatcher:
                     continue
                 if resp.status == 404:  # not stored here (or no such route on this engine)
                     try:
-                        data = await resp.read()
+                        data = await read_body(resp)
                     except (aiohttp.ClientError, OSError):
                         data = b""
                     finally:

@@ -1,6 +1,11 @@
 """HTTP to engines: one shared aiohttp session (keep-alive; aiohttp's BaseProtocol sets
 TCP_NODELAY on every connection). aiohttp/OS errors are translated here into
-:class:`EngineUnreachable`; HTTP statuses are returned, not raised."""
+:class:`EngineUnreachable`; HTTP statuses are returned, not raised.
+
+An engine's answer is held to what an engine may send: redirects are never followed (an answer
+must come from the engine the coordinator chose, not from a host it names), and a body the
+coordinator holds whole (:func:`read_body`) stops at :data:`MAX_ANSWER_BYTES` after
+decompression."""
 
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ STALLED_CONNECT_RETRIES = 2
 # Bounds on what an engine's ops answers may make the coordinator read: a health probe, /metrics.
 MAX_PROBE_BYTES = 64 * 1024
 MAX_METRICS_BYTES = 8 * 1024 * 1024
+# Bound on an answer the coordinator holds whole (a prefill's answer, a non-streamed answer),
+# counted after decompression: what a gateway takes in one gRPC message (grpc_client).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 
 
 class EngineUnreachable(Exception):
@@ -41,6 +49,12 @@ class EngineUnreachable(Exception):
         super().__init__(f"engine {endpoint.host_port} unreachable: {cause}")
         self.endpoint = endpoint
         self.reached = reached
+
+
+class AnswerTooLarge(aiohttp.ClientPayloadError):
+    """An answer the coordinator must hold whole passed :data:`MAX_ANSWER_BYTES`. A payload error,
+    so the dispatcher treats it as the engine breaking its answer (the request fails, the log names
+    the engine and the size)."""
 
 
 def _unreachable(endpoint: Endpoint, exc: BaseException) -> EngineUnreachable:
@@ -96,8 +110,10 @@ class EngineClient:
             sent_at, raw_sent = (clock(), time.monotonic()) if clock is not None else (0.0, 0.0)
             try:
                 if data is None:
-                    return await self.session.get(endpoint.base_url + path, headers=headers)
-                return await self.session.post(endpoint.base_url + path, data=data, headers=headers)
+                    resp = await self.session.get(endpoint.base_url + path, headers=headers, allow_redirects=False)
+                else:
+                    resp = await self.session.post(endpoint.base_url + path, data=data, headers=headers,
+                                                   allow_redirects=False)
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 # total=None: the only timeouts here are connects, which never reached the engine
                 if (clock is not None and isinstance(exc, TimeoutError) and attempt < STALLED_CONNECT_RETRIES
@@ -106,6 +122,13 @@ class EngineClient:
                              "again", endpoint.host_port, stalled)
                     continue
                 raise _unreachable(endpoint, exc) from exc
+            if 300 <= resp.status < 400:
+                # Not followed: the engine did not take the request (reached=False: retried elsewhere).
+                location = resp.headers.get("Location", "")
+                resp.close()
+                raise EngineUnreachable(endpoint, f"answered HTTP {resp.status} (a redirect to {location[:200]!r}), "
+                                                  "which the coordinator does not follow", reached=False)
+            return resp
         raise AssertionError("unreachable")  # the loop returns or raises
 
     @asynccontextmanager
@@ -129,14 +152,15 @@ class EngineClient:
         """POST and read the whole answer: (status, content type, body)."""
         async with self.post(endpoint, path, body, request_id, trace=trace) as resp:
             try:
-                data = await resp.read()
+                data = await read_body(resp)
             except (aiohttp.ClientError, OSError) as exc:
                 raise _unreachable(endpoint, exc) from exc
             return resp.status, resp.headers.get("Content-Type", ""), data
 
     async def probe(self, endpoint: Endpoint, path: str = "/health") -> bool:
         try:
-            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
+            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout,
+                                        allow_redirects=False) as resp:
                 await _read_at_most(resp.content, MAX_PROBE_BYTES)  # drained (up to a bound) to reuse the connection
                 return resp.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
@@ -155,12 +179,22 @@ class EngineClient:
         """GET *path*: the whole body of a 200 answer, None for any other answer, an error, or a
         body longer than *limit* bytes (not read past it)."""
         try:
-            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout) as resp:
+            async with self.session.get(endpoint.base_url + path, timeout=self._probe_timeout,
+                                        allow_redirects=False) as resp:
                 if resp.status != 200:
                     return None
                 return await _read_at_most(resp.content, limit)
         except (aiohttp.ClientError, OSError, TimeoutError):
             return None
+
+
+async def read_body(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body of an answer the coordinator holds (instead of ``resp.read()``, which has no
+    bound); :class:`AnswerTooLarge` past :data:`MAX_ANSWER_BYTES` (decompressed), nothing more read."""
+    data = await _read_at_most(resp.content, MAX_ANSWER_BYTES)
+    if data is None:
+        raise AnswerTooLarge(f"the engine's answer is larger than {MAX_ANSWER_BYTES} bytes (not read further)")
+    return data
 
 
 async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes | None:
