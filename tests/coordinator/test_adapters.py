@@ -35,6 +35,14 @@ def test_vllm_decode_body_carries_the_prefill_kv_transfer_params() -> None:
     assert not a.concurrent and SGLangAdapter().concurrent
 
 
+@pytest.mark.parametrize("junk", ["x" * 1000, ["a", 1], 7, True, 1.5])
+def test_vllm_decode_body_drops_kv_transfer_params_that_are_not_an_object(junk: object) -> None:
+    """A prefill's malformed hand-off never reaches the decode (whose 400 about a field the client
+    did not send would come back as the client's error): the decode computes the prompt itself."""
+    body = {"model": "m", "prompt": "p"}
+    assert VllmAdapter().decode_body(body, {}, {"kv_transfer_params": junk}) == body
+
+
 def test_sglang_bootstrap_injection_is_pure_and_uses_the_prefill_bootstrap_port() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
     out = inject_bootstrap(body, P, 123)

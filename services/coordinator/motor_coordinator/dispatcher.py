@@ -911,7 +911,11 @@ class Dispatcher:
                 parsed = orjson.loads(answer.body)
             except orjson.JSONDecodeError:
                 parsed = None
-            return p, pbody, parsed if isinstance(parsed, dict) else {}
+            if not isinstance(parsed, dict):
+                log.warning("prefill %s answered HTTP 200 with a body that is not a JSON object (request id %s): "
+                            "no KV hand-off, the decode computes the prompt itself", p.endpoint.host_port, rid)
+                parsed = {}
+            return p, pbody, parsed
 
     async def _sequential(
         self, req: ParsedRequest, route: Route, info: RequestInfo, rid: str, fate: _Fate

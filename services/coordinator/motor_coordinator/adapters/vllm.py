@@ -3,7 +3,9 @@
 Prefill: the client body with ``stream: false``, ``max_tokens: 1`` (``max_completion_tokens`` set to
 1 when present, ``stream_options``, ``min_tokens`` and ``min_completion_tokens`` removed) and
 ``kv_transfer_params`` asking for a remote decode. Decode: the client body with the
-``kv_transfer_params`` the prefill returned (unchanged body when it returned none).
+``kv_transfer_params`` the prefill returned (unchanged body when it returned none, or something
+that is not a JSON object: the decode then computes the prompt itself, and the client never sees
+an engine's malformed hand-off as an error about its own request).
 
 A decode that could not load the KV (NIXL handshake or transfer failed; vLLM's default
 ``kv_load_failure_policy: fail``) answers 500 ``InternalServerError`` — or, streamed, a 200 whose
@@ -46,7 +48,7 @@ def vllm_prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
 def vllm_decode_body(body: Mapping[str, Any], prefill_reply: Mapping[str, Any] | None) -> dict[str, Any]:
     out = dict(body)
     params = prefill_reply.get("kv_transfer_params") if prefill_reply else None
-    if params:
+    if params and isinstance(params, dict):
         out["kv_transfer_params"] = params
     return out
 
