@@ -1,5 +1,10 @@
 """Structured logging: one JSON object per line, with the current request id.
 
+The text format (``log.format: text``) is for people, and stays one line per record whatever a
+client or an engine put in it: control characters of the message and of the ``key=value`` fields
+are escaped (``\\n``, ``\\x1b``…), a field value with a space, quote or ``=`` is quoted, and the
+lines of a traceback are indented, so a line that starts at column 0 always starts a record.
+
 ``request_id_var`` is a ContextVar; the gRPC chassis sets it from the ``x-request-id`` metadata
 (or a fresh id), the gateway from the ``X-Request-Id`` header, so every log line of one request,
 in every process, carries the same id.
@@ -8,6 +13,7 @@ in every process, carries the same id.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 import uuid
@@ -66,12 +72,40 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
+# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_NEEDS_QUOTES = re.compile(r'[\s"=\x00-\x1f\x7f-\x9f\u2028\u2029]')
+
+
+def _escape_char(m: re.Match[str]) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}")
+
+
+def one_line(text: str) -> str:
+    """*text* with its control characters escaped: safe as (part of) one log line."""
+    return _CONTROL.sub(_escape_char, text)
+
+
+def _field(value: Any) -> str:
+    """A ``key=value`` field's value: as it is, or quoted (backslash escapes) when it holds a
+    space, a quote, an ``=`` or a control character, or is empty."""
+    text = str(value)
+    if text and not _NEEDS_QUOTES.search(text):
+        return text
+    return '"' + one_line(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__("%(asctime)s %(levelname)-7s " + service + " %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        record.message = one_line(record.getMessage())
+        record.asctime = self.formatTime(record, self.datefmt)
+        line = self.formatMessage(record)
         extras = {
             k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")
         }
@@ -79,7 +113,15 @@ class TextFormatter(logging.Formatter):
         if rid:
             extras["request_id"] = rid
         if extras:
-            line += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+            line += " " + " ".join(f"{k}={_field(v)}" for k, v in extras.items())
+        for tail in (
+            self.formatException(record.exc_info) if record.exc_info else "",
+            self.formatStack(record.stack_info) if record.stack_info else "",
+        ):
+            if tail:
+                line += "".join(
+                    "\n    " + ln for ln in _CONTROL_BUT_NEWLINE.sub(_escape_char, tail).split("\n")
+                )
         return line
 
 

@@ -45,3 +45,30 @@ async def test_colocated_front_metrics_carry_the_coordinator_state_without_an_op
         for name in ("motor_coordinator_registry_generation", "motor_coordinator_registry_instances",
                      "motor_coordinator_election_role", "motor_coordinator_isolated"):
             assert re.search(rf"^{name}(\{{[^}}]*\}})? ", text, re.M), name
+
+
+async def test_a_client_cannot_forge_log_lines_or_fields_through_the_model_name_in_the_text_log(
+    tmp_path: Path,
+) -> None:
+    """``model`` is the client's: in the text format its newline and escape bytes are escaped and a
+    value with spaces or ``=`` is quoted, so the line stays one record with the real fields."""
+    forged = "2026-01-01 00:00:00,000 CRITICAL coordinator motor.audit: forged"
+    model = f"tiny\n{forged}\x1b[2J status=200 route=/admin"
+    async with start_coordinator(tmp_path, {"http": {"port": 0}}) as c, aiohttp.ClientSession() as http:
+        url = f"http://127.0.0.1:{c.ports['http']}/v1/completions"
+        async with http.post(url, json={"model": model, "prompt": "x", "max_tokens": 2},
+                             headers={"X-Request-Id": "forge-1"}) as r:
+            status = r.status
+        assert status >= 400
+
+        def line() -> str | None:  # the only request: the only access-log line
+            found = [ln for ln in c.log().splitlines() if " motor.access: request " in ln]
+            return found[0] if found else None
+
+        got = await wait_for(line, timeout=10, what="the access-log line of forge-1")
+        assert got.endswith(" request_id=forge-1"), got  # the whole record on its own line
+        assert not any(ln.startswith(forged[:10]) for ln in c.log().splitlines()), "a forged line"
+        assert "\x1b" not in c.log()
+        fields = dict(re.findall(r' (\w+)=("(?:[^"\\]|\\.)*"|\S+)', got))
+        assert fields["status"] == str(status) and fields["route"] == "/v1/completions"
+        assert fields["model"] == '"tiny\\n' + forged + '\\x1b[2J status=200 route=/admin"'
