@@ -50,8 +50,8 @@ async def coordinator(**dispatch_cfg: Any) -> AsyncIterator[tuple[Coordinator, S
     cfg = CoordinatorConfig(
         server=ServerConfig(port=0),
         scheduler=SchedulerConfig(policy="round_robin"),  # every other request goes to the dead decode
-        dispatch=DispatchConfig(health_probe_interval_sec=0, metrics_scrape_interval_sec=0,
-                                connect_timeout_sec=1.0, **dispatch_cfg),
+        dispatch=DispatchConfig(**{"health_probe_interval_sec": 0, "metrics_scrape_interval_sec": 0,
+                                   "connect_timeout_sec": 1.0, **dispatch_cfg}),
     )
     app = Coordinator(cfg, management_key=KEY)
     port = await app.start()

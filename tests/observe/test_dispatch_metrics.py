@@ -95,3 +95,24 @@ async def test_failed_kv_handoff_counts_a_retry_by_its_reason_and_a_failover_onl
             "decisions prefill no_candidate": 1,
             "phase prefill prefill": 2, "phase decode decode_first_byte": 1, "phase decode kv_handoff": 1,
         }
+
+
+async def test_probe_failure_series_of_an_endpoint_that_left_the_registry_are_removed() -> None:
+    """Engines that come and go (a new pod IP or port each restart) must not grow /metrics: only
+    registered endpoints keep a ``motor_coordinator_health_probe_failures_total`` series."""
+    from motor_common.domain import Endpoint, Instance, InstanceStatus
+    from tests.helpers import free_port, wait_for
+
+    def failures(port: int) -> float | None:
+        return REGISTRY.get_sample_value("motor_coordinator_health_probe_failures_total",
+                                         {"endpoint": f"127.0.0.1:{port}"})
+
+    ports = [free_port() for _ in range(5)]  # nothing listens on them: every probe fails
+    async with coordinator(health_probe_interval_sec=0.05) as (_, s):
+        for gen, port in enumerate(ports, start=1):
+            ep = Endpoint(0, "127.0.0.1", port)
+            await s.set(Instance(1, Role.UNION, "job-1", MODEL, VLLM, (ep,), InstanceStatus.AVAILABLE), generation=gen)
+            await wait_for(lambda p=port: (failures(p) or 0) > 0, timeout=10, what=f"a probe failure of :{port}")
+        await wait_for(lambda: all(failures(p) is None for p in ports[:-1]), timeout=10,
+                       what="the series of the endpoints that left the registry removed")
+        assert (failures(ports[-1]) or 0) > 0  # the registered endpoint keeps its count

@@ -71,6 +71,9 @@ class Monitor:
         # The engines' own card of each registered model (GET /v1/models of one of its engines),
         # learned by the scrape loop; dropped when the model is no longer registered.
         self.cards: dict[str, ModelCard] = {}
+        # Endpoints with a probe-failure series: a series is removed once its endpoint leaves the
+        # registry, so engines that come and go (a new pod IP each restart) do not grow /metrics.
+        self._failure_series: set[str] = set()
 
     def probe_now(self, endpoint: Endpoint, spawn: Callable[[Coroutine[Any, Any, None]], object]) -> None:
         """Probe *endpoint* at once (an attempt on it is waiting while it is silent), unless a
@@ -109,6 +112,7 @@ class Monitor:
                          endpoint.host_port)
                 return
             metrics.PROBE_FAILURES.labels(endpoint.host_port).inc()
+            self._failure_series.add(endpoint.host_port)
         self.scheduler.record_probe(key, ok, sent_at)
 
     async def _scrape(self, t: ProbeTarget) -> None:
@@ -121,7 +125,13 @@ class Monitor:
             targets = self.scheduler.probe_targets()
             if targets:
                 await asyncio.gather(*(self._probe(t) for t in targets))
+            self._drop_failure_series({t.endpoint.host_port for t in self.scheduler.probe_targets()})
             await asyncio.sleep(self.probe_interval)
+
+    def _drop_failure_series(self, registered: set[str]) -> None:
+        for gone in self._failure_series - registered:
+            metrics.PROBE_FAILURES.remove(gone)
+        self._failure_series &= registered
 
     async def learn_cards(self) -> None:
         """Read the card of every registered model that has none yet from one of its engines
