@@ -96,3 +96,27 @@ async def test_a_malformed_answer_with_a_long_line_gives_a_detail_the_controller
         EndpointHealth(0, EndpointStatus.ABNORMAL, 0, 123, True, detail))]))
     check_request(cpb.ReportFaultRequest(node_id="n", instance_id=1, level=cpb.FAULT_LEVEL_ENGINE_DEAD,
                                          source=cpb.FAULT_SOURCE_HEALTH_PROBE, pid=123, detail=detail))
+
+
+async def test_a_redirect_is_not_followed_and_the_engine_is_unhealthy(
+    engine: Callable[[Handler], Awaitable[Endpoint]],
+) -> None:
+    """Only the engine's own 200 says it is healthy, not the answer of a host its /health names."""
+    elsewhere: list[bytes] = []
+
+    async def healthy_other(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        elsewhere.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    other = await engine(healthy_other)
+
+    async def redirect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 302 Found\r\nLocation: %s/health\r\nContent-Length: 0\r\n\r\n" % other.base_url.encode())
+        await writer.drain()
+        writer.close()
+
+    assert await _probe(await engine(redirect), timeout=5.0) == (Observation.UNHEALTHY, "/health answered 302")
+    assert elsewhere == []

@@ -1,8 +1,8 @@
 """Health polling of each engine's native ``GET /health``.
 
 Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``poll_interval_sec``
-with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, timeout, refused, garbage) →
-UNHEALTHY. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
+with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, a redirect, which is not
+followed, timeout, refused, garbage) → UNHEALTHY. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
 it if newer controller data arrived meanwhile.
 
 Any program can answer 200, so the first 200 after each (re)start of the poller (a launch, a
@@ -51,7 +51,9 @@ MAX_BODY = 4096
 
 async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> tuple[Observation, str]:
     try:
-        async with session.get(f"{ep.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        # A redirect is not followed: only the engine's own answer says the engine is healthy.
+        async with session.get(f"{ep.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout),
+                               allow_redirects=False) as resp:
             await resp.content.read(MAX_BODY)  # the first bytes (or the end) of the body, at most MAX_BODY
             if resp.status == 200:
                 return Observation.HEALTHY, ""

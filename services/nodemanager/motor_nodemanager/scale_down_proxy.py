@@ -32,6 +32,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ENGINE_TIMEOUT_SEC = 2.0
+# What is read of an engine's answer: the start of a refused apply's body (for the error), a status
+# object up to MAX_STATUS_BYTES (a larger one counts as no answer). Within ENGINE_TIMEOUT_SEC an
+# engine on loopback can send gigabytes; none of it is buffered past these bounds.
+MAX_ERROR_BYTES = 300
+MAX_STATUS_BYTES = 64 * 1024
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The body, or None once it passes *limit* bytes (not read further)."""
+    data = b""
+    while chunk := await resp.content.read(limit + 1 - len(data)):
+        data += chunk
+        if len(data) > limit:
+            return None
+    return data
 
 
 async def _post_apply(session: aiohttp.ClientSession, ep: Endpoint, dead: list[int]) -> str:
@@ -39,10 +54,10 @@ async def _post_apply(session: aiohttp.ClientSession, ep: Endpoint, dead: list[i
     body = {"instruction": "scale_down", "params": {"dead_ranks": dead}}
     try:
         async with session.post(f"{ep.base_url}/fault_tolerance/apply", data=orjson.dumps(body),
-                                headers={"content-type": "application/json"}) as resp:  # fmt: skip
-            text = (await resp.read())[:300].decode(errors="replace")
+                                headers={"content-type": "application/json"}, allow_redirects=False) as resp:  # fmt: skip
             if resp.status in (200, 202):
                 return ""
+            text = (await resp.content.read(MAX_ERROR_BYTES)).decode(errors="replace")
             return f"endpoint {ep.id}: /fault_tolerance/apply answered {resp.status}: {text}"
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         return f"endpoint {ep.id}: /fault_tolerance/apply failed: {type(exc).__name__}: {exc}"
@@ -50,10 +65,11 @@ async def _post_apply(session: aiohttp.ClientSession, ep: Endpoint, dead: list[i
 
 async def _get_status(session: aiohttp.ClientSession, ep: Endpoint) -> str | None:
     try:
-        async with session.get(f"{ep.base_url}/fault_tolerance/status") as resp:
-            if resp.status != 200:
+        async with session.get(f"{ep.base_url}/fault_tolerance/status", allow_redirects=False) as resp:
+            data = await _read_at_most(resp, MAX_STATUS_BYTES) if resp.status == 200 else None
+            if data is None:
                 return None
-            body: Any = orjson.loads(await resp.read())
+            body: Any = orjson.loads(data)
     except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError):
         return None
     status = body.get("status") if isinstance(body, dict) else None
