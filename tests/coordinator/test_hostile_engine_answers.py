@@ -198,3 +198,39 @@ async def test_a_whole_answer_past_the_bound_is_refused_as_answer_too_large_and_
         status, body, error = await call(s)
         assert (status, error) == (200, ""), (status, body, error)
         assert orjson.loads(body) == GOOD
+
+
+async def test_a_precision_probe_answered_with_an_endless_stream_gives_no_answer_and_buffers_a_bounded_amount() -> (
+    None
+):
+    """The probe asks for a JSON answer of a few tokens; an engine that streams without end gets
+    it counted as no answer once it passes the bound, not held until the probe's timeout."""
+    from motor_common.domain import EngineType as ET
+    from motor_coordinator import precision_monitor
+    from motor_coordinator.precision import ProbeGroup
+    from motor_coordinator.precision_config import PrecisionPrompt
+
+    sent = [0]
+
+    async def endless_sse(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        event = b'data: {"choices":[{"index":0,"text":"' + b"x" * 65536 + b'"}]}\n\n'
+        try:
+            while True:
+                await resp.write(event)
+                sent[0] += len(event)
+        except (ConnectionError, RuntimeError):
+            return resp
+
+    async with AsyncExitStack() as st:
+        port, _ = await st.enter_async_context(engine(endless_sse))
+        app, s = await st.enter_async_context(coordinator())
+        union = inst(1, Role.UNION, port)
+        await s.set(union)
+        group = ProbeGroup(MODEL, ET.VLLM, union=app.state.instances[1])
+        answer = await app.precision.probe(group, PrecisionPrompt(prompt="2+2=", expected="4"))
+        assert answer is None
+        assert (
+            sent[0] < precision_monitor.MAX_ANSWER_BYTES + 32 * 2**20
+        )  # what the socket buffers took besides

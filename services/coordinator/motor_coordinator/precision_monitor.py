@@ -13,11 +13,12 @@ scheduler (avoided when possible) and exported as the ``motor_coordinator_precis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from typing import Any, cast
 
 import aiohttp
 import grpc
@@ -29,7 +30,7 @@ from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2 as ctl
 from motor_common.tasks import TaskOwner
 from motor_common.tls import TlsConfig
-from motor_coordinator.dispatcher import Dispatcher, Head
+from motor_coordinator.dispatcher import Dispatcher, Frame, Head
 from motor_coordinator.policies import Candidate
 from motor_coordinator.precision import (
     Action,
@@ -51,6 +52,11 @@ from motor_coordinator.request import CHAT, COMPLETIONS, ParsedRequest
 from motor_coordinator.scheduler import Route
 
 log = logging.getLogger(__name__)
+
+# Bytes of a probe's answer held: it asks for a JSON answer of a few tokens (max_tokens); an
+# engine that answers with more (an endless stream) gives no answer instead of filling memory
+# until the probe's timeout.
+MAX_ANSWER_BYTES = 1 << 20
 
 ALARM_GAUGE = Gauge(
     "motor_coordinator_precision_alarm",
@@ -270,13 +276,20 @@ class PrecisionMonitor:
         pinned = Dispatcher(PinnedScheduler(self.scheduler, route), d.client, d.adapters, d.cfg,
                             prefix_chars=d.prefix_chars)
         rid = f"precision-{uuid.uuid4().hex[:16]}"
-        status, chunks = 0, []
+        status, chunks, size = 0, [], 0
         try:
             async with asyncio.timeout(self.cfg.timeout_sec):
-                async for frame in pinned.dispatch(req, rid):
-                    if isinstance(frame, Head):
-                        status = frame.http_status
-                    else:
+                # closed at once when left early: the engine's connection is dropped, not left to GC
+                async with contextlib.aclosing(cast(AsyncGenerator[Frame, None], pinned.dispatch(req, rid))) as frames:
+                    async for frame in frames:
+                        if isinstance(frame, Head):
+                            status = frame.http_status
+                            continue
+                        size += len(frame)
+                        if size > MAX_ANSWER_BYTES:
+                            log.info("precision probe answer passed %d bytes: taken as no answer", MAX_ANSWER_BYTES,
+                                     extra={"instance_ids": list(g.ids), "request_id": rid})
+                            return None
                         chunks.append(frame)
         except (MotorError, TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.info("precision probe got no answer", extra={"instance_ids": list(g.ids), "request_id": rid,
