@@ -170,7 +170,7 @@ async def test_a_prefill_answer_past_the_bound_fails_the_request_and_nothing_rea
 
 @pytest.mark.parametrize("role", [Role.UNION, Role.DECODE])
 @pytest.mark.parametrize("shape", ["plain", "deflate"])
-async def test_a_whole_answer_past_the_bound_is_refused_as_answer_too_large_and_the_next_request_is_served(
+async def test_a_whole_answer_past_the_bound_is_refused_as_response_too_large_and_the_next_request_is_served(
     shape: str, role: Role, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(engine_client, "MAX_ANSWER_BYTES", BOUND)
@@ -189,7 +189,7 @@ async def test_a_whole_answer_past_the_bound_is_refused_as_answer_too_large_and_
             p_port, _ = await st.enter_async_context(engine(good))
             await s.set(inst(1, Role.PREFILL, p_port), inst(2, Role.DECODE, port))
         status, body, error = await call(s)
-        assert (status, body, error) == (0, b"", "FAILED_PRECONDITION ANSWER_TOO_LARGE"), (
+        assert (status, body, error) == (0, b"", "FAILED_PRECONDITION RESPONSE_TOO_LARGE"), (
             status,
             len(body),
             error,

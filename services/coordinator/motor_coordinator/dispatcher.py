@@ -581,7 +581,7 @@ class Dispatcher:
         return FailedPrecondition(
             f"the answer to request {rid} is larger than {engine_client.MAX_ANSWER_BYTES // 2**20} MiB, more than "
             "Motor relays as one non-streamed answer; send it with \"stream\": true or ask for fewer tokens",
-            reason="ANSWER_TOO_LARGE",
+            reason="RESPONSE_TOO_LARGE",
         )
 
     async def _chunks(self, resp: aiohttp.ClientResponse, key: Key) -> AsyncIterator[bytes]:
