@@ -6,7 +6,14 @@ requires client certificates, ``/metrics`` does too (a certificate from ``tls.ca
 for at the handshake and checked per request: 403 without one), while ``/health`` and ``/ready``
 answer without one, because Kubernetes' HTTPS probes present no client certificate and carry
 nothing secret. ``ops_tls: https`` drops the client-certificate check, ``plaintext`` keeps plain
-HTTP (a Prometheus that scrapes without TLS; keep the port on a private network)."""
+HTTP (a Prometheus that scrapes without TLS; keep the port on a private network).
+
+The port answers anyone who reaches it, so what a caller can hold is bounded: at most
+:data:`MAX_CONNECTIONS` open connections (one more gets a 503 and is closed, counted in
+``motor_ops_connections_refused_total``), a connection without a complete request head for
+:data:`HEADER_TIMEOUT_SEC` is closed, and so is a TLS handshake that takes longer. Without these, idle
+connections held the program's file descriptors, which its gRPC server and its outbound
+connections need too."""
 
 from __future__ import annotations
 
@@ -15,16 +22,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import ServerConfig
+from motor_common.openai_front.site import GuardedSite
 from motor_common.ports import bind_failure
 from motor_common.tls import TlsConfig, https_context
 
 log = logging.getLogger(__name__)
 
 Readiness = Callable[[], Awaitable[tuple[bool, str]]]
+
+# Probes and a scraper or two need a handful of connections at once.
+MAX_CONNECTIONS = 64
+# Seconds a connection may go without a complete request head (and a TLS handshake may take).
+HEADER_TIMEOUT_SEC = 10.0
+
+REFUSED = Counter("motor_ops_connections_refused",
+                  "Connections to the ops endpoint answered 503 and closed: MAX_CONNECTIONS were open")
 
 
 async def _always_ready() -> tuple[bool, str]:
@@ -56,9 +72,10 @@ class OpsHttpServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=HEADER_TIMEOUT_SEC)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self._ssl)
+        site = GuardedSite(self._runner, self.host, self.port, max_connections=MAX_CONNECTIONS,
+                           ssl_context=self._ssl, handshake_timeout=HEADER_TIMEOUT_SEC, refused=REFUSED.inc)
         try:
             await site.start()
         except OSError as exc:
@@ -66,9 +83,7 @@ class OpsHttpServer:
             self._runner = None
             raise ConfigError(bind_failure(self.host, self.port, "set server.metrics_port or free it",
                                            exc.strerror or "")) from exc
-        sockets = getattr(site._server, "sockets", None)
-        if sockets:
-            self.port = int(sockets[0].getsockname()[1])
+        self.port = site.port
         log.info("ops endpoint listening", extra={"address": f"{self.host}:{self.port}", "scheme": self.scheme})
         return self.port
 

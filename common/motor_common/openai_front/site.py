@@ -47,8 +47,11 @@ BUSY_RESPONSE = (
 class _Busy(asyncio.Protocol):
     """A connection over the limit: the 503 is written and the connection closed."""
 
+    def __init__(self, refused: Callable[[], None]) -> None:
+        self._refused = refused
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        metrics.CONNECTIONS_REFUSED.inc()
+        self._refused()
         if isinstance(transport, asyncio.WriteTransport):
             transport.write(BUSY_RESPONSE)
         transport.close()
@@ -57,8 +60,11 @@ class _Busy(asyncio.Protocol):
 class _Refused(asyncio.Protocol):
     """An HTTPS connection over the limit: closed before any handshake work."""
 
+    def __init__(self, refused: Callable[[], None]) -> None:
+        self._refused = refused
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        metrics.CONNECTIONS_REFUSED.inc()
+        self._refused()
         transport.close()
 
 
@@ -154,19 +160,22 @@ class _TlsConnection(sslproto.SSLProtocol):
 
 class GuardedSite(web.BaseSite):
     """``web.TCPSite`` with at most *max_connections* open client connections, counted from their
-    accept, and TLS handshakes bounded by *handshake_timeout* seconds."""
+    accept, and TLS handshakes bounded by *handshake_timeout* seconds. *refused*: counts a
+    connection turned away (default: the front's ``motor_gateway_connections_refused_total``)."""
 
-    __slots__ = ("_handshake_timeout", "_host", "_max_connections", "_port", "_reuse_port")
+    __slots__ = ("_handshake_timeout", "_host", "_max_connections", "_port", "_refused", "_reuse_port")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int,
                  reuse_port: bool = False, ssl_context: ssl.SSLContext | None = None,
-                 handshake_timeout: float = 10.0, backlog: int = 1024) -> None:
+                 handshake_timeout: float = 10.0, backlog: int = 1024,
+                 refused: Callable[[], None] | None = None) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host = host
         self._port = port
         self._max_connections = max_connections
         self._handshake_timeout = handshake_timeout
         self._reuse_port = reuse_port
+        self._refused = refused or metrics.CONNECTIONS_REFUSED.inc
 
     @property
     def name(self) -> str:
@@ -183,12 +192,12 @@ class GuardedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         count = _Count(self._max_connections)
-        context, timeout = self._ssl_context, self._handshake_timeout
+        context, timeout, refused = self._ssl_context, self._handshake_timeout, self._refused
 
         # Called by asyncio for each accepted socket, before any byte is read: counted here.
         def protocol() -> asyncio.BaseProtocol:
             if not count.take():
-                return _Busy() if context is None else _Refused()
+                return _Busy(refused) if context is None else _Refused(refused)
             if context is None:
                 return _handler(server, count.give_back)
             return _TlsConnection(_handler(server, None), context, timeout, count.give_back)
