@@ -97,9 +97,11 @@ class _Answer:
 
 
 class _PrefillFailed(Exception):
-    def __init__(self, message: str, reason: RetryReason) -> None:
+    def __init__(self, message: str, reason: RetryReason, *, answered: bool = True) -> None:
         super().__init__(message)
         self.reason: RetryReason = reason
+        # False: the engine sent no answer at all (no connection, or dropped before a head)
+        self.answered = answered
 
 
 class _DecodeAlone(Exception):
@@ -678,7 +680,7 @@ class Dispatcher:
             except EngineUnreachable as exc:
                 call.fail("unreachable")
                 self.scheduler.record_failure(cand.endpoint)
-                raise _PrefillFailed(str(exc), "unreachable") from exc
+                raise _PrefillFailed(str(exc), "unreachable", answered=exc.headed) from exc
         call.answered(status)
         if status >= 500:
             self.scheduler.record_failure(cand.endpoint)
@@ -889,14 +891,14 @@ class Dispatcher:
         answered, the body it was sent and its parsed reply — or its refusal (an _Answer to relay).
         With *alone_ok*, raises _DecodeAlone when every prefill tried was unreachable."""
         tried: list[EndpointKey] = []
-        unreachable = True  # every failure so far: the engine never took the request
+        unreachable = True  # every failure so far: the engine sent no answer at all
         while True:
             pbody = adapter.prefill_body(req.body, p.endpoint)
             try:
                 answer = await self._prefill(p, req, pbody, rid, fate, route.prefill_tokens)
             except _PrefillFailed as exc:
                 tried.append(endpoint_key(p.endpoint))
-                unreachable = unreachable and exc.reason == "unreachable"
+                unreachable = unreachable and not exc.answered
                 nxt = self._next(Role.PREFILL, info, route, tried)
                 if nxt is None or len(tried) > self.cfg.prefill_retries:
                     if alone_ok and unreachable and self.scheduler.decode_only_fallback:

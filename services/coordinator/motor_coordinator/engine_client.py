@@ -45,10 +45,12 @@ class EngineUnreachable(Exception):
     ``reached`` is False when no connection was made (the request cannot have affected the
     engine), True when the engine dropped a connection the request may have been sent on."""
 
-    def __init__(self, endpoint: Endpoint, cause: str, *, reached: bool = True) -> None:
+    def __init__(self, endpoint: Endpoint, cause: str, *, reached: bool = True, headed: bool = False) -> None:
         super().__init__(f"engine {endpoint.host_port} unreachable: {cause}")
         self.endpoint = endpoint
         self.reached = reached
+        # The engine sent its answer's head, then its body broke (too large, cut short).
+        self.headed = headed
 
 
 class AnswerTooLarge(aiohttp.ClientPayloadError):
@@ -154,7 +156,7 @@ class EngineClient:
             try:
                 data = await read_body(resp)
             except (aiohttp.ClientError, OSError) as exc:
-                raise _unreachable(endpoint, exc) from exc
+                raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", headed=True) from exc
             return resp.status, resp.headers.get("Content-Type", ""), data
 
     async def probe(self, endpoint: Endpoint, path: str = "/health") -> bool:
