@@ -53,6 +53,19 @@ async def test_kill_prefill_engine(tmp_path: Path) -> None:
     assert_figures(figs)
 
 
+async def test_kill_the_only_prefill_engine(tmp_path: Path) -> None:
+    """One prefill, two decodes: while the prefill is relaunched no prefill is schedulable, and the
+    vLLM decodes compute the requests whole (scheduler.decode_only_fallback) instead of failing
+    them (176 of ~400 failed with the fallback off)."""
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
+        return await fleet.kill_engine("prefill-0")
+
+    figs = await run_scenario(tmp_path, "kill-only-prefill-engine",
+                              "`kill -9` the only prefill engine (relaunched; the decodes answer alone meanwhile)",
+                              inject, prefill=1, faulted=("prefill-0",))  # fmt: skip
+    assert_figures(figs)
+
+
 async def test_kill_nodemanager(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         return await _kill_program(fleet, "prefill-1")
