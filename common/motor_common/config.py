@@ -3,7 +3,10 @@
 Configuration schemas are (nested) dataclasses. Every key in the file must name a field: an
 unknown or misspelled key is a :class:`~motor_common.errors.ConfigError` naming the full key path
 and, when one is close, the field that was probably meant. Types are checked, not coerced, except
-that ints are accepted where floats are expected.
+that ints are accepted where floats are expected. Floats must be finite, and a float whose key ends
+in ``_sec``, ``_seconds``, ``interval`` or ``_ttl`` is a duration: 0 to one year. A file must be UTF-8,
+at most :data:`MAX_CONFIG_BYTES`, with no key twice in one mapping. Every error is one line (a
+wrong value is shown clipped).
 
 Environment overrides: ``{PREFIX}__SECTION__KEY=value`` (double underscores separate levels; the
 value is parsed as a YAML scalar/flow value). An override naming no field is an error too.
@@ -14,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -28,17 +33,89 @@ from motor_common.errors import ConfigError
 T = TypeVar("T")
 
 
+# A Motor configuration file is a few kilobytes; past this it is the wrong file (a log, a model's
+# weights), and pure-Python YAML parsing takes seconds per megabyte.
+MAX_CONFIG_BYTES = 1024 * 1024
+_YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_YamlLoader):  # type: ignore[misc]
+    """YAML's safe loader refusing a key given twice in one mapping (YAML keeps the last one
+    silently, so which of two ``port:`` lines wins depends on their order). Keys brought in by a
+    merge key (``<<: *defaults``) may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+                seen[key] = line
+            except TypeError:
+                continue  # an unhashable key: the base class says so
+            if first is not None:
+                raise _YamlProblem(
+                    f"key {key!r} is given twice in one mapping (line {first} and line {line})"
+                )
+        return dict(super().construct_mapping(node, deep=deep))
+
+
+class _YamlProblem(yaml.YAMLError):
+    """A YAML error told in one line."""
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """*exc* in one line: where (line, column) and what (PyYAML's own text spans several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        where = f"line {exc.problem_mark.line + 1}, column {exc.problem_mark.column + 1}"
+        what = "; ".join(part for part in (exc.context, exc.problem) if part)
+        return f"{where}: {what}"
+    return " ".join(str(exc).split())
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a JSON or YAML mapping from *path*."""
+    """Read a JSON or YAML mapping from *path*: UTF-8, at most :data:`MAX_CONFIG_BYTES`, no key
+    twice in one mapping."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {p} is larger than {MAX_CONFIG_BYTES // 1024} KiB (a Motor configuration is a "
+            f"few kilobytes): is it the right file?"
+        )
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from exc
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {p} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from exc
+    kind = "JSON" if p.suffix == ".json" else "YAML"
+    try:
+        data = (
+            json.loads(text, object_pairs_hook=_unique_keys)
+            if kind == "JSON"
+            else yaml.load(text, _StrictLoader)
+        )
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}") from exc
+    except ValueError as exc:
+        raise ConfigError(f"config file {p} is not valid JSON: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -76,6 +153,21 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# A float setting whose name ends so is a duration in seconds (every one in Motor's configurations
+# is); past a year it is a typo, and gRPC fails a call at once when its timeout is ~7e9 s or more.
+_DURATION_SUFFIXES = ("_sec", "_seconds", "interval", "_ttl")
+MAX_DURATION_SEC = 365 * 24 * 3600
+# How much of a wrong value an error shows: a YAML alias bomb (a list of 9 aliases of a list of 9
+# aliases …) is small in memory, but its full repr is billions of characters.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 60, 60
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def _shown(value: Any) -> str:
+    return _SHOWN.repr(value)
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -96,10 +188,16 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, arg, where)
             except ConfigError as exc:
                 errors.append(exc.message)
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
+        raise ConfigError(
+            errors[0]
+            if len(errors) == 1
+            else f"{where}: {_shown(value)} matches none of {_type_name(tp)}"
+        )
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(repr(a) for a in args)}")
+            raise ConfigError(
+                f"{where}: {_shown(value)} is not one of {', '.join(repr(a) for a in args)}"
+            )
         return value
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
         if not isinstance(value, Mapping):
@@ -117,20 +215,29 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         vt = args[1] if len(args) == 2 else Any
         return {str(k): _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ConfigError(f"{where}: expected a finite number, got {_shown(value)}")
+        if where.endswith(_DURATION_SUFFIXES) and not 0 <= value <= MAX_DURATION_SEC:
+            raise ConfigError(
+                f"{where}: {value:g} is not a duration in seconds from 0 to {MAX_DURATION_SEC} "
+                f"(one year)"
+            )
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+            raise ConfigError(f"{where}: expected an integer, got {_shown(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            raise ConfigError(f"{where}: expected true or false, got {_shown(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
+            raise ConfigError(f"{where}: expected a string, got {_shown(value)}")
         return value
     raise ConfigError(f"{where}: unsupported config type {_type_name(tp)}")
 
@@ -183,4 +290,8 @@ def load_config(
 
 def to_dict(obj: Any) -> Any:
     """A dataclass config as plain data (for logging the effective configuration)."""
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) and not isinstance(obj, type) else obj
+    return (
+        dataclasses.asdict(obj)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+        else obj
+    )

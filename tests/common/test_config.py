@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -11,6 +13,7 @@ import pytest
 from motor_common.config import load_config
 from motor_common.errors import ConfigError
 from motor_common.grpc_server import ServerConfig
+from tests.conftest import tool
 
 
 @dataclass(frozen=True)
@@ -76,3 +79,123 @@ def test_unreadable_or_malformed_files_are_clear_errors(tmp_path: Path) -> None:
         load_config(Cfg, write(tmp_path, "bad.yaml", "a: [\n"))
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(Cfg, write(tmp_path, "list.yaml", "- 1\n"))
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            Cfg,
+            write(tmp_path, "c.yaml", "server: {port: 5000}\ninner: {}\nserver: {port: 6000}\n"),
+        )
+    assert err.value.message.endswith(
+        "is not valid YAML: key 'server' is given twice in one mapping (line 1 and line 3)"
+    )
+    with pytest.raises(ConfigError, match="not valid JSON: duplicate key 'port'"):
+        load_config(Cfg, write(tmp_path, "c.json", '{"server": {"port": 5000, "port": 6000}}'))
+    # a merge key's values may still be overridden
+    cfg = load_config(
+        Cfg, write(tmp_path, "m.yaml", "server: {<<: {port: 5000, host: 0.0.0.0}, port: 6000}\n")
+    )
+    assert (cfg.server.port, cfg.server.host) == (6000, "0.0.0.0")
+
+
+def test_bytes_that_are_not_utf8_and_oversized_files_are_config_errors(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 0xe9 at offset 9\)"):
+        load_config(Cfg, latin)
+    big = write(tmp_path, "big.yaml", "name: " + "x" * 1024 * 1024 + "\n")
+    with pytest.raises(ConfigError, match="is larger than 1024 KiB"):
+        load_config(Cfg, big)
+
+
+def test_a_yaml_syntax_error_is_one_line_with_its_position(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(Cfg, write(tmp_path, "c.yaml", "inner:\n  enabled: true\n   bad: [\n"))
+    assert (
+        "\n" not in err.value.message and "is not valid YAML: line 3, column" in err.value.message
+    )
+
+
+def test_an_alias_bomb_in_a_wrong_type_is_refused_with_a_short_message(tmp_path: Path) -> None:
+    levels = ['- &a0 ["x","x","x","x","x","x","x","x","x"]']
+    levels += [f"- &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    path = write(
+        tmp_path, "bomb.yaml", "name:\n" + "\n".join("  " + line for line in levels) + "\n"
+    )
+    with pytest.raises(ConfigError) as err:  # its repr alone: 9^9 strings (MemoryError before)
+        load_config(Cfg, path)
+    assert "name: expected a string, got [['x', 'x', 'x', 'x', ...]" in err.value.message
+    assert len(err.value.message) < 300
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["inner: {interval_sec: .nan}", "inner: {interval_sec: .inf}", "inner: {interval_sec: -.inf}"],
+)
+def test_a_number_that_is_not_finite_is_refused(tmp_path: Path, text: str) -> None:
+    with pytest.raises(
+        ConfigError, match=r"inner\.interval_sec: expected a finite number, got -?(nan|inf)"
+    ):
+        load_config(Cfg, write(tmp_path, "c.yaml", text + "\n"))
+
+
+@pytest.mark.parametrize("value", ["-1", "1.0e+18", "31536001"])
+def test_a_duration_below_zero_or_above_a_year_is_refused(tmp_path: Path, value: str) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"inner\.interval_sec: .* is not a duration in seconds from 0 to 31536000",
+    ):
+        load_config(Cfg, write(tmp_path, "c.yaml", f"inner: {{interval_sec: {value}}}\n"))
+    assert (
+        load_config(
+            Cfg, write(tmp_path, "ok.yaml", "inner: {interval_sec: 31536000}\n")
+        ).inner.interval_sec
+        == 31536000
+    )
+
+
+HOSTILE = {
+    "nonutf8.yaml": (
+        b"log: {level: info}\n\xff\xfe: 1\n",
+        "is not UTF-8 text (byte 0xff at offset 19)",
+    ),
+    "dup.yaml": (
+        b"log: {level: info}\nlog: {level: debug}\n",
+        "key 'log' is given twice in one mapping",
+    ),
+    "nan.yaml": (
+        b"server: {grace_seconds: .nan}\n",
+        "server.grace_seconds: expected a finite number, got nan",
+    ),
+    "huge.yaml": (
+        b"server: {grace_seconds: 1.0e+18}\n",
+        "server.grace_seconds: 1e+18 is not a duration in seconds",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "program", ["motor-controller", "motor-coordinator", "motor-gateway", "motor-nodemanager"]
+)
+def test_every_program_refuses_a_hostile_config_file_in_one_line_with_exit_2(
+    tmp_path: Path, program: str
+) -> None:
+    for name, (body, expected) in HOSTILE.items():
+        if program == "motor-gateway" and name in ("nan.yaml", "huge.yaml"):
+            body = body.replace(b"server: {grace_seconds:", b"shutdown_grace_sec:").replace(
+                b"}", b""
+            )
+            expected = expected.replace("server.grace_seconds", "shutdown_grace_sec")
+        path = tmp_path / name
+        path.write_bytes(body)
+        run = subprocess.run(
+            [tool(program), "--config", str(path), "--check-config"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "ROLE": "prefill"},
+        )
+        assert run.returncode == 2, (name, run.stderr)
+        assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: "), (name, run.stderr)
+        assert expected in run.stderr, (name, run.stderr)
