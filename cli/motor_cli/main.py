@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from motor_cli import output
 from motor_common.version import add_version_flag
 
 # name → (module, one-line help). One line per command.
@@ -50,8 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    code: int = importlib.import_module(args._module).run(args)
+    # Server-provided text (names, reasons, error details, log tails) never drives the terminal.
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = output.SafeText(sys.stdout), output.SafeText(sys.stderr)
+    try:
+        args = build_parser().parse_args(argv)
+        code: int = importlib.import_module(args._module).run(args)
+    finally:
+        sys.stdout, sys.stderr = streams
     return code
 
 

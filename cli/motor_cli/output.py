@@ -1,9 +1,17 @@
-"""Human-readable tables and JSON for instances."""
+"""Human-readable tables and JSON for instances, and the terminal guard of every ``motor`` command.
+
+Names, reasons, alarm messages and error details come from servers, engines and logs: a control
+character among them (ESC opens an ANSI sequence that can retitle the terminal, clear it or hide
+text; C1 and DEL likewise) must never reach the operator's terminal. :class:`SafeText` wraps
+stdout and stderr once in ``motor``'s ``main`` and writes each such character as ``\\uXXXX`` (a
+JSON escape: ``--json`` output stays valid JSON); newlines and tabs pass.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -64,3 +72,26 @@ def table(instances: Sequence[Instance]) -> str:
 
 def dumps(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode()
+
+
+# C0 controls but tab and newline, DEL, C1 controls.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """*text* with every control character but tab and newline written as ``\\uXXXX``."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class SafeText:
+    """A text stream that writes :func:`printable` text to *stream* (everything else delegated)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
