@@ -6,6 +6,7 @@
 - Machine-wide, every running ``motor up`` claims the ports its programs serve on
   (:class:`PortClaims`), so another ``motor up`` never picks one while its program is down for a
   restart.
+- The state dir must be this user's and not writable by every user (:func:`check_private`).
 - ``state-format`` records the layout of the state dir. A state dir written by an older Motor
   (no marker, but a store or configs from before) or a newer one is refused with what to do.
 """
@@ -63,8 +64,9 @@ def write_format(state_dir: Path) -> None:
 def exclusive(state_dir: Path) -> Iterator[None]:
     """Hold the state dir's lock for the block; FailedPrecondition naming the running fleet
     (pid, gateway URL) when another ``motor up`` holds it."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(state_dir)
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,6 +77,23 @@ def exclusive(state_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def check_private(state_dir: Path) -> None:
+    """ConfigError unless *state_dir* is this user's and not writable by every user: ``motor up``
+    writes keys, configs and its lock there, and whoever else can write there can plant a symlink
+    that one of those writes follows (``up.lock`` → a file of this user: truncated). Group-write is
+    allowed (a user-private group under umask 002); a new state dir is made 0700."""
+    st = state_dir.stat()
+    if st.st_uid != os.getuid():
+        why = f"belongs to uid {st.st_uid}, not to this user (uid {os.getuid()})"
+    elif st.st_mode & 0o002:
+        why = f"can be written by every user (mode {st.st_mode & 0o7777:04o})"
+    else:
+        return
+    raise ConfigError(f"state dir {state_dir} {why}: whoever can write there can make motor up overwrite a file "
+                      f"of yours through a planted symlink; use a directory of your own (chmod o-w it) or "
+                      f"pass another --state-dir")
 
 
 def _already_running(state_dir: Path, fd: int) -> str:

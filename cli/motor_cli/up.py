@@ -271,10 +271,22 @@ def _write_configs(plan: FleetPlan) -> None:
 
 
 def _secret_file(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    """*text* into *path*, readable by this user only, atomically: a crash leaves the old file or
+    the new one, never half a key, and a symlink at *path* is replaced, not written through."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _holds_key(path: Path) -> bool:
+    return path.is_file() and bool(path.read_text(errors="replace").strip())
 
 
 def _write_keys(plan: FleetPlan) -> None:
@@ -282,7 +294,7 @@ def _write_keys(plan: FleetPlan) -> None:
     each program accepts (rewritten from them): see motor_cli.fleet.FleetKeys."""
     keys = plan.keys
     for path in (keys.operator, keys.application, *keys.own.values()):
-        if not path.exists():
+        if not _holds_key(path):  # none yet, or left empty by a crash of an older motor up
             _secret_file(path, secrets.token_hex(24) + "\n")
 
     def listing(named: dict[str, Path]) -> str:
@@ -641,11 +653,24 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, MotorError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_CONFIG
+    except OSError as exc:  # e.g. the state dir (its files, keys, logs) cannot be made or written
+        print(f"error: {_os_error(exc, Path(args.state_dir))}", file=sys.stderr)
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     finally:
         picking.release()
         claims.release()
+
+
+def _os_error(exc: OSError, state_dir: Path) -> str:
+    """*exc* in one sentence; for a file of *state_dir*, what to do."""
+    if not exc.filename:
+        return str(exc)
+    path = Path(os.fsdecode(exc.filename))
+    inside = path.absolute() == state_dir.absolute() or state_dir.absolute() in path.absolute().parents
+    hint = "; pass another --state-dir (or fix that one)" if inside else ""
+    return f"{path}: {exc.strerror or exc}{hint}"
 
 
 def _fleet_ports(opts: FleetOptions) -> list[int]:

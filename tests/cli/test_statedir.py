@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from motor_cli.fleet import FleetOptions, plan_fleet
 from motor_cli.statedir import PortClaims, PortPickLock, exclusive
+from motor_cli.up import _write_keys
 from motor_common.errors import FailedPrecondition
+from tests.conftest import tool
 
 HOLD = """
 import sys
@@ -114,3 +117,53 @@ def test_the_shared_lock_and_claims_dir_are_open_to_every_user_whatever_the_umas
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "ports.lock").stat().st_mode) == 0o666
     assert stat.S_IMODE((tmp_path / "claims.d").stat().st_mode) == 0o1777
+
+
+def motor_up(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([tool("motor"), "up", "--port", "0", "--state-dir", str(state), *args],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_a_state_dir_every_user_can_write_is_refused_and_nothing_is_written_through_its_symlinks(
+    tmp_path: Path,
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: another user planted up.lock -> a file of ours
+    (shared / "up.lock").symlink_to(victim)
+    run = motor_up(shared)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == (f"error: state dir {shared} can be written by every user (mode 1777): whoever can write "
+                          f"there can make motor up overwrite a file of yours through a planted symlink; use a "
+                          f"directory of your own (chmod o-w it) or pass another --state-dir\n")
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in shared.iterdir()) == ["up.lock"]
+
+
+def test_a_new_state_dir_is_private_and_one_that_cannot_be_made_is_one_sentence(tmp_path: Path) -> None:
+    with exclusive(tmp_path / "a" / "up"):
+        assert stat.S_IMODE((tmp_path / "a" / "up").stat().st_mode) == 0o700
+    (tmp_path / "file").write_text("")
+    run = motor_up(tmp_path / "file" / "up")
+    assert run.returncode == 2
+    assert run.stderr == f"error: {tmp_path}/file/up: Not a directory; pass another --state-dir (or fix that one)\n"
+
+
+def test_an_empty_key_left_by_a_crash_is_made_anew_and_keys_replace_planted_symlinks(tmp_path: Path) -> None:
+    state = tmp_path / "up"
+    opts = FleetOptions(node_ports=(7001, 7002), state_dir=state, key_file=state / "keys" / "operator.key")
+    plan = plan_fleet(opts, Path("/bin"))
+    (state / "keys").mkdir(parents=True)
+    plan.keys.own["controller"].write_text("")  # a crash between creating the file and writing it
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    plan.keys.nodes.symlink_to(victim)
+    _write_keys(plan)
+    for path in (plan.keys.operator, plan.keys.nodes, *plan.keys.own.values()):
+        assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    controller_key = plan.keys.own["controller"].read_text().strip()
+    assert len(controller_key) == 48
+    assert f"controller: {controller_key}\n" in plan.keys.operators.read_text()
+    assert victim.read_text() == "precious\n"
+    assert not [p.name for p in (state / "keys").iterdir() if p.name.startswith(".")]  # no temp file left
