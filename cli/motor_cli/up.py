@@ -12,8 +12,8 @@ the gateway (none with --co-located: motor_cli.topology), shows progress while t
 then prints a status line whenever something changes. Like a kubelet, it restarts a program that
 exits (a nodemanager that terminates itself for rescheduling comes back and re-registers); a
 program that rejects its configuration (exit 2) is not restarted: motor up stops and says why.
-Ctrl-C (or motor down) stops everything; every child dies with this process, so nothing is left
-behind even after a SIGKILL. One fleet per state dir (--state-dir, default .motor/up).
+Ctrl-C (or motor down, SIGTERM, or SIGHUP when its terminal closes) stops everything; every child
+dies with this process, so nothing is left behind even after a SIGKILL. One fleet per state dir (--state-dir, default .motor/up).
 On Ctrl-C every program gets SIGTERM and a grace longer than a nodemanager's engine stop timeout
 (which escalates SIGTERM → SIGKILL on each engine's process group), then SIGKILL; finally every
 descendant still running — including engines orphaned by a killed nodemanager, re-parented here
@@ -460,7 +460,9 @@ async def _run(plan: FleetPlan, restart_delay: float, timeout: float, user_file:
     sup = Supervisor(restart_delay)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP: the terminal of motor up closed (an ssh session dropped); stop like Ctrl-C, not die
+    # before stopping the programs and proving none is left.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     logs = opts.state_dir / "logs"
     order = [*plan.of_kind("coordinator"), *plan.of_kind("controller"), *plan.of_kind("nodemanager"), *plan.of_kind("gateway")]

@@ -1,4 +1,4 @@
-"""Ctrl-C on `motor up` leaves no process behind, even an engine that ignores SIGTERM.
+"""Ctrl-C (or SIGHUP) on `motor up` leaves no process behind, even an engine that ignores SIGTERM.
 
 Real processes: `motor up` with simulated engines started with ``MOTOR_SIM_IGNORE_SIGTERM=1`` (a
 wedged engine: only SIGKILL stops it) and a nodemanager engine stop timeout (60 s) longer than
@@ -44,4 +44,14 @@ async def test_ctrl_c_kills_engines_that_ignore_sigterm_before_saying_nothing_is
         assert all(gone(p) for p in every), [p for p in every if not gone(p)]
         assert "outlived their program" in out and "motor-sim" in out.split("outlived their program")[1]
         assert out.rstrip().endswith("Stopped; no process left running.")
+    await wait_for(lambda: all(gone(p) for p in every), timeout=5, what="nothing left")
+
+
+async def test_sighup_when_its_terminal_closes_stops_the_fleet_like_ctrl_c(tmp_path: Path) -> None:
+    async with motor_up(tmp_path, "--zero-latency") as fleet:
+        every = [c.pid for c in psutil.Process(fleet.proc.pid).children(recursive=True)]
+        fleet.proc.send_signal(signal.SIGHUP)  # before: motor up died at once, stopping nothing itself
+        assert fleet.proc.wait(60) == 0
+        assert fleet.log.read_text().rstrip().endswith("Stopped; no process left running.")
+        assert not (fleet.state / "fleet.json").exists()
     await wait_for(lambda: all(gone(p) for p in every), timeout=5, what="nothing left")
