@@ -14,12 +14,12 @@ import signal
 import sys
 import time
 
-from motor_cli import target
+from motor_cli import arg_types, target
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR, help="state dir of motor up (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it to stop")
+    parser.add_argument("--timeout", type=arg_types.seconds(), default=30.0, help="seconds to wait for it to stop")
 
 
 def run(args: argparse.Namespace) -> int:

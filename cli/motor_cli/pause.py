@@ -25,7 +25,7 @@ import sys
 
 import grpc
 
-from motor_cli import target
+from motor_cli import arg_types, target
 from motor_cli.tls_args import add_tls_flags, tls_from_args
 from motor_common.errors import MotorError
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
@@ -68,7 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="controller address (env MOTOR_CONTROLLER; default: the fleet in --state-dir)")
     parser.add_argument("--management-key-file", metavar="FILE",
                         help="management key (env MOTOR_MANAGEMENT_KEY_FILE; default: the fleet's)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per call (default %(default)s)")
+    parser.add_argument("--timeout", type=arg_types.seconds(), default=5.0, help="seconds per call (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tls_flags(parser)
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import grpc
 
-from motor_cli import health, output, target
+from motor_cli import arg_types, health, output, target
 from motor_cli.registration import (
     EndpointSpec,
     build_instance,
@@ -78,7 +78,7 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default=target.DEFAULT_STATE_DIR,
                    help="a fleet started by `motor up` (default %(default)s)")
     add_tls_flags(p)
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default %(default)s)")
+    p.add_argument("--timeout", type=arg_types.seconds(), default=10.0, help="seconds per call (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable JSON output")
     return p
 

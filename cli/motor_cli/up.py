@@ -49,7 +49,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from motor_cli import config_errors, statedir, target
+from motor_cli import arg_types, config_errors, statedir, target
 from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
 from motor_cli.leftovers import become_subreaper, kill_leftovers, reap_adopted
 from motor_cli.status import FleetView, fetch_view, format_line
@@ -84,7 +84,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="engine protocol (default vllm)")
     parser.add_argument("--model", default="tiny", help="served model name (default tiny)")
     parser.add_argument("--host", default="127.0.0.1", help="address every program listens on")
-    parser.add_argument("--port", type=int, default=None,
+    parser.add_argument("--port", type=arg_types.port, default=None,
                         help="OpenAI front port: the gateway's, or the coordinator's with --co-located "
                              "(default 8000, or a free one if busy)")
     parser.add_argument("--co-located", action="store_true",
@@ -102,8 +102,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-events", action="store_true",
                         help="engines publish KV-cache events; the coordinator routes prefill by them (docs/kv-events.md)")
     parser.add_argument("--ha", action="store_true", help="two coordinators, active/standby through a local etcd")
-    parser.add_argument("--restart-delay", type=float, default=2.0, help="seconds before a program that exited is restarted")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the fleet to be ready")
+    parser.add_argument("--restart-delay", type=arg_types.seconds(above=False), default=2.0, help="seconds before a program that exited is restarted")
+    parser.add_argument("--timeout", type=arg_types.seconds(), default=180.0, help="seconds to wait for the fleet to be ready")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (programs and configs) and exit")
     parser.add_argument("--tls", action="store_true",
                         help="mutual TLS on every gRPC channel and HTTPS on the gateway, with a throw-away CA "
