@@ -124,6 +124,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is outside [0, 65535]")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:  # 70000 bound 4464
+            raise ValueError(f"metrics_port {self.metrics_port} is outside [0, 65535]")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.tls_cert_file is not None:

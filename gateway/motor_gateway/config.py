@@ -92,3 +92,9 @@ class GatewayConfig:
                              f"come every second), got {self.worker_liveness_timeout_sec}")
         if self.request_timeout_sec <= 0 or self.control_timeout_sec <= 0:
             raise ValueError("request_timeout_sec and control_timeout_sec must be positive")
+        # 0 probed every coordinator in a busy loop (a whole core); a 0 timeout fails every probe.
+        if self.probe_interval_sec < 0.05 or self.probe_timeout_sec <= 0:
+            raise ValueError(f"probe_interval_sec must be at least 0.05 and probe_timeout_sec positive, got "
+                             f"{self.probe_interval_sec:g} and {self.probe_timeout_sec:g}")
+        if self.dispatch_attempts < 1:  # was taken as 1 silently
+            raise ValueError(f"dispatch_attempts must be at least 1 (the first try), got {self.dispatch_attempts}")

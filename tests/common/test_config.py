@@ -199,3 +199,30 @@ def test_every_program_refuses_a_hostile_config_file_in_one_line_with_exit_2(
         assert run.returncode == 2, (name, run.stderr)
         assert run.stderr.count("\n") == 1 and run.stderr.startswith("error: "), (name, run.stderr)
         assert expected in run.stderr, (name, run.stderr)
+
+
+@pytest.mark.parametrize(
+    ("program", "body", "expected"),
+    [
+        # 70000 served /metrics on port 4464 (70000 mod 65536)
+        ("motor-controller", "server: {metrics_port: 70000}", "server: metrics_port 70000 is outside [0, 65535]"),
+        ("motor-coordinator", "server: {metrics_port: -1}", "server: metrics_port -1 is outside [0, 65535]"),
+        # 0 probed both coordinators in a busy loop (95 % of a core)
+        ("motor-gateway", "{coordinators: ['a:1', 'b:2'], probe_interval_sec: 0}",
+         "probe_interval_sec must be at least 0.05 and probe_timeout_sec positive, got 0 and 0.5"),
+        ("motor-gateway", "dispatch_attempts: 0", "dispatch_attempts must be at least 1 (the first try), got 0"),
+        # 0 polled the config file in a busy loop (74 % of a core)
+        ("motor-nodemanager", "config_watch_interval_sec: 0", "config_watch_interval_sec must be at least 0.05"),
+        ("motor-nodemanager", "registration: {rpc_timeout_sec: 0}", "registration.rpc_timeout_sec must be > 0"),
+        ("motor-nodemanager", "fault_tolerance_config: {zmq_pub_port: 70000}", "zmq_pub_port 70000 is outside"),
+    ],
+)  # fmt: skip
+def test_a_setting_that_would_spin_fail_every_call_or_bind_another_port_is_refused(
+    tmp_path: Path, program: str, body: str, expected: str
+) -> None:
+    path = write(tmp_path, "c.yaml", body + "\n")
+    run = subprocess.run([tool(program), "--config", str(path), "--check-config"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "ROLE": "prefill"})  # fmt: skip
+    assert run.returncode == 2 and expected in run.stderr and run.stderr.count("\n") == 1, (
+        run.stderr
+    )

@@ -100,6 +100,8 @@ class RegistrationConfig:
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("registration.max_attempts must be >= 1")
+        if self.rpc_timeout_sec <= 0:  # a 0 timeout fails every RegisterNode call at once
+            raise ValueError("registration.rpc_timeout_sec must be > 0")
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ class FaultToleranceConfig:
             raise ValueError("fault_tolerance_config.engine_restart_wait_timeout_sec must be > 0")
         if self.engine_restart_freeze_sec <= 0:
             raise ValueError("fault_tolerance_config.engine_restart_freeze_sec must be > 0")
+        if self.zmq_pub_port is not None and not 1 <= self.zmq_pub_port <= 65535:
+            raise ValueError(f"zmq_pub_port {self.zmq_pub_port} is outside [1, 65535]")
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,8 @@ class NodeManagerConfig:
             raise ValueError("base_port must be 0 or leave room for every endpoint below 65536")
         if self.heartbeat_interval_seconds <= 0 or self.daemon_loop_interval <= 0:
             raise ValueError("heartbeat_interval_seconds and daemon_loop_interval must be > 0")
+        if self.config_watch_interval_sec < 0.05:  # 0 polled the file in a busy loop (74 % of a core)
+            raise ValueError("config_watch_interval_sec must be at least 0.05")
 
     # --- derived views -------------------------------------------------------------------
     @property
