@@ -10,6 +10,10 @@ import orjson
 
 from motor_common.domain import Endpoint
 
+# The most of a /v1/models body read: a model list is a few hundred bytes per model; an engine
+# sending more (an endless body) is unhealthy, not buffered until the timeout (2 GB in 5 s).
+MAX_BODY = 1024 * 1024
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -23,9 +27,13 @@ async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) ->
     url = f"{ep.base_url}/v1/models"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            body = await resp.read()
             if resp.status != 200:
                 return Probe(ep.host_port, False, f"GET /v1/models answered HTTP {resp.status}")
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                body += chunk
+                if len(body) > MAX_BODY:
+                    return Probe(ep.host_port, False, f"GET /v1/models answered more than {MAX_BODY} bytes")
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return Probe(ep.host_port, False, f"GET /v1/models failed: {type(exc).__name__}: {exc}".rstrip(": "))
     try:

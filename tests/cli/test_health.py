@@ -65,3 +65,26 @@ async def test_unreachable_engine_is_unhealthy() -> None:
     (result,) = await probe_all([Endpoint(id=0, ip="127.0.0.1", business_port=free_port())], timeout=2)
     assert not result.healthy
     assert "failed" in result.detail
+
+
+async def test_an_engine_sending_an_endless_model_list_is_unhealthy_without_buffering_it() -> None:
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        await resp.write(b'{"data": [')
+        while True:  # before: read whole until the probe's timeout, ~2 GB in 5 s
+            await resp.write(b'{"id": "m"},' * 8192)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        (result,) = await probe_all([Endpoint(id=0, ip="127.0.0.1", business_port=port)], timeout=2)
+    finally:
+        await runner.cleanup()
+    assert not result.healthy
+    assert result.detail == "GET /v1/models answered more than 1048576 bytes"
