@@ -76,6 +76,10 @@ class FleetOptions:
             raise ConfigError(
                 f"unknown fleet config section(s) {', '.join(sorted(unknown))}; known: {', '.join(FLEET_SECTIONS)}"
             )
+        for name, section in self.overrides.items():
+            if not isinstance(section, Mapping):
+                raise ConfigError(f"fleet config section {name} must be a mapping of {name} settings, "
+                                  f"got {type(section).__name__}")
         check_topology(self.topology, coordinators=len(self.coordinator_ports), gateway_workers=self.gateway_workers,
                        front_workers=self.front_workers, overrides=self.overrides)
 

@@ -130,6 +130,7 @@ def build_options(args: argparse.Namespace, claimed: frozenset[int] = frozenset(
     ports other running ``motor up`` serve on: :class:`statedir.PortClaims`)."""
     state = Path(args.state_dir)
     overrides: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    overrides = {name: {} if section is None else section for name, section in overrides.items()}  # `coordinator:`
     host = args.host
     taken: set[int] = set(claimed)
     gateway = _pick(host, args.port, GATEWAY_HTTP, Topology(args.co_located).front_label, taken)

@@ -191,6 +191,20 @@ def test_dry_run_checks_every_section_with_the_programs_own_loaders(tmp_path: Pa
     assert "# every program accepted its configuration (5 checked with --check-config)" in ok.stdout
 
 
+def test_a_fleet_section_that_is_not_a_mapping_is_one_sentence_and_an_empty_one_is_no_override(
+    tmp_path: Path,
+) -> None:
+    for body, kind in (("coordinator: 5\n", "int"), ("gateway: [127.0.0.1:9100]\n", "list")):
+        (tmp_path / "bad.yaml").write_text(body)
+        done = run(["motor", "up", "--config", "bad.yaml", "--dry-run"], tmp_path)
+        section = body.split(":")[0]
+        assert (done.returncode, done.stderr) == (
+            2, f"error: fleet config section {section} must be a mapping of {section} settings, got {kind}\n")
+    (tmp_path / "empty.yaml").write_text("coordinator:\n  # scheduler: {policy: round_robin}\n")
+    ok = run(["motor", "up", "--config", "empty.yaml", "--dry-run"], tmp_path, timeout=120)
+    assert ok.returncode == 0, ok.stderr  # was an AttributeError traceback, like the two above
+
+
 @pytest.mark.slow
 def test_a_program_that_rejects_its_configuration_is_not_restarted(tmp_path: Path) -> None:
     (tmp_path / "typo.yaml").write_text("coordinator:\n  schedular: {policy: round_robin}\n")
