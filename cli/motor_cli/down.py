@@ -3,7 +3,8 @@
   motor down                          # the fleet in ./.motor/up
   motor down --state-dir /srv/motor   # the fleet started with motor up --state-dir /srv/motor
 
-Waits until motor up has stopped every program (--timeout). Exits 1 when no fleet runs there.
+Waits until motor up has stopped every program (--timeout); a motor up still starting is stopped
+too. Exits 1 when no fleet runs there.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-from motor_cli import arg_types, target
+from motor_cli import arg_types, statedir, target
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -24,13 +26,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fleet = target.running_fleet(args.state_dir)
-    if fleet is None or not fleet.alive:
-        print(f"error: nothing to stop: {target.no_fleet_message(args.state_dir, '--state-dir DIR')}",
-              file=sys.stderr)
-        if fleet is not None:  # left by a motor up that was killed: it describes nothing
-            fleet.path.unlink(missing_ok=True)
-        return 1
-    pid = fleet.pid
+    if fleet is not None and fleet.alive:
+        pid = fleet.pid
+    else:
+        # A motor up that is still starting holds the state dir's lock before it writes fleet.json.
+        starting = statedir.lock_holder(Path(args.state_dir))
+        if starting is None:
+            print(f"error: nothing to stop: {target.no_fleet_message(args.state_dir, '--state-dir DIR')}",
+                  file=sys.stderr)
+            if fleet is not None:  # left by a motor up that was killed: it describes nothing
+                fleet.path.unlink(missing_ok=True)
+            return 1
+        if not starting:
+            print(f"error: a motor up is just starting in {args.state_dir}; run motor down again",
+                  file=sys.stderr)
+            return 1
+        pid = starting
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -79,6 +79,27 @@ def exclusive(state_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def lock_holder(state_dir: Path) -> int | None:
+    """The pid of the ``motor up`` holding *state_dir*'s lock (one still starting: it has not
+    written ``fleet.json`` yet), or None when no process holds it; 0 when the holder has not
+    written its pid yet."""
+    try:
+        fd = os.open(state_dir / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return int(os.pread(fd, 32, 0).decode().strip() or 0)
+            except ValueError:
+                return 0
+        return None  # free (our shared lock ends with the close below)
+    finally:
+        os.close(fd)
+
+
 def check_private(state_dir: Path) -> None:
     """ConfigError unless *state_dir* is this user's and not writable by every user: ``motor up``
     writes keys, configs and its lock there, and whoever else can write there can plant a symlink

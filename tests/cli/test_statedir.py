@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -167,3 +168,21 @@ def test_an_empty_key_left_by_a_crash_is_made_anew_and_keys_replace_planted_syml
     assert f"controller: {controller_key}\n" in plan.keys.operators.read_text()
     assert victim.read_text() == "precious\n"
     assert not [p.name for p in (state / "keys").iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_motor_down_stops_a_motor_up_that_holds_the_state_dir_but_has_not_written_fleet_json(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "up"
+    starting = holder("state", state)  # a motor up between taking the lock and writing fleet.json
+    try:
+        down = subprocess.run([tool("motor"), "down", "--state-dir", str(state)], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert (down.returncode, down.stdout) == (0, "stopped\n"), down.stderr  # was: "nothing to stop", exit 1
+        assert starting.wait(10) == -signal.SIGTERM
+    finally:
+        starting.kill()
+        starting.wait(10)
+    again = subprocess.run([tool("motor"), "down", "--state-dir", str(state)], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    assert again.returncode == 1 and again.stderr.startswith("error: nothing to stop: no fleet is running in")
