@@ -220,10 +220,20 @@ class PortClaims:
                 self.dir.chmod(0o1777)
         pid = os.getpid()
         path = self.dir / f"{pid}.json"
-        tmp = self.dir / f".{pid}.tmp"
         body = {"pid": pid, "started": target.started_at(pid), "ports": sorted(set(ports))}
-        tmp.write_text(json.dumps(body))
-        tmp.replace(path)
+        # A new file of a random name (O_EXCL), renamed over the claim: every user writes in this
+        # directory, and a fixed temp name (".<pid>.tmp") planted as a symlink had this write go
+        # through it into a file of ours.
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{pid}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(body))
+            os.chmod(tmp, 0o644)  # readable by every other motor up
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self._own = path
 
     def release(self) -> None:

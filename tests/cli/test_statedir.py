@@ -186,3 +186,21 @@ def test_motor_down_stops_a_motor_up_that_holds_the_state_dir_but_has_not_writte
     again = subprocess.run([tool("motor"), "down", "--state-dir", str(state)], capture_output=True, text=True,
                            timeout=60)  # fmt: skip
     assert again.returncode == 1 and again.stderr.startswith("error: nothing to stop: no fleet is running in")
+
+
+def test_a_claim_is_never_written_through_a_symlink_planted_in_the_shared_claims_dir(tmp_path: Path) -> None:
+    shared = tmp_path / "claims"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (shared / f".{os.getpid()}.tmp").symlink_to(victim)  # another user's guess of our temp name
+    claims = PortClaims(shared)
+    claims.claim([9300])
+    try:
+        assert victim.read_text() == "precious\n"  # was: the claim's JSON, and <pid>.json a symlink to it
+        own = shared / f"{os.getpid()}.json"
+        assert not own.is_symlink() and json.loads(own.read_text())["ports"] == [9300]
+        assert stat.S_IMODE(own.stat().st_mode) == 0o644  # every other motor up reads it, whatever our umask
+    finally:
+        claims.release()
