@@ -136,6 +136,13 @@ def _already_running(state_dir: Path, fd: int) -> str:
             f"{state_dir}` (or Ctrl-C in its terminal), or pass another --state-dir")
 
 
+def _shared_path_error(path: Path, exc: OSError) -> ConfigError:
+    if path.is_symlink():
+        return ConfigError(f"{path} (shared by every motor up on this machine) is a symbolic link, which motor up "
+                           f"never follows there (someone may have planted it): remove it and run motor up again")
+    return ConfigError(f"cannot open {path} (shared by every motor up on this machine): {exc.strerror or exc}")
+
+
 class PortPickLock:
     """Machine-wide lock held by ``motor up`` from picking its ports until its programs have bound
     them, so two ``motor up`` starting at the same moment (two operators, two test runs) never pick
@@ -152,7 +159,12 @@ class PortPickLock:
         """Wait for the lock (at most ``timeout``); False when a stuck holder made us go ahead anyway."""
         # Shared by every user of the machine: read-only is enough for flock (another user's file
         # may not be writable), and the creator opens it to everyone (the umask narrowed 0o666).
-        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o666)
+        # Never through a symlink: another user could plant one at this shared path pointing at a
+        # file of ours, and the fchmod below would make that file writable by everyone.
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+        except OSError as exc:
+            raise _shared_path_error(self.path, exc) from exc
         with contextlib.suppress(OSError):
             if os.fstat(fd).st_uid == os.getuid():
                 os.fchmod(fd, 0o666)
@@ -215,9 +227,16 @@ class PortClaims:
     def claim(self, ports: Iterable[int]) -> None:
         """Claim *ports* for this process (replacing its earlier claim) until :meth:`release`."""
         self.dir.mkdir(mode=0o1777, parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):  # every user claims here (the umask narrowed the mode)
-            if self.dir.stat().st_uid == os.getuid():
-                self.dir.chmod(0o1777)
+        try:  # the directory itself, never a symlink planted in its place (its chmod would follow)
+            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise _shared_path_error(self.dir, exc) from exc
+        try:
+            with contextlib.suppress(OSError):  # every user claims here (the umask narrowed the mode)
+                if os.fstat(dfd).st_uid == os.getuid():
+                    os.fchmod(dfd, 0o1777)
+        finally:
+            os.close(dfd)
         pid = os.getpid()
         path = self.dir / f"{pid}.json"
         body = {"pid": pid, "started": target.started_at(pid), "ports": sorted(set(ports))}

@@ -630,9 +630,9 @@ def _dry_run(plan: FleetPlan, user_file: str | None, extra: str = "") -> int:
 def run(args: argparse.Namespace) -> int:
     picking = statedir.PortPickLock()
     claims = statedir.PortClaims()
-    if not args.dry_run:
-        picking.acquire()
     try:
+        if not args.dry_run:
+            picking.acquire()
         opts = build_options(args, frozenset(claims.claimed()))
         if not args.dry_run:  # until motor up exits, restarts included: no other motor up picks these
             claims.claim(_fleet_ports(opts))

@@ -18,7 +18,7 @@ import pytest
 from motor_cli.fleet import FleetOptions, plan_fleet
 from motor_cli.statedir import PortClaims, PortPickLock, exclusive
 from motor_cli.up import _write_keys
-from motor_common.errors import FailedPrecondition
+from motor_common.errors import ConfigError, FailedPrecondition
 from tests.conftest import tool
 
 HOLD = """
@@ -204,3 +204,21 @@ def test_a_claim_is_never_written_through_a_symlink_planted_in_the_shared_claims
         assert stat.S_IMODE(own.stat().st_mode) == 0o644  # every other motor up reads it, whatever our umask
     finally:
         claims.release()
+
+
+def test_a_symlink_planted_at_the_shared_lock_or_claims_path_is_refused_and_never_chmodded_through(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "authorized_keys"
+    secret.write_text("ssh-ed25519 AAAA me\n")
+    secret.chmod(0o600)
+    (tmp_path / "ports.lock").symlink_to(secret)
+    with pytest.raises(ConfigError, match=r"ports\.lock \(shared by every motor up on this machine\) is a symbolic"):
+        PortPickLock(timeout=1, path=tmp_path / "ports.lock").acquire()
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600  # was 0666: writable by every user
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (tmp_path / "claims.d").symlink_to(home)
+    with pytest.raises(ConfigError, match=r"claims\.d \(shared by every motor up on this machine\) is a symbolic"):
+        PortClaims(tmp_path / "claims.d").claim([9300])
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700 and not list(home.iterdir())  # was 1777, with a claim in it
