@@ -88,6 +88,7 @@ def parse_endpoint(text: str) -> EndpointSpec:
         raise InvalidArgument(f"{where}: {ip!r} is not an IPv4 or IPv6 address", reason="INVALID_ENDPOINT")
     port = _port(port_text, where, MIN_BUSINESS_PORT)
     extra = {"bootstrap": 0, "kv": 0, "kv_events": 0, "kv_events_replay": 0}
+    given: set[str] = set()
     for option in options:
         key, eq, value = option.partition("=")
         if not eq or key not in extra:
@@ -95,6 +96,9 @@ def parse_endpoint(text: str) -> EndpointSpec:
                 f"{where}: unknown option {option!r} (known: bootstrap=N, kv=N, kv_events=N, kv_events_replay=N)",
                 reason="INVALID_ENDPOINT",
             )
+        if key in given:  # the last one won silently
+            raise InvalidArgument(f"{where}: option {key} is given twice", reason="INVALID_ENDPOINT")
+        given.add(key)
         extra[key] = _port(value, f"{where} {key}")
     return EndpointSpec(normalize_ip(ip), port, extra["bootstrap"], extra["kv"], extra["kv_events"],
                         extra["kv_events_replay"])

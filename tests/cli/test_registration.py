@@ -43,6 +43,11 @@ def test_parse_endpoint_rejects_malformed_input(text: str) -> None:
         parse_endpoint(text)
 
 
+def test_an_endpoint_option_given_twice_is_refused_instead_of_the_last_one_winning() -> None:
+    with pytest.raises(InvalidArgument, match=r"endpoint '10.0.0.1:8100,kv=5600,kv=5601': option kv is given twice"):
+        parse_endpoint("10.0.0.1:8100,kv=5600,kv=5601")
+
+
 def test_id_does_not_depend_on_endpoint_order() -> None:
     results = {(i.id, i.job_name, tuple(i.endpoints)) for order in itertools.permutations(EPS)
                for i in [inst(Role.DECODE, *order)]}
