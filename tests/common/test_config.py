@@ -215,6 +215,11 @@ def test_every_program_refuses_a_hostile_config_file_in_one_line_with_exit_2(
         ("motor-nodemanager", "config_watch_interval_sec: 0", "config_watch_interval_sec must be at least 0.05"),
         ("motor-nodemanager", "registration: {rpc_timeout_sec: 0}", "registration.rpc_timeout_sec must be > 0"),
         ("motor-nodemanager", "fault_tolerance_config: {zmq_pub_port: 70000}", "zmq_pub_port 70000 is outside"),
+        # the scale-down guard's lease (their sum) above 3600 s: every GuardScaleDown refused OUT_OF_RANGE
+        ("motor-controller", "fault_tolerance_config: {dp_scale_down_config: {execution_deadline_sec: 3600}}",
+         "execution_deadline_sec + request_timeout_sec (the scale-down guard's lease) must be at most 3600 s"),
+        ("motor-controller", "fault_tolerance_config: {dp_scale_down_config: {poll_interval_sec: 0}}",
+         "poll_interval_sec and execution_deadline_sec must be > 0"),
     ],
 )  # fmt: skip
 def test_a_setting_that_would_spin_fail_every_call_or_bind_another_port_is_refused(

@@ -12,6 +12,7 @@ from motor_common import ports
 from motor_common.grpc_server import ServerConfig
 from motor_common.heartbeats import default_reattach_grace
 from motor_common.logs import LogConfig
+from motor_common.request_limits import MAX_LEASE_SEC
 from motor_controller.alarm_webhook import AlarmWebhookConfig
 
 
@@ -20,6 +21,15 @@ class DpScaleDownConfig:
     request_timeout_sec: float = 5.0
     poll_interval_sec: float = 1.0
     execution_deadline_sec: float = 30.0
+
+    def __post_init__(self) -> None:
+        if min(self.request_timeout_sec, self.poll_interval_sec, self.execution_deadline_sec) <= 0:
+            raise ValueError("dp_scale_down_config request_timeout_sec, poll_interval_sec and execution_deadline_sec "
+                             "must be > 0")
+        # The guard's lease is their sum, and a nodemanager refuses a lease above MAX_LEASE_SEC.
+        if self.execution_deadline_sec + self.request_timeout_sec > MAX_LEASE_SEC:
+            raise ValueError(f"dp_scale_down_config execution_deadline_sec + request_timeout_sec (the scale-down "
+                             f"guard's lease) must be at most {MAX_LEASE_SEC:g} s")
 
 
 @dataclass(frozen=True)
