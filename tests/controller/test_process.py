@@ -141,6 +141,23 @@ def test_enable_dp_scale_up_is_rejected_not_silently_ignored(tmp_path: Path) -> 
     assert out.returncode == 2 and "fault_tolerance_config.enable_dp_scale_up" in out.stderr
 
 
+@pytest.mark.parametrize("where", ["a directory", "not a database", "under a file"])
+def test_a_store_path_that_cannot_be_opened_exits_2_in_one_sentence(tmp_path: Path, where: str) -> None:
+    """Exit 1 with a traceback before: `motor up` restarted such a controller forever instead of
+    stopping with the reason (it does not restart a program that exits 2)."""
+    (tmp_path / "garbage.db").write_bytes(b"not sqlite " * 100)
+    (tmp_path / "file").write_text("")
+    path, why = {"a directory": (tmp_path, "unable to open database file"),
+                 "not a database": (tmp_path / "garbage.db", "file is not a database"),
+                 "under a file": (tmp_path / "file" / "c.db", f"{tmp_path / 'file'}: File exists")}[where]  # fmt: skip
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"server: {{port: 0}}\nstore: {{path: '{path}'}}\n")
+    out = subprocess.run([tool("motor-controller"), "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[-1] == f"error: store.path {path}: cannot open the controller's store: {why}"
+    assert "Traceback" not in out.stderr
+
+
 
 async def test_ops_endpoint_serves_metrics_health_and_readiness(tmp_path: Path) -> None:
     import json

@@ -75,7 +75,15 @@ class SqliteStore:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def open(self) -> SqliteStore:
-        await self._run(self._open)
+        """Open (create) the file; a ConfigError naming it when that cannot be done (a directory,
+        a path that cannot be made, not an SQLite file): restarting would not help (exit 2)."""
+        try:
+            await self._run(self._open)
+        except (OSError, sqlite3.Error) as exc:
+            from motor_common.errors import ConfigError
+
+            why = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ConfigError(f"store.path {self.path}: cannot open the controller's store: {why}") from exc
         return self
 
     def _conn(self) -> sqlite3.Connection:
