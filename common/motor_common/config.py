@@ -114,8 +114,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         )
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {p} is not valid YAML: {_yaml_problem(exc)}") from exc
-    except ValueError as exc:
-        raise ConfigError(f"config file {p} is not valid JSON: {exc}") from exc
+    except ValueError as exc:  # JSON syntax, or in either an integer of more than 4300 digits
+        raise ConfigError(f"config file {p} is not valid {kind}: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -168,6 +168,17 @@ def _shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
+def _finite(value: Any) -> float | None:
+    """*value* as a finite float, or None (not a number, NaN, infinite, an int past a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -215,18 +226,15 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         vt = args[1] if len(args) == 2 else Any
         return {str(k): _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
     if tp is float:
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
+        number = _finite(value)
+        if number is None:
             raise ConfigError(f"{where}: expected a finite number, got {_shown(value)}")
-        if where.endswith(_DURATION_SUFFIXES) and not 0 <= value <= MAX_DURATION_SEC:
+        if where.endswith(_DURATION_SUFFIXES) and not 0 <= number <= MAX_DURATION_SEC:
             raise ConfigError(
-                f"{where}: {value:g} is not a duration in seconds from 0 to {MAX_DURATION_SEC} "
+                f"{where}: {number:g} is not a duration in seconds from 0 to {MAX_DURATION_SEC} "
                 f"(one year)"
             )
-        return float(value)
+        return number
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer, got {_shown(value)}")

@@ -140,6 +140,21 @@ def test_a_number_that_is_not_finite_is_refused(tmp_path: Path, text: str) -> No
         load_config(Cfg, write(tmp_path, "c.yaml", text + "\n"))
 
 
+def test_an_integer_too_large_for_a_float_or_for_python_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"inner\.interval_sec: expected a finite number, got 1000"
+    ):
+        load_config(
+            Cfg, write(tmp_path, "c.yaml", "inner: {interval_sec: 1" + "0" * 400 + "}\n")
+        )  # OverflowError
+    with pytest.raises(
+        ConfigError, match=r"big\.yaml is not valid YAML: Exceeds the limit \(4300 digits\)"
+    ):
+        load_config(
+            Cfg, write(tmp_path, "big.yaml", "server: {port: 1" + "0" * 5000 + "}\n")
+        )  # was "not valid JSON"
+
+
 @pytest.mark.parametrize("value", ["-1", "1.0e+18", "31536001"])
 def test_a_duration_below_zero_or_above_a_year_is_refused(tmp_path: Path, value: str) -> None:
     with pytest.raises(
