@@ -281,14 +281,27 @@ async def _checked_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
         yield request
 
 
+async def _first(requests: AsyncIterator[Any]) -> Any:
+    """The request of a unary call served as a request stream (read after authentication)."""
+    async for request in requests:
+        return request
+    raise InvalidArgument("the call carried no request message", reason="MISSING_REQUEST")
+
+
 def _wrap(
     handler: grpc.RpcMethodHandler, service: str, method: str, auth: Authenticator | None,
     role: Role | None,
 ) -> grpc.RpcMethodHandler:
-    """*auth*/*role*: the credential this method requires (None = open)."""
+    """*auth*/*role*: the credential this method requires (None = open).
+
+    A method that needs a credential reads its request only once the caller is authenticated: a
+    unary request is served as a request stream whose one message is read inside the call, so a
+    caller without a valid key cannot make the server receive and parse a large request (64 MiB of
+    nested messages takes seconds of the event loop and gigabytes to parse)."""
     audited = role is Role.OPERATOR and is_mutation(method)
     des, ser = handler.request_deserializer, handler.response_serializer
     streaming_in = bool(handler.stream_unary or handler.stream_stream)
+    read_late = auth is not None and not streaming_in
 
     def _checked(request: Any) -> Any:
         if streaming_in:
@@ -349,8 +362,12 @@ def _wrap(
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             async with _scope(context):
+                if read_late:
+                    request = await _first(request)
                 return await inner(_checked(request), context)
 
+        if read_late:
+            return grpc.stream_unary_rpc_method_handler(unary, des, ser)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(unary, des, ser)
         return grpc.stream_unary_rpc_method_handler(unary, des, ser)
@@ -359,9 +376,13 @@ def _wrap(
 
     async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with _scope(context):
+            if read_late:
+                request = await _first(request)
             async for item in inner_stream(_checked(request), context):
                 yield item
 
+    if read_late:
+        return grpc.stream_stream_rpc_method_handler(streaming, des, ser)
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
     return grpc.stream_stream_rpc_method_handler(streaming, des, ser)

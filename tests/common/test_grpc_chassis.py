@@ -11,6 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from motor_common.credentials import AuthConfig, Role
 from motor_common.errors import NotFound
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as ctlpb
@@ -269,5 +270,54 @@ async def test_internal_errors_name_the_request_id_not_the_exception(caplog: pyt
                 await stub.AddInstances(cpb.AddInstancesRequest(instances=[bad]), timeout=5)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert error_reason(err.value) == "OUT_OF_RANGE" and "instance ids start at 1" in (err.value.details() or "")
+    finally:
+        await server.stop(0)
+
+
+class _Dispatch(cgrpc.DispatchServiceServicer):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def Dispatch(self, request: cpb.DispatchRequest, context: object) -> AsyncIterator[cpb.DispatchResponse]:
+        self.calls += 1
+        yield cpb.DispatchResponse(chunk=request.body)
+
+
+async def test_a_caller_without_a_key_is_refused_before_its_request_is_read(tmp_path: Path) -> None:
+    """The request of a protected method is read only after the key is checked: bytes that are no
+    protobuf at all (standing for a huge request that would take seconds and gigabytes to parse)
+    sent without a key are answered UNAUTHENTICATED, never parsed; with the key the same methods
+    serve."""
+    (tmp_path / "op").write_text("s3cret-op\n")
+    (tmp_path / "inf").write_text("app: s3cret-inference\n")
+    registry, dispatch = FakeRegistry(), _Dispatch()
+    server = GrpcServer("test", ServerConfig(auth=AuthConfig(operator_keys_file=str(tmp_path / "op"),
+                                                             inference_keys_file=str(tmp_path / "inf"))))
+    server.add_service(REGISTRY, lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(registry, s),
+                       protected=True)
+    server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(dispatch, s),
+                       role=Role.INFERENCE, open_methods=("GetReadiness",))
+    port = await server.start()
+    garbage = b"\xff\xff\xff\xff"
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            set_raw = ch.unary_unary(f"/{REGISTRY}/SetInstances", request_serializer=lambda b: b)
+            dispatch_raw = ch.unary_stream(f"/{DISPATCH}/Dispatch", request_serializer=lambda b: b)
+            for md in ((), call_metadata("wrong-key-1")):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await set_raw(garbage, metadata=md, timeout=5)
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert error_reason(err.value) == "MANAGEMENT_KEY_REQUIRED"
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in dispatch_raw(garbage, metadata=md, timeout=5):
+                        pass
+                assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert registry.sets == 0 and dispatch.calls == 0
+            resp = await cgrpc.InstanceRegistryServiceStub(ch).SetInstances(
+                cpb.SetInstancesRequest(), metadata=call_metadata("s3cret-op"), timeout=5)
+            assert resp.generation == 1
+            frames = [f async for f in cgrpc.DispatchServiceStub(ch).Dispatch(
+                cpb.DispatchRequest(body=b"{}"), metadata=(("authorization", "Bearer s3cret-inference"),), timeout=5)]
+            assert [f.chunk for f in frames] == [b"{}"] and dispatch.calls == 1
     finally:
         await server.stop(0)
