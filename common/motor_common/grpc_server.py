@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -378,7 +379,11 @@ def _wrap(
         async with _scope(context):
             if read_late:
                 request = await _first(request)
-            async for item in inner_stream(_checked(request), context):
+            answers = inner_stream(_checked(request), context)
+            if inspect.isawaitable(answers):  # a handler that writes with context.write (Health/Watch)
+                await answers
+                return
+            async for item in answers:
                 yield item
 
     if read_late:

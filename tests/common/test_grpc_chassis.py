@@ -321,3 +321,21 @@ async def test_a_caller_without_a_key_is_refused_before_its_request_is_read(tmp_
             assert [f.chunk for f in frames] == [b"{}"] and dispatch.calls == 1
     finally:
         await server.stop(0)
+
+
+
+async def test_health_watch_streams_the_status_and_its_changes() -> None:
+    """grpc.health.v1.Health/Watch (whose handler writes with context.write instead of yielding)
+    streams SERVING, then NOT_SERVING when the server stops being ready."""
+    server = GrpcServer("test", ServerConfig())
+    server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(cgrpc.DispatchServiceServicer(), s))
+    port = await server.start()
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(service=DISPATCH), timeout=10)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            await server.set_serving(False)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watch.cancel()
+    finally:
+        await server.stop(0)
