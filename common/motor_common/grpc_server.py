@@ -121,12 +121,27 @@ class ServerConfig:
     # certificate from tls.ca_file; /health and /ready answer probes without one), else plain HTTP;
     # "https" = HTTPS without client certificates on any route; "plaintext" = plain HTTP always.
     ops_tls: Literal["auto", "https", "plaintext"] = "auto"
+    # Transport bounds (docs/security.md, "gRPC transport limits"): calls open at once in the whole
+    # server (more → RESOURCE_EXHAUSTED), streams open at once on one connection (HTTP/2
+    # MAX_CONCURRENT_STREAMS: a gRPC client queues more), connections at once, how long a connection
+    # without a call stays open, and how long a new connection may take to start HTTP/2 (and TLS).
+    max_concurrent_rpcs: int = 10_000
+    max_streams_per_connection: int = 1_000
+    max_connections: int = 4_096
+    max_connection_idle_sec: float = 300.0
+    handshake_timeout_sec: float = 20.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port {self.port} is outside [0, 65535]")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:  # 70000 bound 4464
             raise ValueError(f"metrics_port {self.metrics_port} is outside [0, 65535]")
+        for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_connections"):
+            if not 1 <= getattr(self, name) <= 1_000_000:
+                raise ValueError(f"{name} {getattr(self, name)} is outside [1, 1000000]")
+        for name in ("max_connection_idle_sec", "handshake_timeout_sec"):
+            if not 0.1 <= getattr(self, name) <= 86_400:
+                raise ValueError(f"{name} {getattr(self, name)} is outside [0.1, 86400] seconds")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file must be set together")
         if self.tls_cert_file is not None:
@@ -461,8 +476,12 @@ class GrpcServer:
                         Role.INFERENCE: "server.auth.inference_keys_file"}[role]
                 log.warning("%s is open to anyone who can reach %s:%s: no %s credential is configured (set %s)",
                             service, self.config.host, self.config.port, role.value, what)
+        cfg = self.config
         server = grpc.aio.server(
             interceptors=[_Interceptor(self.auth, self._roles)],
+            # Without these one client (no key needed: health, reflection) could hold any number
+            # of calls open, ~17 KB each: 1 GB in 30 s from one connection.
+            maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_time_ms", 20_000),
@@ -470,6 +489,10 @@ class GrpcServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
+                ("grpc.max_allowed_incoming_connections", cfg.max_connections),
+                ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_sec * 1000)),
+                ("grpc.server_handshake_timeout_ms", int(cfg.handshake_timeout_sec * 1000)),
             ],
         )
         for _, register, _ in self._services:
