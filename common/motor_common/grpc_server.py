@@ -278,8 +278,31 @@ def _code_of(context: grpc.aio.ServicerContext) -> str:
     return code.name if isinstance(code, grpc.StatusCode) else "OK"
 
 
+@dataclass(frozen=True)
+class _Malformed:
+    """What the deserializer gives for bytes that are not a valid message (refused in the call)."""
+
+    why: str
+
+
+def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """*deserialize*, but bytes that do not parse give :class:`_Malformed` instead of raising (grpc
+    would answer UNKNOWN with the Python exception's class name)."""
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # DecodeError, or RecursionError past the nesting limit
+            return _Malformed(str(exc) or type(exc).__name__)
+
+    return parse
+
+
 def _check_known(request: Any) -> None:
     """Unknown fields are rejected, never silently dropped (INVALID_ARGUMENT, nothing applied)."""
+    if isinstance(request, _Malformed):
+        raise InvalidArgument(f"the request is not a valid protobuf message ({request.why}); nothing was applied",
+                              reason="MALFORMED_REQUEST")
     paths = unknown_field_paths(request)
     if paths:
         raise InvalidArgument(
@@ -316,6 +339,8 @@ def _wrap(
     nested messages takes seconds of the event loop and gigabytes to parse)."""
     audited = role is Role.OPERATOR and is_mutation(method)
     des, ser = handler.request_deserializer, handler.response_serializer
+    if des is not None:
+        des = _lenient(des)
     streaming_in = bool(handler.stream_unary or handler.stream_stream)
     read_late = auth is not None and not streaming_in
 

@@ -339,3 +339,32 @@ async def test_health_watch_streams_the_status_and_its_changes() -> None:
             watch.cancel()
     finally:
         await server.stop(0)
+
+
+async def test_bytes_that_are_no_protobuf_message_are_invalid_argument_without_internals(
+    served: tuple[int, FakeRegistry],
+) -> None:
+    """A request that does not parse is INVALID_ARGUMENT (reason MALFORMED_REQUEST) naming no Python
+    exception, on protected and open methods, unary and streaming, and changes nothing."""
+    port, impl = served
+    garbage = b"\xff\xff\xff\xff"
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        calls = [
+            (ch.unary_unary(f"/{REGISTRY}/SetInstances", request_serializer=lambda b: b), call_metadata("s3cret")),
+            (ch.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b), ()),
+        ]
+        for call, md in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(garbage, metadata=md, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_reason(err.value) == "MALFORMED_REQUEST"
+            assert "DecodeError" not in (err.value.details() or "") and "class" not in (err.value.details() or "")
+        watch = ch.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=lambda b: b)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in watch(garbage, timeout=5):
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert impl.sets == 0
+        resp = await cgrpc.InstanceRegistryServiceStub(ch).SetInstances(
+            cpb.SetInstancesRequest(), metadata=call_metadata("s3cret"), timeout=5)
+        assert resp.generation == 1
