@@ -78,6 +78,11 @@ def printable_id(value: str) -> bool:
 
 
 REQUEST_ID_HEADER = "x-request-id"
+# The largest request message a server receives unless it asks for more (gRPC's own default). Every
+# byte of a message can be a nested message: 4 MiB parse into ~2 million objects, 64 MiB into
+# 30 million (seconds of the event loop and gigabytes), and an open method (health) let a caller
+# without a key hold one such message per call.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 ERROR_DOMAIN = "motor.dev"
 
 RPC_HANDLED = Counter(
@@ -450,11 +455,15 @@ class GrpcServer:
     """
 
     def __init__(self, name: str, config: ServerConfig, *, management_key: str | None = None,
-                 inference_keys_file: str | None = None) -> None:
+                 inference_keys_file: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         """*inference_keys_file*: inference keys to use when ``server.auth.inference_keys_file``
-        is unset (the coordinator passes its HTTP front's ``api_key_file``)."""
+        is unset (the coordinator passes its HTTP front's ``api_key_file``). *max_message_bytes*:
+        the largest request message received (a larger one is RESOURCE_EXHAUSTED before anything
+        parses it); only the coordinator, whose Dispatch carries request bodies, needs more than
+        the default."""
         self.name = name
         self.config = config
+        self.max_message_bytes = max_message_bytes
         self._key = management_key if management_key is not None else read_secret(config.management_key_file)
         self.auth = Authenticator.from_config(config.auth, self._key, inference_keys_file)
         self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []
@@ -513,7 +522,7 @@ class GrpcServer:
                 ("grpc.keepalive_timeout_ms", 10_000),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
                 ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_concurrent_streams", cfg.max_streams_per_connection),
                 ("grpc.max_allowed_incoming_connections", cfg.max_connections),
                 ("grpc.max_connection_idle_ms", int(cfg.max_connection_idle_sec * 1000)),

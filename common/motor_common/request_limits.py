@@ -34,7 +34,7 @@ from motor_common.errors import InvalidArgument
 
 MAX_STRING = 4096
 MAX_NAME = 256
-MAX_BYTES = 64 * 1024 * 1024  # = the servers' max message size
+MAX_BYTES = 64 * 1024 * 1024  # = the coordinator's max message size (Dispatch bodies)
 MAX_REPEATED = 10_000
 MAX_COUNT = 65_536
 MAX_PID = 4_194_304  # Linux pid_max limit

@@ -17,6 +17,7 @@ from motor_common.grpc_server import GrpcServer
 from motor_common.openai_front.app import read_api_key
 from motor_common.ops_http import OpsHttpServer, ops_server
 from motor_common.ports import host_port
+from motor_common.request_limits import MAX_BYTES
 from motor_common.tasks import TaskOwner
 from motor_common.tls import https_context
 from motor_coordinator.config import CoordinatorConfig
@@ -72,8 +73,9 @@ class Coordinator:
         # The management mirror: swapped only after the scheduler accepted the same snapshot.
         self.state = RegistryState()
         self._model_created: dict[str, int] = {}
+        # Dispatch carries whole request bodies: up to request_limits.MAX_BYTES (64 MiB).
         self.server = GrpcServer("coordinator", cfg.server, management_key=management_key,
-                                 inference_keys_file=cfg.http.api_key_file)
+                                 inference_keys_file=cfg.http.api_key_file, max_message_bytes=MAX_BYTES)
         self.server.add_service(
             REGISTRY_SERVICE,
             lambda s: cgrpc.add_InstanceRegistryServiceServicer_to_server(
