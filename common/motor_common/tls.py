@@ -19,6 +19,7 @@ their client certificate the same way at each new call
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import ssl
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from cryptography import x509
 
 from motor_common.errors import ConfigError
 
@@ -86,9 +88,17 @@ def file_stamp(paths: list[str]) -> tuple[tuple[int, int, int], ...]:
 
 
 def _check_pair(cert_file: str, key_file: str) -> None:
-    """Raise ConfigError unless *key_file* is the private key of *cert_file* (both PEM)."""
-    _read(cert_file, "certificate")
+    """Raise ConfigError unless *key_file* is the private key of *cert_file* (both PEM) and the
+    certificate has not expired (a peer refuses an expired one: loading it over a valid one in a
+    rotation would cut every new connection)."""
+    pem = _read(cert_file, "certificate")
     _read(key_file, "key")
+    try:
+        expires = x509.load_pem_x509_certificate(pem).not_valid_after_utc
+    except ValueError as exc:
+        raise ConfigError(f"TLS certificate {cert_file} is not a PEM certificate: {exc}") from exc
+    if expires <= dt.datetime.now(dt.UTC):
+        raise ConfigError(f"TLS certificate {cert_file} expired at {expires.isoformat()}; peers would refuse it")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         ctx.load_cert_chain(cert_file, key_file)

@@ -23,6 +23,7 @@ from cryptography import x509
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from motor_common import certs
+from motor_common.errors import ConfigError
 from motor_common.grpc_client import open_channel
 from motor_common.reloading_channel import ReloadingChannel
 from motor_common.tls import TlsConfig, server_credentials
@@ -202,9 +203,14 @@ async def test_an_expired_old_certificate_is_not_used_after_the_rotation(rig: Ri
         await _check(stub)
         assert rig.recorder.seen[-1] == _file_serial(new.cert_file)
 
-    # The server really refuses the expired certificate on a new connection.
+    # The server really refuses the expired certificate on a new connection (raw credentials:
+    # open_channel itself refuses to present an expired certificate).
     expired = TlsConfig(cert_file=str(short.cert_file), key_file=str(short.key_file), ca_file=str(rig.ca.cert_file))
-    async with open_channel(f"127.0.0.1:{rig.port}", tls=expired) as ch:
+    with pytest.raises(ConfigError, match="expired"):
+        open_channel(f"127.0.0.1:{rig.port}", tls=expired)
+    creds = grpc.ssl_channel_credentials(rig.ca.cert_file.read_bytes(), short.key_file.read_bytes(),
+                                         short.cert_file.read_bytes())
+    async with grpc.aio.secure_channel(f"127.0.0.1:{rig.port}", creds) as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE

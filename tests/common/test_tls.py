@@ -8,6 +8,7 @@ connects after the rotation, and a half-written rotation keeps the old certifica
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 import ssl
@@ -166,6 +167,30 @@ async def test_a_mismatched_rotation_keeps_the_old_certificate(pki: Pki, tmp_pat
     finally:
         await server.stop(0)
 
+
+
+def _expired(pki: Pki) -> certs.Issued:
+    """A certificate from the fleet CA that expired a day ago (an old backup, a stalled renewal)."""
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
+    return certs.issue(pki.ca, pki.dir / "expired", "expired", HOSTS, days=9, not_before=start)
+
+
+async def test_a_rotation_to_an_expired_certificate_keeps_the_current_one(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An expired certificate renamed over the served one is not loaded: clients keep getting the
+    valid one (they would refuse an expired one), the log says why, nothing restarts."""
+    tls = _server_tls(pki, tmp_path, mutual=False)
+    server = GrpcServer("tls-test", ServerConfig(tls=tls))
+    port = await server.start()
+    try:
+        _rotate_to(tls, _expired(pki))
+        assert await _check(port, _client(pki, None)) == health_pb2.HealthCheckResponse.SERVING
+        assert "expired" in caplog.text and "keeping the current certificate" in caplog.text
+    finally:
+        await server.stop(0)
+    with pytest.raises(ConfigError, match="expired"):  # and a program does not start with one
+        https_context(TlsConfig(cert_file=str(_expired(pki).cert_file), key_file=str(_expired(pki).key_file)))
 
 def test_missing_or_mismatched_files_are_config_errors(pki: Pki, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read TLS"):
