@@ -124,18 +124,22 @@ class _CertFetcher:
         self._tls = tls
         self._paths = [p for p in (tls.cert_file, tls.key_file, tls.ca_file) if p]
         self._stamp = file_stamp(self._paths)
+        self._refused: tuple[tuple[int, int, int], ...] | None = None  # files found unusable (warned once)
         self._lock = threading.Lock()
         self.reloads = 0
 
     def __call__(self) -> grpc.ServerCertificateConfiguration | None:
         with self._lock:
+            stamp: tuple[tuple[int, int, int], ...] = ()  # () = a file is missing
             try:
                 stamp = file_stamp(self._paths)
-                if stamp == self._stamp:
+                if stamp == self._stamp or stamp == self._refused:
                     return None
                 config = _server_configuration(self._tls)
             except (OSError, ConfigError) as exc:
-                log.warning("TLS files changed but cannot be loaded; keeping the current certificate: %s", exc)
+                if stamp != self._refused:  # once per state of the files, not at every handshake
+                    log.warning("TLS files changed but cannot be loaded; keeping the current certificate: %s", exc)
+                self._refused = stamp
                 return None
             self._stamp = stamp
             self.reloads += 1
@@ -179,6 +183,7 @@ class _HttpsContext:
         self._lock = threading.Lock()
         self.current = self._build()
         self._stamp = file_stamp(self._paths)
+        self._refused: tuple[tuple[int, int, int], ...] | None = None  # files found unusable (warned once)
         self.reloads = 0
         # The outer context only dispatches: its SNI callback hands the handshake to `current`.
         self.outer = self._build()
@@ -200,15 +205,18 @@ class _HttpsContext:
 
     def _on_hello(self, sslobj: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext) -> None:
         with self._lock:
+            stamp: tuple[tuple[int, int, int], ...] = ()  # () = a file is missing
             try:
                 stamp = file_stamp(self._paths)
-                if stamp != self._stamp:
+                if stamp != self._stamp and stamp != self._refused:
                     self.current = self._build()
                     self._stamp = stamp
                     self.reloads += 1
                     log.info("HTTPS certificate reloaded", extra={"cert_file": self._tls.cert_file})
             except (OSError, ConfigError, ssl.SSLError) as exc:
-                log.warning("TLS files changed but cannot be loaded; keeping the current certificate: %s", exc)
+                if stamp != self._refused:  # once per state of the files, not at every handshake
+                    log.warning("TLS files changed but cannot be loaded; keeping the current certificate: %s", exc)
+                self._refused = stamp
         sslobj.context = self.current
 
 

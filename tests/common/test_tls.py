@@ -245,3 +245,35 @@ async def test_https_with_client_certificates_refuses_strangers(pki: Pki, tmp_pa
                 await _get(port, pki.ca.cert_file, who)
     finally:
         await runner.cleanup()
+
+
+async def test_files_that_cannot_be_loaded_are_warned_about_once_not_at_every_handshake(
+    pki: Pki, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A half-written rotation that stays on disk: every new handshake (gRPC and HTTPS) is served
+    with the current certificate, the files are reported once (not once per connection), and the
+    completed rotation is loaded."""
+    (tmp_path / "grpc").mkdir()
+    (tmp_path / "https").mkdir()
+    grpc_tls = _server_tls(pki, tmp_path / "grpc", mutual=False)
+    https_tls = _server_tls(pki, tmp_path / "https", mutual=False)
+    server = GrpcServer("tls-test", ServerConfig(tls=grpc_tls))
+    port = await server.start()
+    runner, https_port = await _https_site(https_context(https_tls))
+    refused = "TLS files changed but cannot be loaded"
+    try:
+        half = certs.issue(pki.other_ca, pki.dir / "half-written", "half-written", HOSTS)
+        for tls in (grpc_tls, https_tls):
+            assert tls.cert_file
+            shutil.copy(half.cert_file, tls.cert_file)  # the certificate changed, its key not
+        for _ in range(3):
+            assert await _check(port, _client(pki, None)) == health_pb2.HealthCheckResponse.SERVING
+            assert await _get(https_port, pki.ca.cert_file) == "hello"
+        assert caplog.text.count(refused) == 2  # one for each server
+        _rotate_to(grpc_tls, half)
+        _rotate_to(https_tls, half)
+        assert await _check(port, TlsConfig(ca_file=str(pki.other_ca.cert_file))) == health_pb2.HealthCheckResponse.SERVING
+        assert await _get(https_port, pki.other_ca.cert_file) == "hello"
+    finally:
+        await runner.cleanup()
+        await server.stop(0)
