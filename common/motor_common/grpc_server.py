@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, descriptor_pool
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import Counter, Histogram
@@ -56,7 +56,7 @@ from motor_common.errors import (
 from motor_common.logs import new_request_id, request_id_var
 from motor_common.ports import bind_error, bind_failure, host_port
 from motor_common.reflection import add_reflection
-from motor_common.request_limits import check_request
+from motor_common.request_limits import MAX_FIELDS, MEASURE_ABOVE_BYTES, check_request, count_fields
 from motor_common.strict_proto import unknown_field_paths
 from motor_common.tls import TlsConfig, server_credentials
 
@@ -217,9 +217,11 @@ class _Interceptor(grpc.aio.ServerInterceptor):
     """Wraps each method's handler once (cached by method name); the per-call work — request id,
     management key, metrics, error translation, unknown-field check — happens inside the call."""
 
-    def __init__(self, auth: Authenticator, roles: dict[str, tuple[Role, frozenset[str]]]) -> None:
+    def __init__(self, auth: Authenticator, roles: dict[str, tuple[Role, frozenset[str]]],
+                 max_fields: dict[str, int | None]) -> None:
         self._auth = auth
         self._roles = roles
+        self._max_fields = max_fields
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
@@ -236,7 +238,8 @@ class _Interceptor(grpc.aio.ServerInterceptor):
         service, method = _split(details.method)
         role, open_methods = self._roles.get(service, (None, frozenset()))
         needs = role if role is not None and method not in open_methods and self._auth.requires(role) else None
-        wrapped = _wrap(handler, service, method, self._auth if needs else None, needs)
+        wrapped = _wrap(handler, service, method, self._auth if needs else None, needs,
+                        self._max_fields.get(service, MAX_FIELDS))
         self._wrapped[details.method] = wrapped
         return wrapped
 
@@ -290,11 +293,30 @@ class _Malformed:
     why: str
 
 
-def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+@dataclass(frozen=True)
+class _TooManyFields:
+    """What the deserializer gives for a message with more fields than allowed (not parsed)."""
+
+    limit: int
+
+
+def _request_type(service: str, method: str) -> Any:
+    """The request message descriptor of *service*/*method*, if the default pool has it."""
+    try:
+        return descriptor_pool.Default().FindServiceByName(service).FindMethodByName(method).input_type
+    except KeyError:
+        return None
+
+
+def _lenient(deserialize: Callable[[bytes], Any], request_type: Any, max_fields: int | None) -> Callable[[bytes], Any]:
     """*deserialize*, but bytes that do not parse give :class:`_Malformed` instead of raising (grpc
-    would answer UNKNOWN with the Python exception's class name)."""
+    would answer UNKNOWN with the Python exception's class name), and a large message with more
+    than *max_fields* fields (counted on the wire) gives :class:`_TooManyFields` without being parsed."""
 
     def parse(raw: bytes) -> Any:
+        if (max_fields is not None and request_type is not None and len(raw) > MEASURE_ABOVE_BYTES
+                and count_fields(raw, request_type, max_fields) > max_fields):
+            return _TooManyFields(max_fields)
         try:
             return deserialize(raw)
         except Exception as exc:  # DecodeError, or RecursionError past the nesting limit
@@ -305,6 +327,9 @@ def _lenient(deserialize: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 def _check_known(request: Any) -> None:
     """Unknown fields are rejected, never silently dropped (INVALID_ARGUMENT, nothing applied)."""
+    if isinstance(request, _TooManyFields):
+        raise InvalidArgument(f"the request holds more than {request.limit} fields (nested messages' fields and map "
+                              "entries included); send fewer items per call", reason="TOO_MANY_FIELDS")
     if isinstance(request, _Malformed):
         raise InvalidArgument(f"the request is not a valid protobuf message ({request.why}); nothing was applied",
                               reason="MALFORMED_REQUEST")
@@ -334,9 +359,10 @@ async def _first(requests: AsyncIterator[Any]) -> Any:
 
 def _wrap(
     handler: grpc.RpcMethodHandler, service: str, method: str, auth: Authenticator | None,
-    role: Role | None,
+    role: Role | None, max_fields: int | None = MAX_FIELDS,
 ) -> grpc.RpcMethodHandler:
-    """*auth*/*role*: the credential this method requires (None = open).
+    """*auth*/*role*: the credential this method requires (None = open); *max_fields*: the most
+    fields a request may hold (None = any number, bounded by the message size).
 
     A method that needs a credential reads its request only once the caller is authenticated: a
     unary request is served as a request stream whose one message is read inside the call, so a
@@ -345,7 +371,7 @@ def _wrap(
     audited = role is Role.OPERATOR and is_mutation(method)
     des, ser = handler.request_deserializer, handler.response_serializer
     if des is not None:
-        des = _lenient(des)
+        des = _lenient(des, _request_type(service, method), max_fields)
     streaming_in = bool(handler.stream_unary or handler.stream_stream)
     read_late = auth is not None and not streaming_in
 
@@ -468,6 +494,7 @@ class GrpcServer:
         self.auth = Authenticator.from_config(config.auth, self._key, inference_keys_file)
         self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []
         self._roles: dict[str, tuple[Role, frozenset[str]]] = {}
+        self._max_fields: dict[str, int | None] = {}
         self._server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else _health_servicer()
         self.port = 0
@@ -486,17 +513,20 @@ class GrpcServer:
 
     def add_service(
         self, full_name: str, register: Callable[[grpc.aio.Server], None], *, protected: bool = False,
-        role: Role | None = None, open_methods: tuple[str, ...] = (),
+        role: Role | None = None, open_methods: tuple[str, ...] = (), max_request_fields: int | None = MAX_FIELDS,
     ) -> None:
         """*protected*: the methods need an operator key (same as ``role=Role.OPERATOR``); *role*:
         the kind of key they need when this program has such keys configured; *open_methods*:
-        methods of the service that need none."""
+        methods of the service that need none; *max_request_fields*: the most fields (nested ones
+        included) a request may hold, counted before it is parsed (None = no count: only the
+        message size bounds it)."""
         if self._server is not None:
             raise RuntimeError("add_service after start")
         role = role or (Role.OPERATOR if protected else None)
         self._services.append((full_name, register, role is not None))
         if role is not None:
             self._roles[full_name] = (role, frozenset(open_methods))
+        self._max_fields[full_name] = max_request_fields
 
     @property
     def service_names(self) -> list[str]:
@@ -512,7 +542,7 @@ class GrpcServer:
                             service, self.config.host, self.config.port, role.value, what)
         cfg = self.config
         server = grpc.aio.server(
-            interceptors=[_Interceptor(self.auth, self._roles)],
+            interceptors=[_Interceptor(self.auth, self._roles, self._max_fields)],
             # Without these one client (no key needed: health, reflection) could hold any number
             # of calls open, ~17 KB each: 1 GB in 30 s from one connection.
             maximum_concurrent_rpcs=cfg.max_concurrent_rpcs,

@@ -12,8 +12,9 @@ from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
+from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel
-from motor_common.grpc_server import ServerConfig
+from motor_common.grpc_server import ServerConfig, error_reason
 from motor_coordinator.app import Coordinator
 from motor_coordinator.config import CoordinatorConfig, DispatchConfig
 from tests.controller.fakes import KEY as CTL_KEY
@@ -58,4 +59,28 @@ async def test_the_coordinator_still_receives_a_dispatch_body_over_4_mib() -> No
         assert "no-such-model" in (err.value.details() or "")
     finally:
         await stubs.close()
+        await app.stop(0)
+
+
+async def test_a_request_with_more_fields_than_allowed_is_refused_before_it_is_parsed() -> None:
+    """One DispatchMany frame of 1 MiB of empty commands (half a million messages, 64 MiB would be
+    30 million: 40 s of the event loop and 1.6 GB) is counted on the wire and refused; a gateway's
+    batch passes; the coordinator keeps serving."""
+    cfg = CoordinatorConfig(server=ServerConfig(port=0),
+                            dispatch=DispatchConfig(health_probe_interval_sec=0, metrics_scrape_interval_sec=0))
+    app = Coordinator(cfg, management_key=KEY)
+    port = await app.start()
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            many = ch.stream_stream("/motor.coordinator.v1.DispatchService/DispatchMany",
+                                    request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in many(iter([b"\x0a\x00" * (512 * 1024)]), timeout=10):
+                    pass
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error_reason(err.value) == "TOO_MANY_FIELDS"
+            assert "more than 50000 fields" in (err.value.details() or "")
+            readiness = await cgrpc.DispatchServiceStub(ch).GetReadiness(cpb.GetReadinessRequest(), timeout=5)
+            assert readiness.role == cpb.COORDINATOR_ROLE_STANDALONE
+    finally:
         await app.stop(0)

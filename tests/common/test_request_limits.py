@@ -11,7 +11,7 @@ from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as npb
-from motor_common.request_limits import MAX_INSTANCE_ID, MAX_REPEATED, check_request
+from motor_common.request_limits import MAX_INSTANCE_ID, MAX_REPEATED, check_request, count_fields
 
 
 def _inst(**over: object) -> tpb.Instance:
@@ -76,3 +76,21 @@ def test_timestamps_at_the_ends_of_the_range_pass_and_convert() -> None:
                                                    source="x", raised_at={"seconds": seconds, "nanos": nanos}))
         check_request(msg)
         assert msg.alarm.raised_at.ToNanoseconds() == seconds * 10**9 + nanos
+
+
+def test_fields_are_counted_on_the_wire_nested_ones_and_map_entries_included() -> None:
+    start = cpb.DispatchStart(request=cpb.DispatchRequest(request_id="r", api=cpb.OPEN_AI_API_COMPLETIONS, body=b"x" * 99),
+                              timeout_ms=1000, trace_context={"traceparent": "00-1"})
+    batch = cpb.DispatchManyRequest(commands=[cpb.DispatchCommand(stream_id=i + 1, start=start) for i in range(256)])
+    # per command: itself, stream_id, start, request (+ its 3 fields), timeout_ms, one map entry (+ key, value)
+    assert count_fields(batch.SerializeToString(), cpb.DispatchManyRequest.DESCRIPTOR, 10**6) == 256 * 11
+    # packed numbers count one per byte: instance_id, lease_seconds, dead_dp_ranks + its 3 bytes
+    packed = npb.GuardScaleDownRequest(instance_id=1, lease_seconds=30, dead_dp_ranks=[1, 2, 3]).SerializeToString()
+    assert count_fields(packed, npb.GuardScaleDownRequest.DESCRIPTOR, 100) == 6
+
+
+def test_counting_stops_just_past_the_budget_and_at_bytes_that_are_no_wire_format() -> None:
+    hostile = b"\x0a\x00" * (8 << 20)  # 8 million empty commands in 16 MiB
+    assert count_fields(hostile, cpb.DispatchManyRequest.DESCRIPTOR, 50_000) == 50_001
+    assert count_fields(b"\x0a\xff\xff\xff\x0f", cpb.DispatchManyRequest.DESCRIPTOR, 50_000) == 1  # length past the end
+    assert count_fields(b"\xff" * 20, cpb.DispatchManyRequest.DESCRIPTOR, 50_000) == 1  # a varint that never ends

@@ -82,6 +82,8 @@ class Coordinator:
                 RegistryServicer(self), s
             ),
             protected=True,
+            # The controller's full instance set: ~27 fields per instance, 10 000 instances allowed.
+            max_request_fields=None,
         )
         self.server.add_service(
             DISPATCH_SERVICE,
