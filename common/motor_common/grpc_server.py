@@ -135,6 +135,10 @@ class ServerConfig:
     max_connections: int = 4_096
     max_connection_idle_sec: float = 300.0
     handshake_timeout_sec: float = 20.0
+    # The largest request message received; None = the program's default (4 MiB; a coordinator
+    # 64 MiB, for Dispatch bodies). Every open call (health, a coordinator's GetReadiness: no key
+    # needed) can make the server hold one message of this size while it arrives.
+    max_message_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -144,6 +148,8 @@ class ServerConfig:
         for name in ("max_concurrent_rpcs", "max_streams_per_connection", "max_connections"):
             if not 1 <= getattr(self, name) <= 1_000_000:
                 raise ValueError(f"{name} {getattr(self, name)} is outside [1, 1000000]")
+        if self.max_message_bytes is not None and not 64 * 1024 <= self.max_message_bytes <= 1 << 30:
+            raise ValueError(f"max_message_bytes {self.max_message_bytes} is outside [65536, 1073741824]")
         for name in ("max_connection_idle_sec", "handshake_timeout_sec"):
             if not 0.1 <= getattr(self, name) <= 86_400:
                 raise ValueError(f"{name} {getattr(self, name)} is outside [0.1, 86400] seconds")
@@ -486,10 +492,10 @@ class GrpcServer:
         is unset (the coordinator passes its HTTP front's ``api_key_file``). *max_message_bytes*:
         the largest request message received (a larger one is RESOURCE_EXHAUSTED before anything
         parses it); only the coordinator, whose Dispatch carries request bodies, needs more than
-        the default."""
+        the default. ``server.max_message_bytes``, when set, overrides it."""
         self.name = name
         self.config = config
-        self.max_message_bytes = max_message_bytes
+        self.max_message_bytes = config.max_message_bytes or max_message_bytes
         self._key = management_key if management_key is not None else read_secret(config.management_key_file)
         self.auth = Authenticator.from_config(config.auth, self._key, inference_keys_file)
         self._services: list[tuple[str, Callable[[grpc.aio.Server], None], bool]] = []

@@ -84,3 +84,30 @@ async def test_a_request_with_more_fields_than_allowed_is_refused_before_it_is_p
             assert readiness.role == cpb.COORDINATOR_ROLE_STANDALONE
     finally:
         await app.stop(0)
+
+
+async def test_an_operator_can_lower_the_coordinators_message_size() -> None:
+    """``server.max_message_bytes`` (e.g. the gateways' body limit plus room): a larger Dispatch is
+    RESOURCE_EXHAUSTED; the same body under it is served as before."""
+    cfg = CoordinatorConfig(server=ServerConfig(port=0, max_message_bytes=2 * 1024 * 1024),
+                            dispatch=DispatchConfig(health_probe_interval_sec=0, metrics_scrape_interval_sec=0))
+    app = Coordinator(cfg, management_key=KEY)
+    port = await app.start()
+    stubs = Stubs(f"127.0.0.1:{port}")
+    try:
+        await stubs.set()
+        for size, refused in ((3 * 1024 * 1024, True), (1024 * 1024, False)):
+            body = b'{"model": "no-such-model", "prompt": "' + b"x" * size + b'"}'
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in stubs.dispatch.Dispatch(cpb.DispatchRequest(api=cpb.OPEN_AI_API_COMPLETIONS, body=body),
+                                                       timeout=10):
+                    pass
+            assert (err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED) is refused, err.value.details()
+    finally:
+        await stubs.close()
+        await app.stop(0)
+
+
+def test_a_message_size_outside_its_range_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        ServerConfig(max_message_bytes=100)
