@@ -460,8 +460,11 @@ def _wrap(
             if inspect.isawaitable(answers):  # a handler that writes with context.write (Health/Watch)
                 await answers
                 return
-            async for item in answers:
-                yield item
+            # Closed here, not left to the garbage collector: a reference to it (from a logged
+            # traceback) would keep a cancelled handler's generator, and its cleanup, from running.
+            async with contextlib.aclosing(answers):
+                async for item in answers:
+                    yield item
 
     if read_late:
         return grpc.stream_stream_rpc_method_handler(streaming, des, ser)
