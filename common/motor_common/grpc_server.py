@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -426,6 +427,9 @@ def _wrap(
         except (grpc.aio.AbortError, grpc.RpcError):
             code = _code_of(context)
             raise
+        except (asyncio.CancelledError, GeneratorExit):  # the caller went away (or the server stops)
+            code = "CANCELLED"
+            raise
         except Exception as exc:
             code = "UNIMPLEMENTED" if isinstance(exc, NotImplementedError) else "INTERNAL"
             await _fail(exc, context)
@@ -433,7 +437,9 @@ def _wrap(
             _finish(service, method, start, code)
             if audited and principal is not None:
                 audit(principal, service, method, request_id_var.get(), code)
-            request_id_var.reset(token)
+            # A cancelled stream's generator is closed by asyncio's finalizer, in another context.
+            with contextlib.suppress(ValueError):
+                request_id_var.reset(token)
 
     if handler.unary_unary or handler.stream_unary:
         inner = handler.unary_unary or handler.stream_unary

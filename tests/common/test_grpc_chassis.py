@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,9 +20,16 @@ from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as ctlgrpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2_grpc as cgrpc
 from motor_common.grpc_client import call_metadata, open_channel, translate
-from motor_common.grpc_server import LIVENESS_SERVICE, GrpcServer, ServerConfig, error_reason
+from motor_common.grpc_server import (
+    LIVENESS_SERVICE,
+    RPC_HANDLED,
+    GrpcServer,
+    ServerConfig,
+    error_reason,
+)
 from motor_common.logs import request_id_var
 from tests.conftest import tool
+from tests.helpers import wait_for
 
 REGISTRY = "motor.coordinator.v1.InstanceRegistryService"
 DISPATCH = "motor.coordinator.v1.DispatchService"
@@ -368,3 +376,41 @@ async def test_bytes_that_are_no_protobuf_message_are_invalid_argument_without_i
         resp = await cgrpc.InstanceRegistryServiceStub(ch).SetInstances(
             cpb.SetInstancesRequest(), metadata=call_metadata("s3cret"), timeout=5)
         assert resp.generation == 1
+
+
+class _Endless(cgrpc.DispatchServiceServicer):
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def Dispatch(self, request: cpb.DispatchRequest, context: object) -> AsyncIterator[cpb.DispatchResponse]:
+        try:
+            while True:  # no await between chunks: cancelled while suspended at its yield
+                yield cpb.DispatchResponse(chunk=b"x" * 65536)
+        finally:
+            self.closed.set()
+
+
+async def test_a_stream_the_caller_cancels_is_counted_cancelled_and_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The handler's generator is closed (its cleanup runs), the call is counted CANCELLED (not
+    OK), and closing it outside the call's context logs no "Task exception was never retrieved"."""
+    impl = _Endless()
+    server = GrpcServer("test", ServerConfig())
+    server.add_service(DISPATCH, lambda s: cgrpc.add_DispatchServiceServicer_to_server(impl, s))
+    port = await server.start()
+    cancelled = RPC_HANDLED.labels(DISPATCH, "Dispatch", "CANCELLED")
+    before = cancelled._value.get()
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as ch:
+            call = cgrpc.DispatchServiceStub(ch).Dispatch(cpb.DispatchRequest(body=b"{}"), timeout=10)
+            assert len((await call.read()).chunk) == 65536
+            call.cancel()
+            await asyncio.wait_for(impl.closed.wait(), 10)
+        await wait_for(lambda: cancelled._value.get() == before + 1, timeout=10, what="the call counted CANCELLED")
+        gc.collect()
+        await asyncio.sleep(0)
+        assert "was created in a different Context" not in caplog.text
+        assert "Task exception was never retrieved" not in caplog.text
+    finally:
+        await server.stop(0)
