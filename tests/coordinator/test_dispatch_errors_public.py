@@ -27,6 +27,7 @@ import pytest
 from motor_common.domain import EngineType, Role
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.grpc_server import error_reason
+from motor_coordinator.app import Coordinator
 from tests.coordinator.grpc_util import Stubs
 from tests.coordinator.test_decode_retry_sim import coordinator
 from tests.coordinator.test_dispatch_sim import COMPLETIONS, MODEL, instance
@@ -124,11 +125,17 @@ async def call_many(s: Stubs, rid: str, body: dict[str, Any], timeout: float) ->
 
 @asynccontextmanager
 async def rig(tmp: Path, *roles: str, **dispatch_cfg: Any) -> AsyncIterator[tuple[Stubs, list[Proc]]]:
+    async with rig_app(tmp, *roles, **dispatch_cfg) as (_, s, sims):
+        yield s, sims
+
+
+@asynccontextmanager
+async def rig_app(tmp: Path, *roles: str, **dispatch_cfg: Any) -> AsyncIterator[tuple[Coordinator, Stubs, list[Proc]]]:
     async with AsyncExitStack() as st:
         sims = list(await asyncio.gather(*(
             st.enter_async_context(start_simulator("vllm", r, tmp, name=f"{r}-{i}")) for i, r in enumerate(roles))))
-        _, s = await st.enter_async_context(coordinator(**dispatch_cfg))
-        yield s, sims
+        app, s = await st.enter_async_context(coordinator(**dispatch_cfg))
+        yield app, s, sims
 
 
 def logged(caplog: pytest.LogCaptureFixture, rid: str, *needles: str) -> None:
@@ -141,13 +148,16 @@ def logged(caplog: pytest.LogCaptureFixture, rid: str, *needles: str) -> None:
 async def test_engines_down(tmp_path: Path, caplog: pytest.LogCaptureFixture, via: str) -> None:
     caplog.set_level(logging.INFO)
     dead = free_port()  # nobody listens there
-    async with rig(tmp_path, "prefill", "decode", "union") as (s, (p, d, u)):
+    async with rig_app(tmp_path, "prefill", "decode", "union") as (app, s, (p, d, u)):
         ghost = Gone(dead)  # an endpoint whose engine is gone
         cases = {
             "prefill": (instance(1, Role.PREFILL, VLLM, [ghost]), instance(2, Role.DECODE, VLLM, [d])),
             "decode": (instance(1, Role.PREFILL, VLLM, [p]), instance(2, Role.DECODE, VLLM, [ghost])),
             "union": (instance(3, Role.UNION, VLLM, [ghost]),),
         }
+        # with scheduler.decode_only_fallback (the default) the vLLM decode computes a request whose
+        # prefill is unreachable (tests/coordinator/test_dispatch_sim.py); off, it fails PREFILL_FAILED
+        app.scheduler.decode_only_fallback = False
         for role, instances in cases.items():
             await s.set(*instances)
             rid = f"down-{role}"
