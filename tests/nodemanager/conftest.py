@@ -1,20 +1,40 @@
-"""Fixtures for nodemanager integration tests: a fake controller and a config builder."""
+"""Fixtures for nodemanager integration tests: a fake controller, a config builder and raw engine
+servers (a handler per connection: answers a real engine would not give)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from motor_common.domain import Endpoint
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2_grpc as pbg
 from motor_common.grpc_client import call_metadata, open_channel
 from motor_common.grpc_server import GrpcServer
 from tests.nodemanager.fake_controller import FakeController, serve_fake_controller
 
 KEY = "nm-test-key"
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Callable[[Handler], Awaitable[Endpoint]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler) -> Endpoint:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0)
+        servers.append(server)
+        return Endpoint(0, "127.0.0.1", server.sockets[0].getsockname()[1])
+
+    yield start
+    for server in servers:
+        server.close()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ it) gives a detail short enough for the controller's request limits."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -17,22 +17,7 @@ from motor_common.request_limits import check_request
 from motor_nodemanager.detail import MAX_DETAIL
 from motor_nodemanager.endpoint_state import Observation
 from motor_nodemanager.health import probe
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[Callable[[Handler], Awaitable[Endpoint]]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> Endpoint:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        servers.append(server)
-        return Endpoint(0, "127.0.0.1", server.sockets[0].getsockname()[1])
-
-    yield start
-    for server in servers:
-        server.close()
+from tests.nodemanager.conftest import Handler
 
 
 async def _probe(ep: Endpoint, timeout: float) -> tuple[Observation, str]:

@@ -4,29 +4,13 @@ an endless status body or refusal body is not buffered, and redirects are not fo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
-import pytest
 
 from motor_common.domain import Endpoint
 from motor_nodemanager import scale_down_proxy as sdp
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@pytest.fixture
-async def engine() -> AsyncIterator[Callable[[Handler], Awaitable[Endpoint]]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> Endpoint:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        servers.append(server)
-        return Endpoint(0, "127.0.0.1", server.sockets[0].getsockname()[1])
-
-    yield start
-    for server in servers:
-        server.close()
+from tests.nodemanager.conftest import Handler
 
 
 async def read_request(reader: asyncio.StreamReader) -> bytes:
