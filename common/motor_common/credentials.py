@@ -33,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generic, TypeVar
 
 import yaml
@@ -41,6 +40,26 @@ import yaml
 from motor_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# A key file holds a key, or a few hundred named keys or digests: anything larger is not one (a
+# wrong path such as /dev/zero or a log file would otherwise be read whole).
+MAX_KEY_FILE_BYTES = 1024 * 1024
+
+
+def read_key_text(path: str, what: str) -> str:
+    """The text of key file *path* (UTF-8, at most :data:`MAX_KEY_FILE_BYTES`); ConfigError naming
+    *what* and the path otherwise."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from exc
+    if len(raw) > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{what} file {path} is larger than {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} file {path} is not UTF-8 text (byte {exc.start}): not a key file") from exc
 audit_log = logging.getLogger("motor.audit")
 
 T = TypeVar("T")
@@ -126,10 +145,7 @@ class _WatchedFile(Generic[T]):
         return st.st_mtime_ns, st.st_size
 
     def _text(self) -> str:
-        try:
-            return Path(self.path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read {self.what} file {self.path}: {exc}") from exc
+        return read_key_text(self.path, self.what)
 
     def _load(self) -> T:
         raise NotImplementedError

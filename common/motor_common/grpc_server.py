@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Literal
 
 import grpc
@@ -46,6 +45,7 @@ from motor_common.credentials import (
     audit,
     is_mutation,
     presented_key,
+    read_key_text,
 )
 from motor_common.errors import (
     ConfigError,
@@ -171,10 +171,7 @@ def read_secret(path: str | None, what: str = "management key") -> str | None:
     error messages ("cannot read API key file …")."""
     if path is None:
         return None
-    try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} file {path}: {exc.strerror}") from exc
+    key = read_key_text(path, what).strip()
     if not key:
         raise ConfigError(f"{what} file {path} is empty")
     return key

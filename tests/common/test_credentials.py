@@ -18,6 +18,7 @@ from motor_common.credentials import (
     presented_key,
 )
 from motor_common.errors import ConfigError
+from motor_common.grpc_server import read_secret
 
 
 def test_key_files_are_parsed_strictly() -> None:
@@ -110,3 +111,23 @@ def test_a_presented_key_must_be_the_key_itself(tmp_path: Path) -> None:
         presented_key(AuthConfig(key_file=str(path)), None)
     path.write_text("op-controller-0123\n")
     assert str(presented_key(AuthConfig(key_file=str(path)), None)) == "op-controller-0123"
+
+
+def test_a_key_file_that_is_not_one_is_refused_in_one_sentence_without_reading_it_whole(tmp_path: Path) -> None:
+    """A wrong path (/dev/zero, a large log, a binary) is a ConfigError naming the file, read at
+    most 1 MiB + 1 byte: /dev/zero was read until memory ran out, a non-UTF-8 file was a
+    UnicodeDecodeError traceback."""
+    big = tmp_path / "engine.log"
+    big.write_text("x" * (credentials.MAX_KEY_FILE_BYTES + 1))
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(b"\xff\xfe\x00key")
+    for path, said in (("/dev/zero", "is larger than 1048576 bytes"), (str(big), "is larger than 1048576 bytes"),
+                       (str(binary), "is not UTF-8 text")):
+        with pytest.raises(ConfigError, match=said) as err:
+            read_secret(path)
+        assert path in err.value.message and err.value.message.startswith("management key file")
+        with pytest.raises(ConfigError, match=said):
+            KeyFile(path, "operators")
+    exact = tmp_path / "ops.yaml"
+    exact.write_text("alice: op-alice-0123456789\n" + "#" * (credentials.MAX_KEY_FILE_BYTES - 27))
+    assert KeyFile(str(exact), "operators").lookup("op-alice-0123456789") == "alice"  # at the bound: read
