@@ -236,7 +236,8 @@ class Authenticator:
 
     def __init__(self, *, management_key: str | None = None, operators: KeyFile | None = None,
                  nodes: KeyFile | None = None, inference: KeyFile | None = None) -> None:
-        self._management = management_key.encode() if management_key else None
+        # its SHA-256, compared with the presented key's: equal-length, constant-time, like the files'
+        self._management = hashlib.sha256(management_key.encode()).digest() if management_key else None
         self._files = {Role.OPERATOR: operators, Role.NODE: nodes, Role.INFERENCE: inference}
 
     @classmethod
@@ -266,7 +267,8 @@ class Authenticator:
             if found is not None:
                 roles.add(role)
                 name = name or found
-        if self._management is not None and hmac.compare_digest(token.encode(), self._management):
+        if self._management is not None and hmac.compare_digest(hashlib.sha256(token.encode()).digest(),
+                                                                self._management):
             roles |= {Role.OPERATOR, Role.NODE}
             name = name or "management"
         return Principal(name, frozenset(roles)) if roles and name else None
