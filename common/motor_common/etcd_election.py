@@ -56,6 +56,7 @@ class EtcdElection:
         on_change: OnChange | None = None,
         call_timeout: float = 1.0,
         may_acquire: Callable[[], str | None] | None = None,
+        on_renew: Callable[[], None] | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("etcd election needs at least one endpoint")
@@ -67,6 +68,8 @@ class EtcdElection:
             log.warning(note)
         self.call_timeout = min(call_timeout, self.ttl / 3)
         self._on_change = on_change
+        # Called after every successful renewal (the view may be unchanged, its validity moved on).
+        self._on_renew = on_renew
         # Asked before taking a free lock: None = go ahead, else why this candidate holds back
         # (it only observes; it keeps asking every check interval).
         self._may_acquire = may_acquire
@@ -87,6 +90,12 @@ class EtcdElection:
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="etcd-election")
+
+    @property
+    def valid_until(self) -> float:
+        """Monotonic time until which a master's lease surely holds (see the module docstring);
+        in the past once it resigns or steps down."""
+        return self._valid_until
 
     def current(self, now: float | None = None) -> Leadership:
         """The view now: a master whose renewal is overdue reads as isolated."""
@@ -124,7 +133,7 @@ class EtcdElection:
 
     async def _step_down(self, why: StepDown) -> None:
         log.error("holding the lock but cannot act: handing it over (%s)", why)
-        self._valid_until = 0.0
+        self._valid_until = -1.0
         await self._revoke()
         await self._publish(lship.lost(self.view))
 
@@ -254,3 +263,5 @@ class EtcdElection:
         self._last_renew = time.monotonic()
         self._valid_until = sent + self.ttl * 2 / 3
         await self._publish(lship.renew_ok(self.view))
+        if self._on_renew is not None:
+            self._on_renew()

@@ -60,6 +60,12 @@ class EtcdLeadership:
         return self.view.store_available
 
     @property
+    def valid_until(self) -> float:
+        """Monotonic time until which this master's lease surely holds (0: not master)."""
+        e = self._election
+        return e.valid_until if e is not None and e.view.role is LeaderRole.MASTER else 0.0
+
+    @property
     def holding_back(self) -> str:
         """Why this coordinator left a free master lock alone at its last check ("" = it did not)."""
         return self._election.holding_back if self._election is not None else ""
@@ -89,6 +95,11 @@ class EtcdLeadership:
             for demoted in self._demoted:
                 demoted(view)
 
+    def _renewed(self) -> None:
+        # The view is unchanged but its validity moved on: the front workers need the new bound.
+        for cb in self._subscribers:
+            cb()
+
     # -- life cycle ----------------------------------------------------------------------------
 
     async def start(self, candidate: str, may_acquire: Callable[[], str | None] | None = None) -> None:
@@ -99,6 +110,7 @@ class EtcdLeadership:
             list(ha.etcd_endpoints), ha.election_key, candidate,
             ttl=self.ttl, check_interval=self.check_interval,
             on_change=self._changed, call_timeout=ha.etcd_call_timeout_sec, may_acquire=may_acquire,
+            on_renew=self._renewed,
         )
         log.info("campaigning", extra={"candidate": candidate, "key": ha.election_key,
                                        "ttl": self.ttl, "check_interval": self.check_interval})

@@ -43,7 +43,7 @@ def registry_to_pb(state: RegistryState) -> fpb.FrontWorkerRegistry:
 
 def leadership_to_pb(lead: Leadership) -> fpb.FrontWorkerLeadership:
     return fpb.FrontWorkerLeadership(role=ROLE_TO_PB[lead.role], isolated=lead.isolated,
-                                     store_available=lead.store_available)
+                                     store_available=lead.store_available, master_valid_until=lead.valid_until)
 
 
 def alarms_to_pb(groups: frozenset[Group]) -> fpb.FrontWorkerAlarms:

@@ -60,12 +60,18 @@ RECONNECT_MAX_SEC = 1.0
 
 
 class MirroredLeadership:
-    """The coordinator's leadership as its last Sync message said (``leadership.Leadership``)."""
+    """The coordinator's leadership as its last Sync message said (``leadership.Leadership``).
+
+    A master's view holds until the bound the message gave (``master_valid_until``, renewed at
+    every lease renewal): past it the worker reads the master as isolated, like the coordinator
+    itself, so a worker of a frozen or starved master stops serving before a standby can take
+    over (at most one ready master, the front workers included)."""
 
     def __init__(self) -> None:
         self.role = LeaderRole.STANDALONE
-        self.isolated = False
+        self._isolated = False
         self.store_available = True
+        self.valid_until = 0.0  # monotonic (the coordinator's clock: the same host); 0: no bound
         # Until the coordinator said who it is, this worker does not serve (not master).
         self.known = False
         self._listeners: list[Callable[[], None]] = []
@@ -74,11 +80,16 @@ class MirroredLeadership:
     def is_master(self) -> bool:
         return self.known and self.role in (LeaderRole.STANDALONE, LeaderRole.MASTER)
 
+    @property
+    def isolated(self) -> bool:
+        return self._isolated or (self.valid_until != 0 and time.monotonic() > self.valid_until)
+
     def subscribe(self, on_change: Callable[[], None]) -> None:
         self._listeners.append(on_change)
 
-    def set(self, role: LeaderRole, isolated: bool, store_available: bool) -> None:
-        self.role, self.isolated, self.store_available, self.known = role, isolated, store_available, True
+    def set(self, role: LeaderRole, isolated: bool, store_available: bool, valid_until: float = 0.0) -> None:
+        self.role, self._isolated, self.store_available, self.known = role, isolated, store_available, True
+        self.valid_until = valid_until
         for listener in self._listeners:
             listener()
 
@@ -139,7 +150,8 @@ class FrontWorker:
                 self._model_created.setdefault(inst.model_name, now)
         if msg.HasField("leadership"):
             lead = msg.leadership
-            self.leadership.set(ROLE_FROM_PB.get(lead.role, LeaderRole.STANDBY), lead.isolated, lead.store_available)
+            self.leadership.set(ROLE_FROM_PB.get(lead.role, LeaderRole.STANDBY), lead.isolated, lead.store_available,
+                                lead.master_valid_until)
         if msg.HasField("alarms"):
             self.scheduler.set_alarmed(frozenset(tuple(g.instance_ids) for g in msg.alarms.groups))
 

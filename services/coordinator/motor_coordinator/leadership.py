@@ -27,6 +27,12 @@ class Leadership(Protocol):
     @property
     def store_available(self) -> bool: ...
 
+    @property
+    def valid_until(self) -> float:
+        """Monotonic time after which a master must read as isolated unless it renewed (0: no
+        bound). What the front workers mirror: they cannot ask the election themselves."""
+        ...
+
     def subscribe(self, on_change: Callable[[], None]) -> None: ...
 
 
@@ -37,6 +43,7 @@ class Standalone:
     is_master = True
     isolated = False
     store_available = True
+    valid_until = 0.0
 
     def subscribe(self, on_change: Callable[[], None]) -> None:
         return None

@@ -27,7 +27,7 @@ from motor_common.gen.motor.common.v1 import types_pb2 as motor_dot_common_dot_v
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as motor_dot_coordinator_dot_v1_dot_coordinator__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'motor/coordinator/v1/front_worker.proto\x12\x14motor.coordinator.v1\x1a\x1bmotor/common/v1/types.proto\x1a&motor/coordinator/v1/coordinator.proto\"R\n\x0c\x45ndpointLoad\x12\n\n\x02ip\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x15\n\rqueued_tokens\x18\x04 \x01(\x04\"V\n\x0bSyncRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\x12\x31\n\x05loads\x18\x02 \x03(\x0b\x32\".motor.coordinator.v1.EndpointLoad\"\x7f\n\x13\x46rontWorkerRegistry\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12,\n\tinstances\x18\x02 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x15\n\rauthoritative\x18\x03 \x01(\x08\x12\x0f\n\x07managed\x18\x04 \x01(\x08\"w\n\x15\x46rontWorkerLeadership\x12\x33\n\x04role\x18\x01 \x01(\x0e\x32%.motor.coordinator.v1.CoordinatorRole\x12\x10\n\x08isolated\x18\x02 \x01(\x08\x12\x17\n\x0fstore_available\x18\x03 \x01(\x08\"&\n\x0ePrecisionGroup\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\"I\n\x11\x46rontWorkerAlarms\x12\x34\n\x06groups\x18\x01 \x03(\x0b\x32$.motor.coordinator.v1.PrecisionGroup\"\xd2\x01\n\x0cSyncResponse\x12;\n\x08registry\x18\x01 \x01(\x0b\x32).motor.coordinator.v1.FrontWorkerRegistry\x12?\n\nleadership\x18\x02 \x01(\x0b\x32+.motor.coordinator.v1.FrontWorkerLeadership\x12\x37\n\x06\x61larms\x18\x03 \x01(\x0b\x32\'.motor.coordinator.v1.FrontWorkerAlarmsJ\x04\x08\x04\x10\x05R\x05peers2g\n\x12\x46rontWorkerService\x12Q\n\x04Sync\x12!.motor.coordinator.v1.SyncRequest\x1a\".motor.coordinator.v1.SyncResponse(\x01\x30\x01\x42\xb0\x01\n\x14motor.coordinator.v1B\x10\x46rontWorkerProtoP\x01Z7motor/clients/go/gen/motor/coordinator/v1;coordinatorv1\xa2\x02\x03MCF\xaa\x02\x14Motor.Coordinator.V1\xca\x02\x14Motor\\Coordinator\\V1\xea\x02\x16Motor::Coordinator::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'motor/coordinator/v1/front_worker.proto\x12\x14motor.coordinator.v1\x1a\x1bmotor/common/v1/types.proto\x1a&motor/coordinator/v1/coordinator.proto\"R\n\x0c\x45ndpointLoad\x12\n\n\x02ip\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\r\x12\x11\n\tin_flight\x18\x03 \x01(\r\x12\x15\n\rqueued_tokens\x18\x04 \x01(\x04\"V\n\x0bSyncRequest\x12\x14\n\x0cworker_index\x18\x01 \x01(\r\x12\x31\n\x05loads\x18\x02 \x03(\x0b\x32\".motor.coordinator.v1.EndpointLoad\"\x7f\n\x13\x46rontWorkerRegistry\x12\x12\n\ngeneration\x18\x01 \x01(\x04\x12,\n\tinstances\x18\x02 \x03(\x0b\x32\x19.motor.common.v1.Instance\x12\x15\n\rauthoritative\x18\x03 \x01(\x08\x12\x0f\n\x07managed\x18\x04 \x01(\x08\"\x93\x01\n\x15\x46rontWorkerLeadership\x12\x33\n\x04role\x18\x01 \x01(\x0e\x32%.motor.coordinator.v1.CoordinatorRole\x12\x10\n\x08isolated\x18\x02 \x01(\x08\x12\x17\n\x0fstore_available\x18\x03 \x01(\x08\x12\x1a\n\x12master_valid_until\x18\x04 \x01(\x01\"&\n\x0ePrecisionGroup\x12\x14\n\x0cinstance_ids\x18\x01 \x03(\x04\"I\n\x11\x46rontWorkerAlarms\x12\x34\n\x06groups\x18\x01 \x03(\x0b\x32$.motor.coordinator.v1.PrecisionGroup\"\xd2\x01\n\x0cSyncResponse\x12;\n\x08registry\x18\x01 \x01(\x0b\x32).motor.coordinator.v1.FrontWorkerRegistry\x12?\n\nleadership\x18\x02 \x01(\x0b\x32+.motor.coordinator.v1.FrontWorkerLeadership\x12\x37\n\x06\x61larms\x18\x03 \x01(\x0b\x32\'.motor.coordinator.v1.FrontWorkerAlarmsJ\x04\x08\x04\x10\x05R\x05peers2g\n\x12\x46rontWorkerService\x12Q\n\x04Sync\x12!.motor.coordinator.v1.SyncRequest\x1a\".motor.coordinator.v1.SyncResponse(\x01\x30\x01\x42\xb0\x01\n\x14motor.coordinator.v1B\x10\x46rontWorkerProtoP\x01Z7motor/clients/go/gen/motor/coordinator/v1;coordinatorv1\xa2\x02\x03MCF\xaa\x02\x14Motor.Coordinator.V1\xca\x02\x14Motor\\Coordinator\\V1\xea\x02\x16Motor::Coordinator::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,14 +41,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SYNCREQUEST']._serialized_end=304
   _globals['_FRONTWORKERREGISTRY']._serialized_start=306
   _globals['_FRONTWORKERREGISTRY']._serialized_end=433
-  _globals['_FRONTWORKERLEADERSHIP']._serialized_start=435
-  _globals['_FRONTWORKERLEADERSHIP']._serialized_end=554
-  _globals['_PRECISIONGROUP']._serialized_start=556
-  _globals['_PRECISIONGROUP']._serialized_end=594
-  _globals['_FRONTWORKERALARMS']._serialized_start=596
-  _globals['_FRONTWORKERALARMS']._serialized_end=669
-  _globals['_SYNCRESPONSE']._serialized_start=672
-  _globals['_SYNCRESPONSE']._serialized_end=882
-  _globals['_FRONTWORKERSERVICE']._serialized_start=884
-  _globals['_FRONTWORKERSERVICE']._serialized_end=987
+  _globals['_FRONTWORKERLEADERSHIP']._serialized_start=436
+  _globals['_FRONTWORKERLEADERSHIP']._serialized_end=583
+  _globals['_PRECISIONGROUP']._serialized_start=585
+  _globals['_PRECISIONGROUP']._serialized_end=623
+  _globals['_FRONTWORKERALARMS']._serialized_start=625
+  _globals['_FRONTWORKERALARMS']._serialized_end=698
+  _globals['_SYNCRESPONSE']._serialized_start=701
+  _globals['_SYNCRESPONSE']._serialized_end=911
+  _globals['_FRONTWORKERSERVICE']._serialized_start=913
+  _globals['_FRONTWORKERSERVICE']._serialized_end=1016
 # @@protoc_insertion_point(module_scope)

@@ -41,14 +41,16 @@ class FrontWorkerRegistry(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., instances: _Optional[_Iterable[_Union[_types_pb2.Instance, _Mapping]]] = ..., authoritative: _Optional[bool] = ..., managed: _Optional[bool] = ...) -> None: ...
 
 class FrontWorkerLeadership(_message.Message):
-    __slots__ = ("role", "isolated", "store_available")
+    __slots__ = ("role", "isolated", "store_available", "master_valid_until")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ISOLATED_FIELD_NUMBER: _ClassVar[int]
     STORE_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    MASTER_VALID_UNTIL_FIELD_NUMBER: _ClassVar[int]
     role: _coordinator_pb2.CoordinatorRole
     isolated: bool
     store_available: bool
-    def __init__(self, role: _Optional[_Union[_coordinator_pb2.CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., store_available: _Optional[bool] = ...) -> None: ...
+    master_valid_until: float
+    def __init__(self, role: _Optional[_Union[_coordinator_pb2.CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., store_available: _Optional[bool] = ..., master_valid_until: _Optional[float] = ...) -> None: ...
 
 class PrecisionGroup(_message.Message):
     __slots__ = ("instance_ids",)
