@@ -56,7 +56,7 @@ class EtcdElection:
         on_change: OnChange | None = None,
         call_timeout: float = 1.0,
         may_acquire: Callable[[], str | None] | None = None,
-        on_renew: Callable[[], None] | None = None,
+        on_validity: Callable[[], None] | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("etcd election needs at least one endpoint")
@@ -68,8 +68,9 @@ class EtcdElection:
             log.warning(note)
         self.call_timeout = min(call_timeout, self.ttl / 3)
         self._on_change = on_change
-        # Called after every successful renewal (the view may be unchanged, its validity moved on).
-        self._on_renew = on_renew
+        # Called whenever valid_until moved with the view unchanged (a renewal; a master resigning
+        # or stepping down, before it revokes): what mirrors the bound elsewhere must learn it.
+        self._on_validity = on_validity
         # Asked before taking a free lock: None = go ahead, else why this candidate holds back
         # (it only observes; it keeps asking every check interval).
         self._may_acquire = may_acquire
@@ -114,6 +115,10 @@ class EtcdElection:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if resign and self.view.role is LeaderRole.MASTER and self._lease is not None:
+            # Isolated (current()) before the revocation is sent: a standby may take the lock as
+            # soon as etcd applies it, before its reply (if any) reaches us.
+            self._valid_until = -1.0
+            self._validity_moved()
             await self._revoke()
             self.view = lship.lost(self.view)
         await self._close_client()
@@ -134,8 +139,13 @@ class EtcdElection:
     async def _step_down(self, why: StepDown) -> None:
         log.error("holding the lock but cannot act: handing it over (%s)", why)
         self._valid_until = -1.0
+        self._validity_moved()
         await self._revoke()
         await self._publish(lship.lost(self.view))
+
+    def _validity_moved(self) -> None:
+        if self._on_validity is not None:
+            self._on_validity()
 
     async def _publish(self, view: Leadership) -> None:
         if view == self.view:
@@ -263,5 +273,4 @@ class EtcdElection:
         self._last_renew = time.monotonic()
         self._valid_until = sent + self.ttl * 2 / 3
         await self._publish(lship.renew_ok(self.view))
-        if self._on_renew is not None:
-            self._on_renew()
+        self._validity_moved()

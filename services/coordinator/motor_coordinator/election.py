@@ -95,8 +95,8 @@ class EtcdLeadership:
             for demoted in self._demoted:
                 demoted(view)
 
-    def _renewed(self) -> None:
-        # The view is unchanged but its validity moved on: the front workers need the new bound.
+    def _validity_moved(self) -> None:
+        # The view is unchanged but its validity bound moved: the front workers need the new one.
         for cb in self._subscribers:
             cb()
 
@@ -110,7 +110,7 @@ class EtcdLeadership:
             list(ha.etcd_endpoints), ha.election_key, candidate,
             ttl=self.ttl, check_interval=self.check_interval,
             on_change=self._changed, call_timeout=ha.etcd_call_timeout_sec, may_acquire=may_acquire,
-            on_renew=self._renewed,
+            on_validity=self._validity_moved,
         )
         log.info("campaigning", extra={"candidate": candidate, "key": ha.election_key,
                                        "ttl": self.ttl, "check_interval": self.check_interval})
