@@ -154,7 +154,7 @@ def admit(app: Admitting, *, degraded_hint: bool) -> None:
     """Raise the refusal of a Dispatch by this coordinator (standby, isolated master, registry not
     authoritative yet), if any."""
     lead = app.leadership
-    refusal = admission(lead.role, isolated=lead.isolated, degraded_hint=degraded_hint)
+    refusal = admission(lead.role, isolated=lead.isolated, degraded_hint=degraded_hint, master=lead.holder)
     if refusal is not None:
         raise refusal
     if not app.state.authoritative:

@@ -60,6 +60,10 @@ class EtcdLeadership:
         return self.view.store_available
 
     @property
+    def holder(self) -> str:
+        return self.view.holder
+
+    @property
     def valid_until(self) -> float:
         """Monotonic time until which this master's lease surely holds (0: not master)."""
         e = self._election

@@ -72,6 +72,7 @@ class MirroredLeadership:
         self._isolated = False
         self.store_available = True
         self.valid_until = 0.0  # monotonic (the coordinator's clock: the same host); 0: no bound
+        self.holder = ""  # not mirrored: a worker's NOT_MASTER refusal does not name the master
         # Until the coordinator said who it is, this worker does not serve (not master).
         self.known = False
         self._listeners: list[Callable[[], None]] = []

@@ -28,6 +28,11 @@ class Leadership(Protocol):
     def store_available(self) -> bool: ...
 
     @property
+    def holder(self) -> str:
+        """Who holds the master lock as far as this process knows ("" unknown)."""
+        ...
+
+    @property
     def valid_until(self) -> float:
         """Monotonic time after which a master must read as isolated unless it renewed (0: no
         bound). What the front workers mirror: they cannot ask the election themselves."""
@@ -44,6 +49,7 @@ class Standalone:
     isolated = False
     store_available = True
     valid_until = 0.0
+    holder = ""
 
     def subscribe(self, on_change: Callable[[], None]) -> None:
         return None

@@ -51,10 +51,14 @@ def evaluate(*, is_master: bool, isolated: bool, schedulable: bool, synced: bool
     return Readiness(True)
 
 
-def admission(role: LeaderRole, *, isolated: bool, degraded_hint: bool) -> Unavailable | None:
-    """``None`` = serve this Dispatch; else the error to refuse it with (see the module table)."""
+def admission(role: LeaderRole, *, isolated: bool, degraded_hint: bool, master: str = "") -> Unavailable | None:
+    """``None`` = serve this Dispatch; else the error to refuse it with (see the module table).
+    *master*: who holds the lock as far as this coordinator knows (its candidate id, by default its
+    gRPC address; "" unknown), named in a standby's refusal (message, ErrorInfo ``master``)."""
     if role is LeaderRole.STANDBY:
-        return Unavailable(NOT_MASTER, reason="NOT_MASTER")
+        if not master:
+            return Unavailable(NOT_MASTER, reason="NOT_MASTER")
+        return Unavailable(f"{NOT_MASTER}; the master is {master}", reason="NOT_MASTER", metadata={"master": master})
     if isolated and not degraded_hint:
         return Unavailable(
             "isolated: this master cannot renew its lease (send to the new master)", reason="ISOLATED"
