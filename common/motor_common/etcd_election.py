@@ -186,8 +186,13 @@ class EtcdElection:
         while True:
             try:
                 if self.view.role is LeaderRole.MASTER:
+                    # Every ttl/3 from the previous renewal's start, not from its end: the validity
+                    # counts from the send, so with a slow etcd (each call answered late, inside
+                    # the timeout) spacing from the end let it lapse before the next renewal
+                    # confirmed the lease: the master flapped unready every cycle.
+                    started = time.monotonic()
                     await self._renew()
-                    await asyncio.sleep(self.ttl / 3)
+                    await asyncio.sleep(max(0.0, started + self.ttl / 3 - time.monotonic()))
                 else:
                     await self._campaign()
                     if not self.view.serving:
