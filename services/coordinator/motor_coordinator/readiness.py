@@ -54,11 +54,11 @@ def evaluate(*, is_master: bool, isolated: bool, schedulable: bool, synced: bool
 def admission(role: LeaderRole, *, isolated: bool, degraded_hint: bool, master: str = "") -> Unavailable | None:
     """``None`` = serve this Dispatch; else the error to refuse it with (see the module table).
     *master*: who holds the lock as far as this coordinator knows (its candidate id, by default its
-    gRPC address; "" unknown), named in a standby's refusal (message, ErrorInfo ``master``)."""
+    gRPC address; "" unknown), named in a standby's refusal as ErrorInfo metadata ``master`` only:
+    the message can reach HTTP clients (a gateway passes it on), and internal addresses stay out
+    of what they see."""
     if role is LeaderRole.STANDBY:
-        if not master:
-            return Unavailable(NOT_MASTER, reason="NOT_MASTER")
-        return Unavailable(f"{NOT_MASTER}; the master is {master}", reason="NOT_MASTER", metadata={"master": master})
+        return Unavailable(NOT_MASTER, reason="NOT_MASTER", metadata={"master": master} if master else None)
     if isolated and not degraded_hint:
         return Unavailable(
             "isolated: this master cannot renew its lease (send to the new master)", reason="ISOLATED"
