@@ -270,8 +270,10 @@ class EtcdElection:
             await self._publish(lship.lost(self.view))
             return
         current = await self._call(client.get(self.key))
-        holder = current.value.decode() if current is not None else ""
-        if holder != self.candidate:
+        if current is None or current.lease != self._lease.id:
+            # Not the key we created under our lease (deleted by hand, perhaps taken by another
+            # candidate, which may even share our id: the value alone cannot tell).
+            holder = current.value.decode(errors="replace") if current is not None else ""
             self._lease = None
             await self._publish(lship.lost(self.view, holder))
             return
