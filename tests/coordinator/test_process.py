@@ -29,6 +29,9 @@ from tests.procs import http_status, start_coordinator
         ({"http": {"port": 0, "workers": 3, "admission": {"max_in_flight_per_model": 2}}},
          "http.admission.max_in_flight_per_model is 2 but workers is 3"),
         ({"http": {"port": 0, "workers": 2, "worker_liveness_timeout_sec": 1}}, "worker_liveness_timeout_sec"),
+        # HA on a wildcard host: every coordinator's election id and announced address "0.0.0.0:<port>"
+        ({"server": {"host": "0.0.0.0"}, "ha": {"etcd_endpoints": ["127.0.0.1:2379"]}},
+         "ha.advertise_address must be set when server.host is the wildcard '0.0.0.0'"),
     ],
 )
 def test_bad_config_exits_2_naming_the_problem(tmp_path: Path, config: dict[str, object], needle: str) -> None:

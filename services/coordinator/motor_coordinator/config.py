@@ -286,3 +286,9 @@ class CoordinatorConfig:
             raise ValueError("master_lock_ttl and master_standby_check_interval must be > 0")
         if self.precision_clear_threshold < 1:
             raise ValueError("precision_clear_threshold must be >= 1")
+        if self.ha.enabled and not self.ha.advertise_address and self.server.host.strip("[]") in ("", "0.0.0.0", "::"):
+            # The default advertise address would be "0.0.0.0:<port>": the same id for every
+            # coordinator in the election, and an address the controller cannot reach.
+            raise ValueError(f"ha.advertise_address must be set when server.host is the wildcard {self.server.host!r}: "
+                             "it is this coordinator's id in the election and the address it announces to the "
+                             "controller (e.g. <this host's IP>:<port>)")
