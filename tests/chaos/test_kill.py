@@ -56,7 +56,7 @@ async def test_kill_prefill_engine(tmp_path: Path) -> None:
 async def test_kill_the_only_prefill_engine(tmp_path: Path) -> None:
     """One prefill, two decodes: while the prefill is relaunched no prefill is schedulable, and the
     vLLM decodes compute the requests whole (scheduler.decode_only_fallback) instead of failing
-    them (176 of ~400 failed with the fallback off)."""
+    them (with the fallback off this scenario fails: its requests get 503 until the prefill is back)."""
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         return await fleet.kill_engine("prefill-0")
 

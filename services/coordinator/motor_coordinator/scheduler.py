@@ -192,10 +192,6 @@ class Scheduler:
         self._decisions: dict[tuple[Role, str], Any] = {}
 
     def decided(self, role: Role, outcome: str) -> None:
-        """Count a decision the dispatcher made (e.g. a decode taking a request whole)."""
-        self._decided(role, outcome)
-
-    def _decided(self, role: Role, outcome: str) -> None:
         """Count one decision (``motor_coordinator_policy_decisions_total``); label children cached."""
         child = self._decisions.get((role, outcome))
         if child is None:
@@ -400,9 +396,9 @@ class Scheduler:
             self.refresh()
         cands = self._candidates(req.model, role, engine, exclude)
         if not cands:
-            self._decided(role, "no_candidate")
+            self.decided(role, "no_candidate")
             return None
-        self._decided(role, "retry_pick")
+        self.decided(role, "retry_pick")
         return self.policy.select(role, cands, req)
 
     def pick_first(
@@ -417,10 +413,10 @@ class Scheduler:
             cands = self._candidates(req.model, role, None, exclude)
             if cands:
                 if count:
-                    self._decided(role, "routed")
+                    self.decided(role, "routed")
                 return self.policy.select(role, cands, req)
         if count and roles:
-            self._decided(roles[-1], "no_candidate")
+            self.decided(roles[-1], "no_candidate")
         return None
 
     def holders(self, roles: Sequence[Role], model: str | None = None) -> list[Candidate]:
@@ -470,8 +466,8 @@ class Scheduler:
         di = select(Role.DECODE, d, req)
         if di is None:
             return None
-        self._decided(Role.PREFILL, "routed")
-        self._decided(Role.DECODE, "routed")
+        self.decided(Role.PREFILL, "routed")
+        self.decided(Role.DECODE, "routed")
         if self._decode_only_models:
             self._prefills_back(req.model)
         return Route(d.engine, prefill=self._candidate(p, pi), decode=self._candidate(d, di))
@@ -505,19 +501,19 @@ class Scheduler:
             engine = p.instance.engine_type
             same = decodes if len(engines) == 1 else [c for c in decodes if c.instance.engine_type is engine]
             d = self.policy.select(Role.DECODE, same, req)
-            self._decided(Role.PREFILL, "routed")
-            self._decided(Role.DECODE, "routed")
+            self.decided(Role.PREFILL, "routed")
+            self.decided(Role.DECODE, "routed")
             return Route(p.instance.engine_type, prefill=p, decode=d, prefill_tokens=tokens)
         unions = self._candidates(model, Role.UNION)
         if unions:
             u = self.policy.select(Role.UNION, unions, req)
-            self._decided(Role.UNION, "routed")
+            self.decided(Role.UNION, "routed")
             return Route(u.instance.engine_type, union=u)
         alone = self._decode_alone(model, decodes)
         if alone:
             d = self.policy.select(Role.DECODE, alone, req)
-            self._decided(Role.PREFILL, "no_candidate")
-            self._decided(Role.DECODE, "decode_only")
+            self.decided(Role.PREFILL, "no_candidate")
+            self.decided(Role.DECODE, "decode_only")
             return Route(EngineType.VLLM, decode=d, decode_only=True)
         roles = {i.role for i in registered}
         if Role.PREFILL in roles or Role.DECODE in roles:
@@ -525,14 +521,14 @@ class Scheduler:
             missing = [n for n, ok in (("prefill", has_p), ("decode", bool(decodes))) if not ok]
             for role, ok in ((Role.PREFILL, has_p), (Role.DECODE, bool(decodes))):
                 if not ok:
-                    self._decided(role, "no_candidate")
+                    self.decided(role, "no_candidate")
             what = " and ".join(missing) + " instance" if missing else "prefill+decode pair of one engine type"
             raise Unavailable(
                 f"no schedulable {what} for model {model!r}",
                 reason="NO_SCHEDULABLE_INSTANCE",
                 metadata={"model": model, "role": "+".join(missing) or "pair"},
             )
-        self._decided(Role.UNION, "no_candidate")
+        self.decided(Role.UNION, "no_candidate")
         raise Unavailable(
             f"no schedulable union instance for model {model!r}",
             reason="NO_SCHEDULABLE_INSTANCE",
