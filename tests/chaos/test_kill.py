@@ -66,6 +66,20 @@ async def test_kill_the_only_prefill_engine(tmp_path: Path) -> None:
     assert_figures(figs)
 
 
+async def test_kill_the_only_decode_engine(tmp_path: Path) -> None:
+    """Two prefills, one decode: while the decode is relaunched no decode is schedulable, and the
+    vLLM prefills compute the requests whole (scheduler.prefill_only_fallback) instead of failing
+    them; the requests the decode was serving when it died are sent whole to a prefill too (a
+    plain answer had sent nothing yet; a stream is continued there)."""
+    async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
+        return await fleet.kill_engine("decode-0")
+
+    figs = await run_scenario(tmp_path, "kill-only-decode-engine",
+                              "`kill -9` the only decode engine (relaunched; the prefills answer alone meanwhile)",
+                              inject, decode=1, faulted=("decode-0",))  # fmt: skip
+    assert_figures(figs)
+
+
 async def test_kill_nodemanager(tmp_path: Path) -> None:
     async def inject(fleet: ChaosFleet, load: ClosedLoop) -> float:
         return await _kill_program(fleet, "prefill-1")

@@ -46,10 +46,11 @@ def dead_decode(iid: int, engine: EngineType) -> Instance:
 
 
 @asynccontextmanager
-async def coordinator(**dispatch_cfg: Any) -> AsyncIterator[tuple[Coordinator, Stubs]]:
+async def coordinator(prefill_only_fallback: bool = True, **dispatch_cfg: Any) -> AsyncIterator[tuple[Coordinator, Stubs]]:
     cfg = CoordinatorConfig(
         server=ServerConfig(port=0),
-        scheduler=SchedulerConfig(policy="round_robin"),  # every other request goes to the dead decode
+        # round robin: every other request goes to the dead decode
+        scheduler=SchedulerConfig(policy="round_robin", prefill_only_fallback=prefill_only_fallback),
         dispatch=DispatchConfig(**{"health_probe_interval_sec": 0, "metrics_scrape_interval_sec": 0,
                                    "connect_timeout_sec": 1.0, **dispatch_cfg}),
     )
@@ -120,7 +121,9 @@ async def test_decode_retries_0_fails_requests_that_meet_the_unreachable_decode_
     etype = ENGINES[engine]
     async with AsyncExitStack() as st:
         p, d = await pair(engine, tmp_path, st)
-        app, s = await st.enter_async_context(coordinator(decode_retries=0))
+        # (with scheduler.prefill_only_fallback a vLLM prefill would answer them whole:
+        # tests/coordinator/test_dispatch_sim.py)
+        app, s = await st.enter_async_context(coordinator(prefill_only_fallback=False, decode_retries=0))
         live_p, live_d = instance(1, Role.PREFILL, etype, [p]), instance(2, Role.DECODE, etype, [d])
         dead = dead_decode(3, etype)
         await s.set(live_p, live_d, dead)
@@ -146,7 +149,8 @@ async def test_request_fails_with_decode_failed_when_every_decode_is_unreachable
     etype = ENGINES[engine]
     async with AsyncExitStack() as st:
         p = await st.enter_async_context(start_simulator(engine, "prefill", tmp_path))
-        app, s = await st.enter_async_context(coordinator())  # decode_retries=2 by default
+        # decode_retries=2 by default; the fallback would have the vLLM prefill answer whole
+        app, s = await st.enter_async_context(coordinator(prefill_only_fallback=False))
         live_p, dead1, dead2 = instance(1, Role.PREFILL, etype, [p]), dead_decode(2, etype), dead_decode(3, etype)
         await s.set(live_p, dead1, dead2)
         code, detail = await outcome(s, 0)

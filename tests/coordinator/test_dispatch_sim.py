@@ -179,9 +179,10 @@ async def test_errors_before_the_head_and_engine_4xx_relayed(tmp_path: Path, sta
     await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[3]), metadata=MD, timeout=5)
     code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "x"}))
     assert code == grpc.StatusCode.UNAVAILABLE and "union" in msg
+    # a vLLM prefill alone answers whole (scheduler.prefill_only_fallback; refusals below)
     await s.set(instance(4, Role.PREFILL, EngineType.VLLM, [u]))
-    code, reason, msg = await code_of(COMPLETIONS, orjson.dumps({"model": MODEL, "prompt": "x"}))
-    assert code == grpc.StatusCode.UNAVAILABLE and "decode" in msg
+    head, raw = await dispatch(s, COMPLETIONS, {"model": MODEL, "prompt": "x", "max_tokens": 2})
+    assert head.http_status == 200 and head.prefill_instance_id == head.decode_instance_id == 4, raw
 
 
 async def test_with_no_prefill_schedulable_a_vllm_decode_serves_requests_whole_until_a_prefill_is_back(
@@ -263,6 +264,93 @@ async def test_with_no_prefill_schedulable_sglang_or_a_fleet_without_the_fallbac
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await dispatch(s, COMPLETIONS, BODIES[0][2])
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_with_no_decode_schedulable_a_vllm_prefill_serves_requests_whole_until_a_decode_is_back(
+    tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    """The only decode paused (down, breaker open, all alike): the coordinator stays ready and
+    sends each request whole to the prefill, which decodes too — the same text as a union
+    engine's, stream and not; no KV pinned for a decode that will not come. A decode back: P/D again."""
+    p, d, u = await asyncio.gather(*(stack.enter_async_context(start_simulator("vllm", r, tmp_path))
+                                     for r in ("prefill", "decode", "union")))
+    s = await coordinator(stack, tmp_path)
+    await s.set(instance(1, Role.PREFILL, EngineType.VLLM, [p]), instance(2, Role.DECODE, EngineType.VLLM, [d]))
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
+    r = await s.readiness()
+    assert r.ready and r.reason == "", r.reason
+    d_before = (await asyncio.to_thread(sim_state, d))["stats"]["requests_finished"]
+    p_before = (await asyncio.to_thread(sim_state, p))["stats"]
+    for api, path, body in BODIES:
+        for stream in (False, True):
+            b = {**body, "stream": stream}
+            head, raw = await dispatch(s, api, b)
+            assert head.http_status == 200, raw
+            assert (head.prefill_instance_id, head.decode_instance_id) == (1, 1)
+            want = await asyncio.to_thread(direct, u, path, b)
+            assert text_of(api, raw, stream) == text_of(api, want, stream)
+    p_after = (await asyncio.to_thread(sim_state, p))["stats"]
+    assert p_after["requests_finished"] - p_before["requests_finished"] == 4
+    assert p_after["generation_tokens"] - p_before["generation_tokens"] > 4  # whole answers, not 1 token each
+    assert (await asyncio.to_thread(sim_state, d))["stats"]["requests_finished"] == d_before
+    assert (await asyncio.to_thread(sim_state, p))["kv"]["leases"] == 0  # no KV pinned for a decode
+    await s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
+    head, raw = await dispatch(s, COMPLETIONS, BODIES[0][2])
+    assert head.http_status == 200 and (head.prefill_instance_id, head.decode_instance_id) == (1, 2)
+    assert (await asyncio.to_thread(sim_state, p))["stats"]["kv_transfers"] == 1
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+async def test_a_request_whose_decodes_are_all_unreachable_is_computed_whole_by_its_vllm_prefill(
+    fallback: bool, tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    """The decode is registered and schedulable (its breaker still closed) but nothing listens on
+    its port: after the prefill answered, the request is not refused DECODE_FAILED, the prefill
+    computes it whole — unless ``scheduler.prefill_only_fallback`` is off."""
+    p, u = await asyncio.gather(*(stack.enter_async_context(start_simulator("vllm", r, tmp_path))
+                                  for r in ("prefill", "union")))
+    config = {**FAST, "scheduler": {"prefill_only_fallback": fallback},
+              "dispatch": {**FAST["dispatch"], "health_probe_interval_sec": 60}}  # the breaker stays closed
+    s = await coordinator(stack, tmp_path, config)
+    gone = Instance(2, Role.DECODE, "job-2", MODEL, EngineType.VLLM, (Endpoint(0, "127.0.0.1", free_port()),),
+                    InstanceStatus.AVAILABLE)
+    await s.set(instance(1, Role.PREFILL, EngineType.VLLM, [p]), gone)
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    for api, path, body in BODIES:
+        for stream in (False, True):
+            b = {**body, "stream": stream}
+            if not fallback:  # (the first failures open the decode's breaker: then NO_SCHEDULABLE_INSTANCE)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await dispatch(s, api, b)
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE and error_reason(err.value) == "DECODE_FAILED"
+                return
+            head, raw = await dispatch(s, api, b)
+            assert head.http_status == 200 and (head.prefill_instance_id, head.decode_instance_id) == (1, 1), raw
+            want = await asyncio.to_thread(direct, u, path, b)
+            assert text_of(api, raw, stream) == text_of(api, want, stream)
+
+
+@pytest.mark.parametrize("case", ["sglang", "fallback off"])
+async def test_with_no_decode_schedulable_sglang_or_a_fleet_without_the_fallback_refuses_naming_the_decode(
+    case: str, tmp_path: Path, stack: AsyncExitStack
+) -> None:
+    """SGLang prefills hand their KV to a decode, so they cannot serve alone; with
+    ``scheduler.prefill_only_fallback: false`` vLLM's do not either: UNAVAILABLE, not ready."""
+    engine, etype = ("sglang", EngineType.SGLANG) if case == "sglang" else ("vllm", EngineType.VLLM)
+    p, d = await asyncio.gather(*(stack.enter_async_context(start_simulator(engine, r, tmp_path))
+                                  for r in ("prefill", "decode")))
+    config = FAST if case == "sglang" else {**FAST, "scheduler": {"prefill_only_fallback": False}}
+    s = await coordinator(stack, tmp_path, config)
+    await s.set(instance(1, Role.PREFILL, etype, [p]), instance(2, Role.DECODE, etype, [d]))
+    await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
+    r = await s.readiness()
+    assert not r.ready and r.reason == "no schedulable prefill+decode pair or union instance"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await dispatch(s, COMPLETIONS, BODIES[0][2])
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and error_reason(err.value) == "NO_SCHEDULABLE_INSTANCE"
+    assert "no schedulable decode instance" in (err.value.details() or "")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

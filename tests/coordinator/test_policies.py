@@ -182,6 +182,46 @@ def test_with_no_prefill_schedulable_a_vllm_decode_takes_requests_whole_with_the
         s.route(req())
 
 
+@pytest.mark.parametrize("policy", ["round_robin", "least_load", "prefix_aware"])
+def test_with_no_decode_schedulable_a_vllm_prefill_takes_requests_whole_with_the_fallback_only(
+        policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Decodes broken: prefill-only routes to vLLM prefills (never SGLang's, which hand their KV
+    to a decode), readiness holds, one WARNING per outage; a decode back: P/D again, one INFO."""
+    def broken(s: Scheduler) -> None:
+        for _ in range(2):
+            s.record_failure(s.state.instances[2].endpoints[0])
+
+    caplog.set_level(logging.INFO, logger="motor_coordinator.scheduler")
+    s, now = sched(inst(1, Role.PREFILL), inst(2, Role.DECODE), inst(4, Role.PREFILL, engine=EngineType.SGLANG),
+                   policy=policy)
+    s.prefill_only_fallback = True
+    broken(s)
+    assert s.has_schedulable_route()
+    routes = [s.route(req(i, f"p{i}")) for i in range(6)]
+    assert {(r.prefill_only, r.decode_only, r.decode, r.union, r.engine) for r in routes} == {
+        (True, False, None, None, EngineType.VLLM)}
+    assert {r.prefill.instance.id for r in routes} == {1}  # type: ignore[union-attr]
+    warned = [r for r in caplog.records if "no decode is schedulable for model 'm'" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelname == "WARNING"
+    now[0] = 5.0
+    s.record_probe(endpoint_key(s.state.instances[2].endpoints[0]), True)
+    r = s.route(req(7))
+    assert not r.prefill_only and r.decode.instance.id == 2  # type: ignore[union-attr]
+    assert sum("a decode is schedulable again for model 'm'" in r.getMessage() for r in caplog.records) == 1
+
+    s.prefill_only_fallback = False  # the fallback off: the old refusal
+    broken(s)
+    assert not s.has_schedulable_route()
+    with pytest.raises(Unavailable, match="no schedulable decode instance"):
+        s.route(req())
+    s, _ = sched(inst(1, Role.PREFILL, engine=EngineType.SGLANG), inst(2, Role.DECODE, engine=EngineType.SGLANG))
+    s.prefill_only_fallback = True
+    broken(s)
+    assert not s.has_schedulable_route()
+    with pytest.raises(Unavailable, match="no schedulable decode instance"):
+        s.route(req())
+
+
 def test_accepting_a_new_snapshot_keeps_breakers_of_kept_endpoints() -> None:
     s, _ = sched(inst(1, Role.PREFILL), inst(3, Role.DECODE))
     p1 = s.state.instances[1].endpoints[0]

@@ -98,6 +98,11 @@ class SchedulerConfig:
     # computes the prompt itself (slower, but served), instead of refusing them with 503. SGLang
     # decodes cannot: they wait for a prefill's KV.
     decode_only_fallback: bool = True
+    # While no decode is schedulable for a model, send its requests whole to a vLLM prefill, which
+    # then decodes too (its prefill work waits meanwhile), instead of refusing them with 503; also
+    # a request whose decodes were all unreachable after its prefill answered. SGLang prefills
+    # cannot: they hand their KV to a decode.
+    prefill_only_fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 1:

@@ -56,6 +56,7 @@ class DataPlane:
             breaker_cooldown=d.circuit_breaker_cooldown_sec,
             clock=self.stall_clock,
             decode_only_fallback=cfg.scheduler.decode_only_fallback,
+            prefill_only_fallback=cfg.scheduler.prefill_only_fallback,
         )
         self.client = EngineClient(connect_timeout=d.connect_timeout_sec, probe_timeout=d.probe_timeout_sec,
                                    keepalive=d.engine_keepalive_sec, clock=self.stall_clock)

@@ -224,6 +224,9 @@ class Dispatcher:
         elif route.decode_only:
             assert route.decode is not None
             stream = self._union(req, route.decode, info, request_id, fate, Role.DECODE)
+        elif route.prefill_only:
+            assert route.prefill is not None
+            stream = self._union(req, route.prefill, info, request_id, fate, Role.PREFILL)
         elif self.adapters[route.engine].concurrent:
             stream = self._concurrent(req, route, info, request_id, fate)
         else:
@@ -694,8 +697,8 @@ class Dispatcher:
         self, req: ParsedRequest, first: Candidate, info: RequestInfo, rid: str, fate: _Fate,
         role: Role = Role.UNION,
     ) -> AsyncIterator[Frame]:
-        """The request whole to one endpoint of *role* (a union instance, or a vLLM decode while no
-        prefill is schedulable), another one after an unreachable engine."""
+        """The request whole to one endpoint of *role* (a union instance, or a vLLM decode or prefill
+        while no instance of the other role is schedulable), another one after an unreachable engine."""
         cand: Candidate | None = first
         tried: list[EndpointKey] = []
         last = ""
@@ -997,6 +1000,15 @@ class Dispatcher:
             dcand = self._next(Role.DECODE, info, route, tried_d)
             if len(tried_d) <= self.cfg.decode_retries:
                 fate.trace.retry("decode", "unreachable", d, dcand)
+        if route.engine is EngineType.VLLM and self.scheduler.prefill_only_fallback:
+            # no decode took it (none sent a head): the prefill that just answered computes it
+            # whole, its prompt a prefix-cache hit there
+            self.scheduler.decided(Role.PREFILL, "prefill_only")
+            log.warning("request %s: decode unreachable on %d endpoint(s) (%s); prefill %s computes it whole",
+                        rid, len(tried_d), last or "no other decode endpoint", p.endpoint.host_port)
+            async for frame in self._union(req, p, info, rid, fate, Role.PREFILL):
+                yield frame
+            return
         raise self._exhausted("decode", req, len(tried_d), last)
 
     # -- both at once (SGLang) ---------------------------------------------------------------

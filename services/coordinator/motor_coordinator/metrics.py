@@ -44,6 +44,7 @@ POLICY_DECISIONS = Counter(
     "motor_coordinator_policy_decisions",
     "Scheduling decisions by policy, role and outcome: routed (a request's first choice), "
     "retry_pick (another endpoint chosen for a retry), no_candidate (nothing schedulable for the role), "
-    "decode_only (a vLLM decode takes a request whole: no prefill schedulable)",
+    "decode_only (a vLLM decode takes a request whole: no prefill schedulable), "
+    "prefill_only (a vLLM prefill takes a request whole: no decode schedulable, or its decodes unreachable)",
     ["policy", "role", "outcome"],
 )

@@ -134,6 +134,9 @@ class Route:
     # No prefill is schedulable: the request goes whole to ``decode``, which computes the prompt
     # itself (vLLM only: ``scheduler.decode_only_fallback``).
     decode_only: bool = False
+    # No decode is schedulable: the request goes whole to ``prefill``, which then decodes too
+    # (vLLM only: ``scheduler.prefill_only_fallback``).
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,12 +155,16 @@ class Scheduler:
         breaker_cooldown: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         decode_only_fallback: bool = False,
+        prefill_only_fallback: bool = False,
     ) -> None:
         self.policy = policy
         # vLLM: with no prefill schedulable for a model, send its requests whole to a decode
-        # (which then computes the prompt itself) instead of refusing them.
+        # (which then computes the prompt itself) instead of refusing them; with no decode
+        # schedulable, whole to a prefill (which then decodes too).
         self.decode_only_fallback = decode_only_fallback
-        self._decode_only_models: set[str] = set()  # models served decode-only now (log transitions)
+        self.prefill_only_fallback = prefill_only_fallback
+        # models served by one side alone now, and by which (log the transitions)
+        self._alone: dict[str, Role] = {}
         self._failures = breaker_failures
         self._cooldown = breaker_cooldown
         self._clock = clock
@@ -468,8 +475,8 @@ class Scheduler:
             return None
         self.decided(Role.PREFILL, "routed")
         self.decided(Role.DECODE, "routed")
-        if self._decode_only_models:
-            self._prefills_back(req.model)
+        if self._alone:
+            self._pair_back(req.model)
         return Route(d.engine, prefill=self._candidate(p, pi), decode=self._candidate(d, di))
 
     def route(self, req: RequestInfo) -> Route:
@@ -491,7 +498,7 @@ class Scheduler:
         engines = {c.instance.engine_type for c in decodes}
         prefills = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type in engines]
         if prefills:
-            self._prefills_back(model)
+            self._pair_back(model)
             tokens = 0
             if self._select_prefill is not None:
                 choice = self._select_prefill(prefills, req)
@@ -515,6 +522,12 @@ class Scheduler:
             self.decided(Role.PREFILL, "no_candidate")
             self.decided(Role.DECODE, "decode_only")
             return Route(EngineType.VLLM, decode=d, decode_only=True)
+        alone = self._prefill_alone(model)
+        if alone:
+            p = self.policy.select(Role.PREFILL, alone, req)
+            self.decided(Role.DECODE, "no_candidate")
+            self.decided(Role.PREFILL, "prefill_only")
+            return Route(EngineType.VLLM, prefill=p, prefill_only=True)
         roles = {i.role for i in registered}
         if Role.PREFILL in roles or Role.DECODE in roles:
             has_p = bool(self._candidates(model, Role.PREFILL))
@@ -541,20 +554,41 @@ class Scheduler:
         if not self.decode_only_fallback:
             return []
         alone = [c for c in decodes if c.instance.engine_type is EngineType.VLLM]
-        if alone and model not in self._decode_only_models:
-            self._decode_only_models.add(model)
-            log.warning("no prefill is schedulable for model %r: its requests go whole to a decode instance, which "
-                        "computes the prompt itself, until a prefill is back", model)
+        if alone:
+            self._serving_alone(model, Role.DECODE)
         return alone
 
-    def _prefills_back(self, model: str) -> None:
-        if model in self._decode_only_models:
-            self._decode_only_models.discard(model)
-            log.info("a prefill is schedulable again for model %r: prefill and decode are disaggregated again", model)
+    def _prefill_alone(self, model: str) -> list[Candidate]:
+        """The prefills that may serve *model*'s requests whole while no decode of theirs is
+        schedulable (vLLM prefills, with ``prefill_only_fallback``: a vLLM kv_producer given no
+        ``kv_transfer_params`` decodes like any vLLM); logs when a model starts being served so.
+        Called only when no prefill has a schedulable decode of its engine type."""
+        if not self.prefill_only_fallback:
+            return []
+        alone = [c for c in self._candidates(model, Role.PREFILL) if c.instance.engine_type is EngineType.VLLM]
+        if alone:
+            self._serving_alone(model, Role.PREFILL)
+        return alone
+
+    def _serving_alone(self, model: str, role: Role) -> None:
+        if self._alone.get(model) is role:
+            return
+        self._alone[model] = role
+        other, then = (("prefill", "computes the prompt itself") if role is Role.DECODE
+                       else ("decode", "decodes them too"))
+        log.warning("no %s is schedulable for model %r: its requests go whole to a %s instance, which %s, "
+                    "until a %s is back", other, model, role.value, then, other)
+
+    def _pair_back(self, model: str) -> None:
+        role = self._alone.pop(model, None)
+        if role is not None:
+            log.info("a %s is schedulable again for model %r: prefill and decode are disaggregated again",
+                     "prefill" if role is Role.DECODE else "decode", model)
 
     def has_schedulable_route(self) -> bool:
         """Some model has a schedulable P+D pair of one engine type, or a union endpoint, or (with
-        ``decode_only_fallback``) a vLLM decode that can serve requests whole."""
+        ``decode_only_fallback`` / ``prefill_only_fallback``) a vLLM decode or prefill that can
+        serve requests whole."""
         for model in self._by_model:
             if self._candidates(model, Role.UNION):
                 return True
@@ -563,6 +597,9 @@ class Scheduler:
             if any(c.instance.engine_type in d_engines for c in self._candidates(model, Role.PREFILL)):
                 return True
             if self.decode_only_fallback and any(c.instance.engine_type is EngineType.VLLM for c in decodes):
+                return True
+            if self.prefill_only_fallback and any(c.instance.engine_type is EngineType.VLLM
+                                                  for c in self._candidates(model, Role.PREFILL)):
                 return True
         return False
 
