@@ -19,7 +19,7 @@ import grpc
 import orjson
 import pytest
 
-from motor_common.domain import EngineType, Role
+from motor_common.domain import Endpoint, EngineType, Instance, InstanceStatus, Role
 from motor_common.grpc_server import error_reason
 from tests.coordinator.test_decode_retry_sim import coordinator, nothing_in_flight
 from tests.coordinator.test_dispatch_sim import (
@@ -31,6 +31,7 @@ from tests.coordinator.test_dispatch_sim import (
     sim_state,
     text_of,
 )
+from tests.helpers import free_port
 from tests.procs import Proc, start_simulator
 
 pytestmark = pytest.mark.slow
@@ -104,6 +105,34 @@ async def test_the_retry_goes_to_another_decode_when_there_is_one(tmp_path: Path
         assert bs["stats"]["kv_load_failures"] >= 1 and bs["stats"]["requests_finished"] == 0
         assert gs["stats"]["requests_finished"] == 6
         await nothing_in_flight(app, ip, ibad, igood)
+
+
+async def test_a_hand_off_retry_that_finds_no_reachable_prefill_has_the_decode_compute_it_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The prefill that answered is gone when the hand-off is run again (the only prefill died
+    after its first answer; here: the other prefill is a port nobody listens on and
+    ``prefill_retries`` is 0): the request is not refused PREFILL_FAILED, the decode computes it
+    whole (``scheduler.decode_only_fallback``) — the union engine's text."""
+    async with AsyncExitStack() as st:
+        p, d, u = await sims(tmp_path, st, "prefill", "decode", "union")
+        app, s = await st.enter_async_context(coordinator(prefill_retries=0, kv_load_retries=1))
+        gone = Instance(3, Role.PREFILL, "job-3", MODEL, VLLM, (Endpoint(0, "127.0.0.1", free_port()),),
+                        InstanceStatus.AVAILABLE)
+        ip, idd = instance(1, Role.PREFILL, VLLM, [p]), instance(2, Role.DECODE, VLLM, [d])
+        await s.set(ip, idd, gone)
+        api, path, body = SHAPES[0]
+        want = await asyncio.to_thread(union_text, u, path, body)
+        for stream in (False, True, False, True):  # round robin: each prefill first in turn
+            set_fault(d, mode="kv_load_fail", count=1)
+            head, raw = await dispatch(s, api, dict(body, stream=stream))
+            assert head.http_status == 200 and head.decode_instance_id == 2, raw[:300]
+            assert ERROR_EVENT not in raw and text_of(api, raw, stream)[0] == want
+        ds = await asyncio.to_thread(sim_state, d)
+        assert ds["stats"]["kv_load_failures"] >= 1  # the hand-off retry path was taken
+        assert any("hand-off retry: prefill unreachable" in r.getMessage() and "computes it whole" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records][-10:]
+        await nothing_in_flight(app, ip, idd)
 
 
 async def test_retries_exhausted_end_the_call_with_a_public_kv_transfer_error(tmp_path: Path) -> None:

@@ -989,7 +989,16 @@ class Dispatcher:
                     "%s, decode %s", failed_d.endpoint.host_port, failed_p.endpoint.host_port, rid, kv_retries,
                     self.cfg.kv_load_retries, p.endpoint.host_port, dcand.endpoint.host_port,
                 )
-                p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate)
+                try:
+                    p, pbody, reply = await self._prefill_with_retries(adapter, req, route, info, rid, p, fate,
+                                                                       alone_ok=route.engine is EngineType.VLLM)
+                except _DecodeAlone as exc:  # e.g. the only prefill died after its first answer
+                    self.scheduler.decided(Role.DECODE, "decode_only")
+                    log.warning("request %s: hand-off retry: %s; decode %s computes it whole", rid, exc,
+                                dcand.endpoint.host_port)
+                    async for frame in self._union(req, dcand, info, rid, fate, Role.DECODE):
+                        yield frame
+                    return
                 if isinstance(reply, _Answer):
                     yield Head(reply.status, reply.content_type, rid, p.instance.id, dcand.instance.id)
                     yield reply.body
