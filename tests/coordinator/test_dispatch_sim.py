@@ -137,6 +137,13 @@ async def _ready(s: Stubs) -> bool:
     return bool((await s.readiness()).ready)
 
 
+def _served_alone(c: Proc) -> list[str]:
+    """The coordinator's motor_coordinator_model_served_alone samples."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{c.ports['metrics']}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return [line for line in text.splitlines() if line.startswith("motor_coordinator_model_served_alone{")]
+
+
 async def test_errors_before_the_head_and_engine_4xx_relayed(tmp_path: Path, stack: AsyncExitStack) -> None:
     u = await stack.enter_async_context(start_simulator("vllm", "union", tmp_path))
     s = await coordinator(stack, tmp_path)
@@ -199,6 +206,7 @@ async def test_with_no_prefill_schedulable_a_vllm_decode_serves_requests_whole_u
     await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1]), metadata=MD, timeout=5)
     r = await s.readiness()
     assert r.ready and r.reason == "", r.reason
+    assert [(a.model, a.role) for a in r.served_alone] == [(MODEL, tpb.ROLE_DECODE)]
     before = (await asyncio.to_thread(sim_state, d))["stats"]
     for api, path, body in BODIES:
         for stream in (False, True):
@@ -274,12 +282,20 @@ async def test_with_no_decode_schedulable_a_vllm_prefill_serves_requests_whole_u
     engine's, stream and not; no KV pinned for a decode that will not come. A decode back: P/D again."""
     p, d, u = await asyncio.gather(*(stack.enter_async_context(start_simulator("vllm", r, tmp_path))
                                      for r in ("prefill", "decode", "union")))
-    s = await coordinator(stack, tmp_path)
+    c = await stack.enter_async_context(start_coordinator(tmp_path, {**FAST, "server": {"metrics_port": 0}},
+                                                          management_key=KEY))
+    s = Stubs(c.address)
+    stack.push_async_callback(s.close)
     await s.set(instance(1, Role.PREFILL, EngineType.VLLM, [p]), instance(2, Role.DECODE, EngineType.VLLM, [d]))
     await wait_for(lambda: _ready(s), timeout=10, what="coordinator ready")
+    assert list((await s.readiness()).served_alone) == []
+    assert _served_alone(c) == []
     await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
     r = await s.readiness()
     assert r.ready and r.reason == "", r.reason
+    # degraded, and said so: GetReadiness and the coordinator's metric
+    assert [(a.model, a.role) for a in r.served_alone] == [(MODEL, tpb.ROLE_PREFILL)]
+    assert _served_alone(c) == [f'motor_coordinator_model_served_alone{{model="{MODEL}",role="prefill"}} 1.0']
     d_before = (await asyncio.to_thread(sim_state, d))["stats"]["requests_finished"]
     p_before = (await asyncio.to_thread(sim_state, p))["stats"]
     for api, path, body in BODIES:
@@ -296,6 +312,7 @@ async def test_with_no_decode_schedulable_a_vllm_prefill_serves_requests_whole_u
     assert (await asyncio.to_thread(sim_state, d))["stats"]["requests_finished"] == d_before
     assert (await asyncio.to_thread(sim_state, p))["kv"]["leases"] == 0  # no KV pinned for a decode
     await s.registry.ResumeInstances(cpb.ResumeInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
+    assert list((await s.readiness()).served_alone) == [] and _served_alone(c) == []
     head, raw = await dispatch(s, COMPLETIONS, BODIES[0][2])
     assert head.http_status == 200 and (head.prefill_instance_id, head.decode_instance_id) == (1, 2)
     assert (await asyncio.to_thread(sim_state, p))["stats"]["kv_transfers"] == 1

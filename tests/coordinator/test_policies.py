@@ -157,7 +157,7 @@ def test_with_no_prefill_schedulable_a_vllm_decode_takes_requests_whole_with_the
                    policy=policy)
     s.decode_only_fallback = True
     broken(s)
-    assert s.has_schedulable_route()
+    assert s.has_schedulable_route() and s.served_alone() == {"m": Role.DECODE}
     routes = [s.route(req(i, f"p{i}")) for i in range(6)]
     assert {(r.decode_only, r.prefill, r.union, r.engine) for r in routes} == {(True, None, None, EngineType.VLLM)}
     assert {r.decode.instance.id for r in routes} == {2}  # type: ignore[union-attr]
@@ -195,8 +195,9 @@ def test_with_no_decode_schedulable_a_vllm_prefill_takes_requests_whole_with_the
     s, now = sched(inst(1, Role.PREFILL), inst(2, Role.DECODE), inst(4, Role.PREFILL, engine=EngineType.SGLANG),
                    policy=policy)
     s.prefill_only_fallback = True
+    assert s.served_alone() == {}
     broken(s)
-    assert s.has_schedulable_route()
+    assert s.has_schedulable_route() and s.served_alone() == {"m": Role.PREFILL}
     routes = [s.route(req(i, f"p{i}")) for i in range(6)]
     assert {(r.prefill_only, r.decode_only, r.decode, r.union, r.engine) for r in routes} == {
         (True, False, None, None, EngineType.VLLM)}
@@ -207,6 +208,7 @@ def test_with_no_decode_schedulable_a_vllm_prefill_takes_requests_whole_with_the
     s.record_probe(endpoint_key(s.state.instances[2].endpoints[0]), True)
     r = s.route(req(7))
     assert not r.prefill_only and r.decode.instance.id == 2  # type: ignore[union-attr]
+    assert s.served_alone() == {}
     assert sum("a decode is schedulable again for model 'm'" in r.getMessage() for r in caplog.records) == 1
 
     s.prefill_only_fallback = False  # the fallback off: the old refusal

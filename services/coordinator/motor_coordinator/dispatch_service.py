@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from motor_common.convert import ROLE_TO_PB as INSTANCE_ROLE_TO_PB
 from motor_common.convert import model_card_to_pb
 from motor_common.domain import InstanceStatus, Role
 from motor_common.errors import DeadlineExceeded, InvalidArgument, Unavailable
@@ -137,6 +138,8 @@ class DispatchServicer(cgrpc.DispatchServiceServicer):
             store_available=lead.store_available,
             available_instances=sum(i.status is InstanceStatus.AVAILABLE for i in self.app.observed_instances()),
             advertise_address=self.app.address,
+            served_alone=[cpb.ServedAlone(model=m, role=INSTANCE_ROLE_TO_PB[role])
+                          for m, role in sorted(self.app.scheduler.served_alone().items())],
         )
 
 

@@ -589,19 +589,33 @@ class Scheduler:
         """Some model has a schedulable P+D pair of one engine type, or a union endpoint, or (with
         ``decode_only_fallback`` / ``prefill_only_fallback``) a vLLM decode or prefill that can
         serve requests whole."""
+        return any(self._serving(model) is not None for model in self._by_model)
+
+    def served_alone(self) -> dict[str, Role]:
+        """The models one side of the pair serves alone now (the fallbacks): model -> the role
+        answering requests whole. Follows the registry and the breakers, not the requests."""
+        out: dict[str, Role] = {}
         for model in self._by_model:
-            if self._candidates(model, Role.UNION):
-                return True
-            decodes = self._candidates(model, Role.DECODE)
-            d_engines = {c.instance.engine_type for c in decodes}
-            if any(c.instance.engine_type in d_engines for c in self._candidates(model, Role.PREFILL)):
-                return True
-            if self.decode_only_fallback and any(c.instance.engine_type is EngineType.VLLM for c in decodes):
-                return True
-            if self.prefill_only_fallback and any(c.instance.engine_type is EngineType.VLLM
-                                                  for c in self._candidates(model, Role.PREFILL)):
-                return True
-        return False
+            how = self._serving(model)
+            if isinstance(how, Role):
+                out[model] = how
+        return out
+
+    def _serving(self, model: str) -> Role | str | None:
+        """How *model* is served now: "routed" (a P+D pair of one engine type, or a union
+        endpoint), the role serving it alone (a fallback), or None (refused)."""
+        if self._candidates(model, Role.UNION):
+            return "routed"
+        decodes = self._candidates(model, Role.DECODE)
+        prefills = self._candidates(model, Role.PREFILL)
+        d_engines = {c.instance.engine_type for c in decodes}
+        if any(c.instance.engine_type in d_engines for c in prefills):
+            return "routed"
+        if self.decode_only_fallback and any(c.instance.engine_type is EngineType.VLLM for c in decodes):
+            return Role.DECODE
+        if self.prefill_only_fallback and any(c.instance.engine_type is EngineType.VLLM for c in prefills):
+            return Role.PREFILL
+        return None
 
     def models(self) -> dict[str, Sequence[Instance]]:
         return {m: list(insts) for m, insts in self._by_model.items()}

@@ -1,5 +1,6 @@
 """The coordinator's state as Prometheus gauges, read at scrape time: registry generation and
-size, whether the registry is authoritative, election role and isolation, and (policy kv_events)
+size, whether the registry is authoritative, election role and isolation, the models served by one
+side of their pair alone, and (policy kv_events)
 what the KV-event index holds per engine and how the policy decided."""
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ class CoordinatorCollector(Collector):
                                 "1 while this coordinator is isolated (master that lost its election store)")
         iso.add_metric([], 1.0 if lead.isolated else 0.0)
         yield iso
+        alone = GaugeMetricFamily("motor_coordinator_model_served_alone",
+                                  "1 for a model one side of its prefill/decode pair serves alone now (role "
+                                  "decode: no prefill schedulable, its decodes compute whole requests; role "
+                                  "prefill: no decode schedulable, its prefills decode too): degraded, slower",
+                                  labels=["model", "role"])
+        for model, side in sorted(self.app.scheduler.served_alone().items()):
+            alone.add_metric([model, side.value], 1.0)
+        yield alone
         inflight = GaugeMetricFamily("motor_coordinator_instance_requests_in_flight",
                                      "Requests being served by each registered instance's engines now (a PD "
                                      "request counts on its prefill and on its decode instance)",

@@ -369,7 +369,7 @@ class GetReadinessRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetReadinessResponse(_message.Message):
-    __slots__ = ("ready", "reason", "role", "isolated", "generation", "store_available", "available_instances", "advertise_address")
+    __slots__ = ("ready", "reason", "role", "isolated", "generation", "store_available", "available_instances", "advertise_address", "served_alone")
     READY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +378,7 @@ class GetReadinessResponse(_message.Message):
     STORE_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_INSTANCES_FIELD_NUMBER: _ClassVar[int]
     ADVERTISE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_ALONE_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     reason: str
     role: CoordinatorRole
@@ -386,4 +387,13 @@ class GetReadinessResponse(_message.Message):
     store_available: bool
     available_instances: int
     advertise_address: str
-    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ..., store_available: _Optional[bool] = ..., available_instances: _Optional[int] = ..., advertise_address: _Optional[str] = ...) -> None: ...
+    served_alone: _containers.RepeatedCompositeFieldContainer[ServedAlone]
+    def __init__(self, ready: _Optional[bool] = ..., reason: _Optional[str] = ..., role: _Optional[_Union[CoordinatorRole, str]] = ..., isolated: _Optional[bool] = ..., generation: _Optional[int] = ..., store_available: _Optional[bool] = ..., available_instances: _Optional[int] = ..., advertise_address: _Optional[str] = ..., served_alone: _Optional[_Iterable[_Union[ServedAlone, _Mapping]]] = ...) -> None: ...
+
+class ServedAlone(_message.Message):
+    __slots__ = ("model", "role")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    role: _types_pb2.Role
+    def __init__(self, model: _Optional[str] = ..., role: _Optional[_Union[_types_pb2.Role, str]] = ...) -> None: ...
