@@ -87,6 +87,20 @@ class UpFleet:
         return "\n".join(f"--- {n} ---\n{self.log(n, 2000)}" for n in names) + \
             f"\n--- motor up ---\n{self.out()}"  # fmt: skip
 
+    def brief(self) -> str:
+        """A short digest of :meth:`diagnostics` (each engine's last lines, each program's last
+        warnings), logged last on a failure: CI shows a failure's first and last lines only."""
+        nodes = [n for n in self.info.get("programs", {}) if n.split("-")[0] in ("union", "prefill", "decode")] \
+            or ["union-0"]
+        out = []
+        for n in nodes:
+            lines = [ln[:240] for ln in self.log(f"{n}.engine-0", 20000).splitlines() if ln.strip()]
+            out += [f"--- {n}.engine-0 (last lines) ---", *lines[-6:]]
+        for n in ["controller", "coordinator", "gateway", *nodes]:
+            lines = [ln[:300] for ln in self.log(n, 200000).splitlines() if " WARNING " in ln or " ERROR " in ln]
+            out += [f"--- {n} (last warnings) ---", *lines[-6:]]
+        return "\n".join(out)
+
     @property
     def gateway(self) -> str:
         return str(self.info["gateway_url"])

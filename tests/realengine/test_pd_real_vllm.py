@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import time
@@ -285,6 +286,7 @@ async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_deco
             assert await _metric(http, decode, EXTERNAL) - ext2 == sent
         except BaseException:
             print(fleet.diagnostics())  # shown with the failure: what each process logged last
+            logging.getLogger(__name__).error("fleet digest at the failure:\n%s", fleet.brief())  # the last lines
             raise
         finally:
             await client.close()
