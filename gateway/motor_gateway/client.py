@@ -29,6 +29,7 @@ from motor_common.openai_front.openai import HttpError, error_for_status, error_
 from motor_common.tracing import current_carrier
 from motor_gateway import failover
 from motor_gateway.pool import UNREACHABLE, CoordinatorPool
+from motor_gateway.routing import broken_call
 
 __all__ = ["GrpcDispatchClient", "rpc_error"]
 
@@ -52,9 +53,9 @@ def rpc_error(exc: grpc.aio.AioRpcError) -> HttpError:
     reason = error_reason(exc)
     if reason is None:
         log.warning("coordinator call failed", extra={"grpc_code": exc.code().name, "detail": exc.details()})
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        if broken_call(exc.code().name, None):  # unreachable, or gone while it held the call
             return error_for_status("UNAVAILABLE", UNREACHABLE, "COORDINATOR_UNREACHABLE")
-        if exc.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # gRPC's own size limits
             return _BAD_GATEWAY
     translated = translate(exc)
     code = exc.code().name if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else translated.code

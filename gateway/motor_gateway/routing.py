@@ -74,10 +74,21 @@ def choose(views: Sequence[CoordinatorView], current: str | None = None) -> Rout
 RETRYABLE_REASONS = (None, "NOT_MASTER", "ISOLATED", "REGISTRY_NOT_SYNCED")
 
 
+# gRPC's own failures of a call (no ErrorInfo: the coordinator's own errors always carry one): a
+# connect error or a reset is UNAVAILABLE; a coordinator killed while it held the call also shows as
+# INTERNAL ("Internal error from Core") or UNKNOWN ("Stream removed").
+BROKEN_CALL_CODES = ("UNAVAILABLE", "INTERNAL", "UNKNOWN")
+
+
+def broken_call(code: str, reason: str | None) -> bool:
+    """The call broke in gRPC itself (the coordinator unreachable, or gone while it held the call)."""
+    return reason is None and code in BROKEN_CALL_CODES
+
+
 def retryable(code: str, reason: str | None) -> bool:
     """A Dispatch that failed *before its head* may be sent again to the (new) master when the
-    coordinator was unreachable (UNAVAILABLE without ErrorInfo: connect error, reset), refused
-    because it is not, or no longer, the serving master, or has not received its instance set yet
-    (just restarted and elected before the controller's next sync: a synced peer, or this one in
-    a moment, can serve it)."""
-    return code == "UNAVAILABLE" and reason in RETRYABLE_REASONS
+    call broke in gRPC itself (connect error, reset, the coordinator killed while it held the
+    call), or the coordinator refused it because it is not, or no longer, the serving master, or
+    has not received its instance set yet (just restarted and elected before the controller's
+    next sync: a synced peer, or this one in a moment, can serve it)."""
+    return broken_call(code, reason) or (code == "UNAVAILABLE" and reason in RETRYABLE_REASONS)

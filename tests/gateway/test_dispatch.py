@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import orjson
 import pytest
 
@@ -183,6 +184,30 @@ async def test_in_process_deadline_mid_stream_ends_the_stream_with_a_timeout_eve
         assert first == b'data: {"n":1}'
         assert_openai_error(orjson.loads(last.removeprefix(b"data: ")), "timeout_error")
         await asyncio.wait_for(fake.cancelled.wait(), 5)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+async def test_a_call_broken_in_grpc_before_the_head_is_a_503_with_retry_after(
+    tmp_path: Path, code: grpc.StatusCode
+) -> None:
+    """A coordinator killed while it held the call reaches the gateway as gRPC's own INTERNAL
+    ("Internal error from Core") or UNKNOWN ("Stream removed"), without the ErrorInfo every
+    coordinator error carries: the client gets 503 coordinator unreachable + Retry-After (SDKs
+    back off and retry), as for a refused connection — not a 502. (gRPC transport only: the
+    co-located front has no call to break.)"""
+    async def script(request: cpb.DispatchRequest, context: Any) -> AsyncIterator[cpb.DispatchResponse]:
+        await context.abort(code, "Internal error from Core")
+        yield head()  # never reached
+
+    async with fake_coordinator() as (addr, fake):
+        fake.script = script
+        cfg = GatewayConfig(coordinators=(addr,), request_timeout_sec=5.0)
+        async with running_gateway(cfg, tmp_path) as url, aiohttp.ClientSession() as http, \
+                http.post(f"{url}/v1/completions", json=COMPLETION) as resp:
+            assert resp.status == 503 and int(resp.headers["Retry-After"]) >= 1
+            body = await resp.json()
+    assert_openai_error(body, "service_unavailable_error")
+    assert body["error"]["code"] == "coordinator_unreachable", body
 
 
 async def test_unreachable_coordinator_gives_503(tmp_path: Path) -> None:

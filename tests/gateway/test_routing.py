@@ -75,3 +75,7 @@ def test_only_pre_head_unavailability_and_role_refusals_are_retried() -> None:
     assert not retryable("UNAVAILABLE", "NO_SCHEDULABLE_INSTANCE")
     assert not retryable("UNAVAILABLE", "PREFILL_FAILED")
     assert not retryable("DEADLINE_EXCEEDED", None)
+    # a coordinator killed while it held the call: gRPC's own INTERNAL / UNKNOWN, no ErrorInfo
+    assert retryable("INTERNAL", None) and retryable("UNKNOWN", None)
+    assert not retryable("INTERNAL", "INTERNAL")  # the coordinator's own error (an exception it logged)
+    assert not retryable("RESOURCE_EXHAUSTED", None)  # gRPC's size limits: another coordinator would refuse it too
