@@ -155,9 +155,10 @@ async def test_engines_down(tmp_path: Path, caplog: pytest.LogCaptureFixture, vi
             "decode": (instance(1, Role.PREFILL, VLLM, [p]), instance(2, Role.DECODE, VLLM, [ghost])),
             "union": (instance(3, Role.UNION, VLLM, [ghost]),),
         }
-        # with scheduler.decode_only_fallback (the default) the vLLM decode computes a request whose
-        # prefill is unreachable (tests/coordinator/test_dispatch_sim.py); off, it fails PREFILL_FAILED
-        app.scheduler.decode_only_fallback = False
+        # with scheduler.decode_only_fallback / prefill_only_fallback (the defaults) the vLLM decode
+        # computes a request whose prefill is unreachable, the prefill one whose decode is
+        # (tests/coordinator/test_dispatch_sim.py); off, they fail PREFILL_FAILED / DECODE_FAILED
+        app.scheduler.decode_only_fallback = app.scheduler.prefill_only_fallback = False
         for role, instances in cases.items():
             await s.set(*instances)
             rid = f"down-{role}"

@@ -201,8 +201,8 @@ async def test_out_of_range_generation_is_invalid_argument_and_cannot_wedge_the_
     await expect(grpc.StatusCode.INVALID_ARGUMENT, s.add(D, generation=MAX_GENERATION + 1), "OUT_OF_RANGE")
     listed = await s.list()
     assert listed.generation == MAX_GENERATION and [i.id for i in listed.instances] == [1]
-    r = await s.readiness()
-    assert r.generation == MAX_GENERATION and r.reason == "no schedulable prefill+decode pair or union instance"
+    r = await s.readiness()  # (the vLLM prefill alone answers whole: scheduler.prefill_only_fallback)
+    assert r.generation == MAX_GENERATION and r.ready and [a.model for a in r.served_alone] == ["m"]
     assert (await s.set(P, generation=MAX_GENERATION)).generation == MAX_GENERATION  # idempotent retry
 
 
@@ -231,17 +231,18 @@ async def test_readiness_and_health_follow_the_instance_set(coord: tuple[Coordin
     assert not r.ready and r.reason == "instance set not received yet"
     assert r.role == cpb.COORDINATOR_ROLE_STANDALONE and r.available_instances == 0
     assert not await serving()
-    await s.set(P)  # prefill alone is not enough
+    await s.set(P)  # a vLLM prefill alone: it answers whole (scheduler.prefill_only_fallback), degraded
     r = await s.readiness()
-    assert not r.ready and r.available_instances == 1
-    assert r.reason == "no schedulable prefill+decode pair or union instance"
+    assert r.ready and r.available_instances == 1
+    assert [(a.model, a.role) for a in r.served_alone] == [("m", tpb.ROLE_PREFILL)]
     await s.add(D)
     r = await s.readiness()
-    assert r.ready and r.generation == 2 and r.available_instances == 2
+    assert r.ready and r.generation == 2 and r.available_instances == 2 and not r.served_alone
     await wait_for(serving, timeout=5, what="SERVING")
-    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[2]), metadata=MD, timeout=5)
+    await s.registry.PauseInstances(cpb.PauseInstancesRequest(instance_ids=[1, 2]), metadata=MD, timeout=5)
     r = await s.readiness()
-    assert not r.ready and r.available_instances == 1  # the paused one is not available
+    assert not r.ready and r.available_instances == 0  # the paused ones are not available
+    assert r.reason == "no schedulable prefill+decode pair or union instance" and not r.served_alone
     await wait_for(lambda: _not(serving), timeout=5, what="NOT_SERVING")
     await s.set(replace(U, status=InstanceStatus.AVAILABLE))
     assert (await s.readiness()).ready
