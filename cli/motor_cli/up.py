@@ -52,6 +52,7 @@ import yaml
 from motor_cli import arg_types, config_errors, statedir, target
 from motor_cli.fleet import FleetOptions, FleetPlan, ProgramSpec, plan_fleet, tls_dir
 from motor_cli.leftovers import become_subreaper, kill_leftovers, reap_adopted
+from motor_cli.served_alone import served_alone
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_cli.topology import Topology
 from motor_common.config import read_config_file
@@ -535,7 +536,13 @@ async def _wait_ready(
         view = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
         ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
         fleet = format_line(view) if view.ok else "controller starting"
+        all_up = ok and bound and view.ok and view.active == view.expected(plan.options.node_count)
+        # Every instance active in the controller's view, and pushed to the coordinators: no model
+        # answered by one side of its pair alone (a coordinator is ready with one side already).
+        alone = await served_alone(plan.coordinator_addresses, cli_tls(plan)) if all_up else []
         line = f"  waiting: {fleet}; {plan.topology.front_label} {'ready' if ok else 'not ready: ' + why}"
+        if alone:
+            line += "; served alone: " + ", ".join(alone)
         if line != last:
             _say(line)
             last = line
@@ -543,7 +550,7 @@ async def _wait_ready(
             return False
         # Ready once every program has also finished starting (its ports file is written last): the
         # co-located front can answer from its workers before the coordinator's start returns.
-        if ok and bound and view.ok and view.active == view.expected(plan.options.node_count):
+        if all_up and not alone:
             return True
         if time.monotonic() > deadline:
             _say(f"error: the fleet was not ready after {timeout:g} s; see the logs in {plan.options.state_dir}/logs")
@@ -567,6 +574,9 @@ async def _watch(plan: FleetPlan, sup: Supervisor, http: aiohttp.ClientSession, 
         view: FleetView = await fetch_view(plan.controller_address, key, tls=cli_tls(plan))
         ok, why = await _gateway_ready(http, plan.gateway_url, cli_tls(plan))
         line = f"{format_line(view)}; {plan.topology.front_label} {'ready' if ok else 'NOT ready: ' + why}"
+        alone = await served_alone(plan.coordinator_addresses, cli_tls(plan)) if ok else []
+        if alone:
+            line += "; DEGRADED, served alone: " + ", ".join(alone)
         if line != last or time.monotonic() - last_print > 60:
             _say(f"[{time.strftime('%H:%M:%S')}] {line}")
             last, last_print = line, time.monotonic()

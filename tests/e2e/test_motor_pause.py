@@ -192,3 +192,38 @@ async def test_pause_is_kept_by_the_controller_across_restarts_and_paused_instan
         assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
         too_big = await motor(fleet, "pause", str(2**53))
         assert too_big.returncode == 2 and "2^53-1" in too_big.stderr
+
+
+async def test_motor_up_is_ready_with_the_pair_paired_and_says_when_one_side_serves_alone(tmp_path: Path) -> None:
+    """`motor up` is ready only once the coordinator routes the prefill+decode pair (a coordinator
+    with one side already serves, whole, on it: scheduler.*_only_fallback); with the decode paused
+    its status line says the model is served by its prefills alone, requests still succeed, and the
+    line clears when the decode is resumed."""
+    async with motor_up(tmp_path, "--prefill", "1", "--decode", "1", "--zero-latency") as fleet:
+        async with open_channel(fleet.info["coordinators"][0]) as ch:
+            r = await cgrpc.DispatchServiceStub(ch).GetReadiness(cpb.GetReadinessRequest(), timeout=5)
+        assert r.ready and r.available_instances == 2 and not r.served_alone, r
+        [decode] = [i.id for i in await listed(fleet) if i.role == tpb.ROLE_DECODE]
+        out = await motor(fleet, "pause", str(decode), "--reason", "test: decode away")
+        assert out.returncode == 0, out.stderr
+
+        def said(text: str) -> bool:
+            return text in fleet.log.read_text(errors="replace")
+
+        degraded = "DEGRADED, served alone: tiny (by its prefills alone)"
+        await wait_for(lambda: said(degraded), timeout=20, what="motor up saying the prefills serve alone")
+        client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="x", max_retries=0, timeout=30)
+        try:
+            resp = await client.completions.create(model="tiny", prompt="alone", max_tokens=3)
+            assert resp.choices[0].text
+        finally:
+            await client.close()
+        lines_before = fleet.log.read_text(errors="replace").count("\n")
+        back = await motor(fleet, "resume", str(decode))
+        assert back.returncode == 0, back.stderr
+
+        def cleared() -> bool:
+            new = fleet.log.read_text(errors="replace").splitlines()[lines_before:]
+            return any("instances 2/2 active" in ln and "ready" in ln and degraded not in ln for ln in new)
+
+        await wait_for(cleared, timeout=20, what="motor up's status line without the degraded note")
