@@ -285,10 +285,20 @@ async def _passthrough_routes(fleet: UpFleet, client: AsyncOpenAI, engine: str) 
             with pytest.raises(openai.BadRequestError) as sync_cancel:
                 await client.responses.cancel(made.id)
             assert "Cannot cancel a synchronous response" in sync_cancel.value.message
-            background = await client.responses.create(model=MODEL, input="A long story", max_output_tokens=200,
-                                                       store=True, background=True)
-            assert background.status == "queued"
-            cancelled = await client.responses.cancel(background.id)
+            for _ in range(3):
+                background = await client.responses.create(model=MODEL, input="A long story", max_output_tokens=200,
+                                                           store=True, background=True)
+                assert background.status == "queued"
+                try:
+                    cancelled = await client.responses.cancel(background.id)
+                    break
+                except openai.BadRequestError as exc:
+                    # it finished before the cancel reached the engine (a loaded box): vLLM's answer for a
+                    # response that is no longer running, relayed; try with another one
+                    assert "Cannot cancel a synchronous response" in exc.message
+                    assert (await client.responses.retrieve(background.id)).status in ("completed", "incomplete")
+            else:
+                raise AssertionError("three background responses each finished before their cancel arrived")
             assert (cancelled.id, cancelled.status) == (background.id, "cancelled")
             assert (await client.responses.retrieve(background.id)).status == "cancelled"
             with pytest.raises(openai.NotFoundError) as unknown:
