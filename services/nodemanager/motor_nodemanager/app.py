@@ -217,6 +217,8 @@ class ApiServerModule(_Base):
         self.server = server
         self.app.admin_port = port
         self.app.node.node_id = default_node_id(cfg, os.environ, socket.gethostname())
+        self.app.node.state_prefix = self.app.node.node_id
+        self.app.node.load_recorded()  # engines a killed predecessor left running (before the plan is announced)
         self.ops = ops_server(cfg.server, self._ready)
         if self.ops is not None:
             await self.ops.start()

@@ -88,6 +88,13 @@ class EngineConfig:
     # Directory for per-engine stdout/stderr files; None = inherit the nodemanager's.
     log_dir: str | None = None
     kv_events: KvEventsConfig = field(default_factory=KvEventsConfig)
+    # Engines outlive a nodemanager that dies abnormally (SIGKILL, OOM kill, crash) and the restarted
+    # nodemanager adopts them (same pid, start time and launch plan) instead of launching new ones.
+    # Off: engines get the parent-death signal and die with the nodemanager. Needs a state file.
+    adopt_on_restart: bool = True
+    # Where the launched engines are recorded; None = <log_dir>/<node id>.engines.json. Neither set:
+    # re-adoption is off (engines die with the nodemanager), with a warning at start.
+    state_file: str | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,12 @@
 SIGKILL the group, reap. No orphan may keep a port.
 
 A watcher task per process reports unexpected exits (deduplicated by pid) to ``on_exit``.
+
+Re-adoption (``engine.adopt_on_restart``, see ``adoption.py``): engines are launched without the
+parent-death signal, so they outlive a nodemanager that dies abnormally, and every launch is recorded
+in the engine state file; the next incarnation :meth:`EngineSupervisor.adopt`s them. An adopted
+engine is no child of this process: its exit is watched with a pidfd, it cannot be reaped and its
+exit code is unknown (reported as -1). Every orderly stop still stops the engines and clears the file.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from motor_common.errors import Internal
 from motor_common.logs import request_id_var
 from motor_common.procs import die_with_parent
 from motor_common.tasks import TaskOwner
+from motor_nodemanager import adoption
 from motor_nodemanager.launch import LaunchPlan
 
 log = logging.getLogger(__name__)
@@ -36,19 +43,33 @@ ExitCallback = Callable[[int, int, int], None]  # endpoint_id, pid, returncode
 class EngineProcess:
     endpoint_id: int
     argv: tuple[str, ...]
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None  # None: adopted from a previous incarnation (not our child)
     started_at: float
     log_file: IO[bytes] | None = None
     stopping: bool = False
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    record: adoption.EngineRecord | None = None
 
     @property
     def pid(self) -> int:
-        return int(self.proc.pid)
+        if self.proc is not None:
+            return int(self.proc.pid)
+        assert self.record is not None
+        return self.record.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.record.pgid if self.record is not None else self.pid  # session leader: pgid == pid
 
     @property
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc is not None:
+            return self.proc.poll() is None
+        return not self.exited.is_set()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -62,14 +83,15 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
-def _popen(plan: LaunchPlan, out: IO[bytes] | None) -> subprocess.Popen[bytes]:
+def _popen(plan: LaunchPlan, out: IO[bytes] | None, *, pdeathsig: bool = True) -> subprocess.Popen[bytes]:
     # The standard library's spawn (no Python code runs between fork and exec). uvloop's
     # subprocess spawn re-initialises the interpreter in the child, which intermittently crashed
     # (SIGSEGV) next to grpc's threads.
-    # die_with_parent: a nodemanager killed with SIGKILL still takes its engines down (SIGTERM),
-    # so no orphan engine keeps a port when the node is restarted.
+    # die_with_parent (*pdeathsig*): a nodemanager killed with SIGKILL still takes its engines down
+    # (SIGTERM), so no orphan engine keeps a port when the node is restarted. Off when the engines
+    # are to be re-adopted by the next incarnation instead.
     return subprocess.Popen(
-        die_with_parent(plan.argv),
+        die_with_parent(plan.argv) if pdeathsig else list(plan.argv),
         env=dict(plan.env),
         stdin=subprocess.DEVNULL,
         stdout=out,
@@ -108,9 +130,52 @@ async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
     return int(proc.wait())
 
 
+async def wait_exit_adopted(rec: adoption.EngineRecord) -> int:
+    """Wait for the adopted (non-child) process of *rec* to exit, without a thread. It cannot be
+    waited for or reaped: its exit code is unknown (-1)."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(rec.pid)
+    except (AttributeError, OSError):
+        fd = -1
+    # The pidfd refers to whatever process has the pid now: it is the recorded one only if the
+    # start time still matches after it was opened.
+    if fd >= 0 and adoption.is_recorded_process(rec):
+        done: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, ready)
+        try:
+            await done
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    else:
+        if fd >= 0:
+            os.close(fd)
+        while True:  # pragma: no cover - kernels without pidfd
+            if not adoption.is_recorded_process(rec):
+                break
+            await asyncio.sleep(0.1)
+    return -1
+
+
 class EngineSupervisor:
-    def __init__(self, on_exit: ExitCallback | None = None) -> None:
+    def __init__(
+        self,
+        on_exit: ExitCallback | None = None,
+        *,
+        adopt_on_restart: Callable[[], bool] = lambda: False,
+        state_file: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        """*adopt_on_restart*: launch without the parent-death signal and record the engines in
+        *state_file* (when it gives a path) for a next incarnation to adopt."""
         self._on_exit = on_exit
+        self._adopt_on_restart = adopt_on_restart
+        self._state_file = state_file
         self._procs: dict[int, EngineProcess] = {}
         self._tasks = TaskOwner("engine-watchers")
         self._reported: set[int] = set()
@@ -144,7 +209,7 @@ class EngineSupervisor:
                 if not p.alive:
                     raise Internal(
                         f"Failed to start engine: endpoint {p.endpoint_id} process exited immediately "
-                        f"with code {p.proc.returncode} ({' '.join(p.argv[:3])} ...)",
+                        f"with code {p.returncode} ({' '.join(p.argv[:3])} ...)",
                         reason="ENGINE_EXITED_IMMEDIATELY",
                     )
         except BaseException:
@@ -154,12 +219,36 @@ class EngineSupervisor:
             raise
         for p in started:
             self._procs[p.endpoint_id] = p
+        if self._adopt_on_restart():
+            wall = time.time()
+            for p, plan in zip(started, plans, strict=True):
+                p.record = adoption.record_of(plan, p.pid, wall)
+            self._save()
         return [p.pid for p in started]
+
+    def adopt(self, records: Sequence[adoption.EngineRecord]) -> list[int]:
+        """Take over engines a previous incarnation launched (verified by the caller: each is the
+        recorded process and its plan matches). Watched with a pidfd; stopped like any other."""
+        if self._procs:
+            raise Internal("engines are already running", reason="ENGINES_RUNNING")
+        for rec in records:
+            p = EngineProcess(rec.endpoint_id, (), None, time.monotonic(), record=rec)
+            self._procs[rec.endpoint_id] = p
+            self._tasks.spawn(self._watch(p), name=f"watch-engine-{p.endpoint_id}")
+        self._save()
+        return [rec.pid for rec in records]
+
+    def _save(self) -> None:
+        path = self._state_file()
+        if path is None:
+            return
+        adoption.save(path, [p.record for p in self.processes if p.record is not None] if self._adopt_on_restart()
+                      else [])  # fmt: skip
 
     def _spawn(self, plan: LaunchPlan, log_dir: str | None, log_prefix: str = "") -> EngineProcess:
         out = _open_log(log_dir, engine_log_name(log_prefix, plan.endpoint.id)) if log_dir else None
         try:
-            proc = _popen(plan, out)
+            proc = _popen(plan, out, pdeathsig=not self._adopt_on_restart())
         except OSError as exc:
             if out is not None:
                 out.close()
@@ -176,13 +265,17 @@ class EngineSupervisor:
     async def _watch(self, p: EngineProcess) -> None:
         request_id_var.set("")  # a background task, not part of the request that spawned it
         try:
-            rc = await wait_exit(p.proc)
+            rc = await (wait_exit(p.proc) if p.proc is not None else wait_exit_adopted(p.record))  # type: ignore[arg-type]
         finally:
             p.exited.set()
         if p.stopping or p.pid in self._reported:
             return
         self._reported.add(p.pid)
-        log.error("engine process exited", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": rc})
+        if p.proc is None:
+            log.error("adopted engine process exited (not our child: its exit code is unknown)",
+                      extra={"endpoint_id": p.endpoint_id, "pid": p.pid})  # fmt: skip
+        else:
+            log.error("engine process exited", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": rc})
         if self._on_exit is not None:
             self._on_exit(p.endpoint_id, p.pid, rc)
 
@@ -192,11 +285,14 @@ class EngineSupervisor:
             p.stopping = True
         await asyncio.gather(*(self._stop_one(p, timeout) for p in procs), return_exceptions=True)
         self._procs.clear()
+        self._save()  # an orderly stop leaves nothing to adopt
         await self._tasks.close()
         self._tasks = TaskOwner("engine-watchers")
 
     async def _stop_one(self, p: EngineProcess, timeout: float) -> None:
-        pgid = p.pid  # session leader: pgid == pid
+        # An adopted leader that exited was reaped by someone else; its group id stays unused by
+        # new processes as long as any member of the group lives.
+        pgid = p.pgid
         deadline = time.monotonic() + timeout
         if _signal_group(pgid, signal.SIGTERM):
             with contextlib.suppress(TimeoutError):
@@ -213,10 +309,11 @@ class EngineSupervisor:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5.0):  # the watcher reaps it
                 await p.exited.wait()
-        p.proc.wait()  # SIGKILL was sent to its group: returns at once
+        if p.proc is not None:
+            p.proc.wait()  # SIGKILL was sent to its group: returns at once
         if p.log_file is not None:
             p.log_file.close()
-        log.info("engine stopped", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": p.proc.returncode})
+        log.info("engine stopped", extra={"endpoint_id": p.endpoint_id, "pid": p.pid, "returncode": p.returncode})
 
 
 def _group_alive(pgid: int) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 from motor_common.domain import Capabilities, Endpoint, EndpointHealth, EndpointStatus, NodeSpec
 from motor_common.errors import Aborted, FailedPrecondition, Internal, MotorError
 from motor_common.tasks import TaskOwner
+from motor_nodemanager import adoption
 from motor_nodemanager import endpoint_state as es
 from motor_nodemanager.arbiter import Arbiter, Verdict
 from motor_nodemanager.config import NodeManagerConfig
@@ -96,7 +97,13 @@ class Node:
             None  # what the restored engines were launched for
         )
         self.arbiter = Arbiter(config().health.abnormal_threshold)
-        self.supervisor = EngineSupervisor(on_exit=self._on_engine_exit)
+        self.state_prefix = ""  # names the engine state file (the node id this process started with)
+        # Engines a previous incarnation launched and that still run: adopted by the first start
+        # command whose launch plan they match, else stopped (see adoption.py).
+        self._recorded: list[adoption.EngineRecord] = []
+        self.supervisor = EngineSupervisor(
+            on_exit=self._on_engine_exit, adopt_on_restart=self._adoption_on, state_file=self._state_path
+        )
         self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe, self.supervisor.pid_of)
         self._start_lock = asyncio.Lock()
         self.on_change: Callable[[], None] = lambda: None
@@ -267,6 +274,108 @@ class Node:
             return
         self._apply(endpoint_id, es.Observation.EXITED, st.generation, f"engine process {pid} exited with {returncode}")
 
+    # --- re-adoption ---------------------------------------------------------------------------------
+    def _state_path(self) -> str | None:
+        e = self.cfg.engine
+        return adoption.state_path(e.state_file, e.log_dir, self.state_prefix or self.node_id)
+
+    def _adoption_on(self) -> bool:
+        return self.cfg.engine.adopt_on_restart and self._state_path() is not None
+
+    def load_recorded(self) -> None:
+        """At start, before anything is launched: read what the previous incarnation launched. An
+        entry whose process is gone or whose pid now belongs to another process (other start time)
+        is dropped with a warning and never signalled; the live ones wait for the first start
+        command. Their ports are planned again (ports picked from the OS are the engines' own)."""
+        path = self._state_path()
+        if path is None:
+            if self.cfg.engine.adopt_on_restart:
+                log.warning("engine.adopt_on_restart is on but neither engine.state_file nor engine.log_dir is "
+                            "set: engines are not recorded and die with the nodemanager")  # fmt: skip
+            return
+        live = []
+        for rec in adoption.load(path):
+            if adoption.is_recorded_process(rec):
+                live.append(rec)
+                continue
+            why = "process gone" if adoption.process_start_time(rec.pid) is None else "pid reused by another process"
+            adoption.ADOPTIONS.labels(outcome="gone").inc()
+            log.warning("recorded engine not adopted: %s (not signalled)", why,
+                        extra={"endpoint_id": rec.endpoint_id, "pid": rec.pid, "port": rec.business_port})  # fmt: skip
+        self._recorded = live
+        if live and not self.cfg.base_port:
+            self.planned = adoption.with_recorded_ports(self.planned, live)
+        if live:
+            log.info("engines of a previous nodemanager still run: waiting for the start command to adopt them",
+                     extra={"pids": [r.pid for r in live], "path": path})  # fmt: skip
+
+    async def _adopt_recorded(self, cmd: StartCommand) -> list[int] | None:
+        """Adopt the engines recorded by the previous incarnation when each is still the recorded
+        process and the plan for *cmd* has the same fingerprint; all of them or none (one instance's
+        engines form one DP group: fresh ranks next to old ones would not). None when they are not
+        adopted: the recorded processes still running are stopped (SIGTERM, SIGKILL after the stop
+        timeout) and the caller launches afresh."""
+        recs, self._recorded = self._recorded, []
+        plans = {p.endpoint.id: p for p in plan_launch(cmd, self._launch_settings(), self._environ)}
+        live = [r for r in recs if adoption.is_recorded_process(r)]
+        why: dict[int, str] = {}
+        for r in recs:
+            plan = plans.get(r.endpoint_id)
+            if not self._adoption_on():
+                why[r.pid] = "engine.adopt_on_restart is off"
+            elif r not in live:
+                why[r.pid] = "process gone or pid reused"
+            elif plan is None:
+                why[r.pid] = "endpoint not in the start command"
+            elif adoption.fingerprint(plan) != r.fingerprint:
+                why[r.pid] = "launch plan changed (argv or environment)"
+        missing = sorted(set(plans) - {r.endpoint_id for r in live})
+        if not why and not missing and live:
+            return await self._take_over(cmd, live)
+        for r in recs:
+            reason = why.get(r.pid) or f"endpoint(s) {missing} have no running engine to adopt with it"
+            adoption.ADOPTIONS.labels(outcome="gone" if r not in live else "mismatch").inc()
+            log.warning("recorded engine not adopted: %s%s", reason, ": stopped" if r in live else " (not signalled)",
+                        extra={"endpoint_id": r.endpoint_id, "pid": r.pid, "port": r.business_port})  # fmt: skip
+        if live:
+            self.supervisor.adopt(live)
+            await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+        return None
+
+    async def _take_over(self, cmd: StartCommand, recs: list[adoption.EngineRecord]) -> list[int]:
+        recs = sorted(recs, key=lambda r: r.endpoint_id)
+        pids = self.supervisor.adopt(recs)
+        now = self._clock()
+        self.states = {r.endpoint_id: es.launched(r.endpoint_id, generation=cmd.generation, now=now, pid=r.pid)
+                       for r in recs}  # fmt: skip
+        self.arbiter.reset()
+        self._held.clear()
+        if self.deaths is not None:
+            self.deaths.reset()
+        await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
+        if self.fault_reporter is not None:
+            self.fault_reporter.watch(sorted(e.id for e in cmd.endpoints))
+        self.command = cmd
+        self.restored = False
+        self.paused = False
+        wall = time.time()
+        for r in recs:
+            adoption.ADOPTIONS.labels(outcome="adopted").inc()
+            log.info("engine adopted from the previous nodemanager (pid %d, port %d, up %.0fs)", r.pid, r.business_port,
+                     max(0.0, wall - r.started_at),
+                     extra={"endpoint_id": r.endpoint_id, "pid": r.pid, "port": r.business_port,
+                            "instance_id": cmd.instance_id})  # fmt: skip
+        self.on_change()
+        return pids
+
+    async def _stop_recorded(self) -> None:
+        """An orderly stop before any start command claimed them: the recorded engines stop too."""
+        recs, self._recorded = self._recorded, []
+        live = [r for r in recs if adoption.is_recorded_process(r)]
+        if live and not self.supervisor.running:
+            self.supervisor.adopt(live)
+            await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+
     # --- start -----------------------------------------------------------------------------------
     def _launch_settings(self) -> LaunchSettings:
         c = self.cfg
@@ -311,6 +420,10 @@ class Node:
         async with self._start_lock:
             if self.restored and self.command is None:
                 adopted = await self._adopt(cmd)
+                if adopted is not None:
+                    return adopted
+            if self._recorded and not self.supervisor.running:
+                adopted = await self._adopt_recorded(cmd)
                 if adopted is not None:
                     return adopted
             if self.command is not None and self.supervisor.running:
@@ -422,6 +535,7 @@ class Node:
         self._bg = TaskOwner("node")
         await self.poller.stop()
         await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
+        await self._stop_recorded()
         for eid, st in self.states.items():
             self.states[eid] = es.observe(
                 st, es.Observation.EXITED, generation=st.generation, now=self._clock(), grace_sec=0.0, detail="stopped"
