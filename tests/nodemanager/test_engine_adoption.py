@@ -188,3 +188,22 @@ async def test_an_orderly_stop_still_stops_the_engines_and_leaves_nothing_to_ado
     await wait_for(lambda: gone(pid), timeout=10, what="engine stopped by the orderly stop")
     assert time.monotonic() - t0 < 15
     assert not state.exists()
+
+
+async def test_an_adopted_engine_that_dies_is_reported_as_a_process_exit_with_an_unknown_exit_code(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    cfg = config(controller, key_file, tmp_path)
+    nm, admin, pid = await start_and_run(tmp_path, controller, cfg, "nm1")
+    await admin.close()
+    await kill9(nm)
+    nm2, admin2, pid2 = await start_and_run(tmp_path, controller, cfg, "nm2")
+    try:
+        assert pid2 == pid
+        os.killpg(pid, signal.SIGKILL)
+        await wait_for(lambda: any(f.pid == pid for f in impl.faults), timeout=10, what="death of the adopted engine reported")
+        assert "adopted engine process exited (not our child: its exit code is unknown)" in nm2.log_text()
+    finally:
+        await admin2.close()
+        assert nm2.terminate() == 0

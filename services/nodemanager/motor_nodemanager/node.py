@@ -312,7 +312,8 @@ class Node:
     async def _adopt_recorded(self, cmd: StartCommand) -> list[int] | None:
         """Adopt the engines recorded by the previous incarnation when each is still the recorded
         process and the plan for *cmd* has the same fingerprint; all of them or none (one instance's
-        engines form one DP group: fresh ranks next to old ones would not). None when they are not
+        engines form one DP group: fresh ranks next to old ones would not; and only for a single-node
+        instance, for the same reason across nodes). None when they are not
         adopted: the recorded processes still running are stopped (SIGTERM, SIGKILL after the stop
         timeout) and the caller launches afresh."""
         recs, self._recorded = self._recorded, []
@@ -323,6 +324,10 @@ class Node:
             plan = plans.get(r.endpoint_id)
             if not self._adoption_on():
                 why[r.pid] = "engine.adopt_on_restart is off"
+            elif cmd.num_nodes > 1:
+                # The controller restarts a multi-node instance whole when it loses a node: its
+                # other nodes' engines may be new, and an engine of the old group cannot join them.
+                why[r.pid] = f"instance spans {cmd.num_nodes} nodes (only single-node instances are adopted)"
             elif r not in live:
                 why[r.pid] = "process gone or pid reused"
             elif plan is None:
