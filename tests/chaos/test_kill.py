@@ -86,7 +86,7 @@ async def test_kill_nodemanager(tmp_path: Path) -> None:
 
     figs = await run_scenario(
         tmp_path, "kill-nodemanager",
-        "`kill -9` a prefill node's nodemanager (its engine goes with it; motor up restarts the node)",
+        "`kill -9` a prefill node's nodemanager (its engine outlives it and serves on; motor up restarts the node, which adopts it)",
         inject, faulted=("prefill-1",))  # fmt: skip
     assert_figures(figs)
 
