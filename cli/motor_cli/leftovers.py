@@ -1,7 +1,8 @@
 """Proving that a stopped fleet left no process behind (Linux; elsewhere these are no-ops).
 
 ``motor up`` makes itself a *child subreaper*: a process whose parent dies (an engine whose
-nodemanager was SIGKILLed and that ignored the parent-death SIGTERM) is re-parented to ``motor up``
+nodemanager was SIGKILLed: kept running for the restarted nodemanager to adopt, or with adoption off
+one that ignored the parent-death SIGTERM) is re-parented to ``motor up``
 instead of init, so it stays one of its descendants. On stop, after every program had its grace,
 :func:`kill_leftovers` SIGKILLs the process group of every descendant still running, reaps them and
 reports what it had to kill — ``motor up`` says "no process left running" only when none is left.
