@@ -207,3 +207,23 @@ async def test_an_adopted_engine_that_dies_is_reported_as_a_process_exit_with_an
     finally:
         await admin2.close()
         assert nm2.terminate() == 0
+
+
+async def test_an_orderly_stop_before_any_start_command_stops_the_recorded_engines_too(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    _, impl = controller
+    cfg = config(controller, key_file, tmp_path)
+    nm, admin, pid = await start_and_run(tmp_path, controller, cfg, "nm1")
+    await admin.close()
+    await kill9(nm)
+    before = len(impl.registrations)
+    nm2 = await start_nodemanager(tmp_path, cfg, name="nm2")
+    try:
+        await wait_for(lambda: len(impl.registrations) > before, timeout=15, what="registration")
+        assert "waiting for the start command to adopt them" in nm2.log_text()
+        assert alive(pid)
+    finally:
+        assert nm2.terminate() == 0
+    await wait_for(lambda: gone(pid), timeout=10, what="unclaimed recorded engine stopped by the orderly stop")
+    assert not (tmp_path / "state" / "engines.json").exists()
