@@ -69,6 +69,7 @@ async def test_an_engine_outlives_a_killed_nodemanager_serves_meanwhile_and_is_a
     tmp_path: Path, controller: Ctl, key_file: str
 ) -> None:
     cfg = config(controller, key_file, tmp_path)
+    cfg["server"] = {**cfg["server"], "metrics_port": 0}
     nm, admin, pid = await start_and_run(tmp_path, controller, cfg, "nm1")
     port = engine_port(controller)
     statuses: list[int] = []
@@ -95,6 +96,9 @@ async def test_an_engine_outlives_a_killed_nodemanager_serves_meanwhile_and_is_a
         assert [e.pid for e in status.endpoints] == [pid]
         assert "engine adopted from the previous nodemanager" in nm2.log_text()
         assert "engine launched" not in nm2.log_text()
+        metrics_port = json.loads((tmp_path / "nm2.ports.json").read_text())["metrics"]
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+            assert 'motor_nodemanager_engine_adoptions_total{outcome="adopted"} 1.0' in await r.text()
         await admin2.close()
     finally:
         stop.set()
