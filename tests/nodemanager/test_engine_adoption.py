@@ -188,10 +188,14 @@ async def test_an_orderly_stop_still_stops_the_engines_and_leaves_nothing_to_ado
     state = tmp_path / "state" / "engines.json"
     assert [r["pid"] for r in json.loads(state.read_text())["engines"]] == [pid]
     t0 = time.monotonic()
-    assert nm.terminate() == 0
-    await wait_for(lambda: gone(pid), timeout=10, what="engine stopped by the orderly stop")
-    assert time.monotonic() - t0 < 15
-    assert not state.exists()
+    try:
+        assert nm.terminate() == 0
+        await wait_for(lambda: gone(pid), timeout=10, what="engine stopped by the orderly stop")
+        assert time.monotonic() - t0 < 15
+        assert not state.exists()
+    finally:
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
 
 
 async def test_an_adopted_engine_that_dies_is_reported_as_a_process_exit_with_an_unknown_exit_code(
@@ -227,7 +231,10 @@ async def test_an_orderly_stop_before_any_start_command_stops_the_recorded_engin
         await wait_for(lambda: len(impl.registrations) > before, timeout=15, what="registration")
         assert "waiting for the start command to adopt them" in nm2.log_text()
         assert alive(pid)
-    finally:
         assert nm2.terminate() == 0
-    await wait_for(lambda: gone(pid), timeout=10, what="unclaimed recorded engine stopped by the orderly stop")
-    assert not (tmp_path / "state" / "engines.json").exists()
+        await wait_for(lambda: gone(pid), timeout=10, what="unclaimed recorded engine stopped by the orderly stop")
+        assert not (tmp_path / "state" / "engines.json").exists()
+    finally:
+        nm2.terminate()
+        if alive(pid):
+            os.killpg(pid, signal.SIGKILL)
