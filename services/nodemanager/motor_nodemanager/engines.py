@@ -101,26 +101,38 @@ def _popen(plan: LaunchPlan, out: IO[bytes] | None, *, pdeathsig: bool = True) -
     )
 
 
+def _pidfd(pid: int) -> int:
+    """A pidfd of *pid*, or -1 (no such process, or a kernel without pidfd)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1
+
+
+async def _readable(fd: int) -> None:
+    """Until the pidfd *fd* is readable (its process exited); the caller closes it."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, ready)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+
+
 async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
     """Wait for *proc* to exit without a thread (pidfd when available), then reap it."""
-    loop = asyncio.get_running_loop()
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):
-        fd = -1
+    fd = _pidfd(proc.pid)
     if fd >= 0:
-        done: asyncio.Future[None] = loop.create_future()
-
-        def ready() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        loop.add_reader(fd, ready)
         try:
             if proc.poll() is None:
-                await done
+                await _readable(fd)
         finally:
-            loop.remove_reader(fd)
             os.close(fd)
     else:  # pragma: no cover - kernels without pidfd
         while True:
@@ -133,25 +145,13 @@ async def wait_exit(proc: subprocess.Popen[bytes]) -> int:
 async def wait_exit_adopted(rec: adoption.EngineRecord) -> int:
     """Wait for the adopted (non-child) process of *rec* to exit, without a thread. It cannot be
     waited for or reaped: its exit code is unknown (-1)."""
-    loop = asyncio.get_running_loop()
-    try:
-        fd = os.pidfd_open(rec.pid)
-    except (AttributeError, OSError):
-        fd = -1
+    fd = _pidfd(rec.pid)
     # The pidfd refers to whatever process has the pid now: it is the recorded one only if the
     # start time still matches after it was opened.
     if fd >= 0 and adoption.is_recorded_process(rec):
-        done: asyncio.Future[None] = loop.create_future()
-
-        def ready() -> None:
-            if not done.done():
-                done.set_result(None)
-
-        loop.add_reader(fd, ready)
         try:
-            await done
+            await _readable(fd)
         finally:
-            loop.remove_reader(fd)
             os.close(fd)
     else:
         if fd >= 0:

@@ -347,12 +347,9 @@ class Node:
             await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
         return None
 
-    async def _take_over(self, cmd: StartCommand, recs: list[adoption.EngineRecord]) -> list[int]:
-        recs = sorted(recs, key=lambda r: r.endpoint_id)
-        pids = self.supervisor.adopt(recs)
-        now = self._clock()
-        self.states = {r.endpoint_id: es.launched(r.endpoint_id, generation=cmd.generation, now=now, pid=r.pid)
-                       for r in recs}  # fmt: skip
+    async def _serve(self, cmd: StartCommand) -> None:
+        """Running engines (launched, restored or adopted) become *cmd*'s: verdicts and held
+        faults start afresh, the health poller and the fault reporter watch its endpoints."""
         self.arbiter.reset()
         self._held.clear()
         if self.deaths is not None:
@@ -363,6 +360,14 @@ class Node:
         self.command = cmd
         self.restored = False
         self.paused = False
+
+    async def _take_over(self, cmd: StartCommand, recs: list[adoption.EngineRecord]) -> list[int]:
+        recs = sorted(recs, key=lambda r: r.endpoint_id)
+        pids = self.supervisor.adopt(recs)
+        now = self._clock()
+        self.states = {r.endpoint_id: es.launched(r.endpoint_id, generation=cmd.generation, now=now, pid=r.pid)
+                       for r in recs}  # fmt: skip
+        await self._serve(cmd)
         wall = time.time()
         for r in recs:
             adoption.ADOPTIONS.labels(outcome="adopted").inc()
@@ -473,16 +478,7 @@ class Node:
             else es.launched(e.id, generation=cmd.generation, now=self._clock(), pid=pids[e.id])
             for e in cmd.endpoints
         }
-        self.arbiter.reset()
-        self._held.clear()
-        if self.deaths is not None:
-            self.deaths.reset()
-        await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
-        if self.fault_reporter is not None:
-            self.fault_reporter.watch(sorted(e.id for e in cmd.endpoints))
-        self.command = cmd
-        self.restored = False
-        self.paused = False
+        await self._serve(cmd)
         out = [pids[e.id] for e in sorted(cmd.endpoints, key=lambda e: e.id)]
         log.info("engines adopted after snapshot restore (none respawned)",
                  extra={"instance_id": cmd.instance_id, "pids": out})  # fmt: skip
