@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from motor_cli import target
+from motor_common.atomic_file import write_atomic
 from motor_common.errors import ConfigError, FailedPrecondition
 
 # 2: instance ids <= 2^53 - 1 (the controller's store holds them), the state-format marker itself.
@@ -57,7 +58,8 @@ def check_format(state_dir: Path) -> None:
 
 
 def write_format(state_dir: Path) -> None:
-    (state_dir / FORMAT_FILE).write_text(f"{STATE_FORMAT}\n")
+    """Atomically: a crash mid-write would leave a marker that reads as "state format 0"."""
+    write_atomic(state_dir / FORMAT_FILE, f"{STATE_FORMAT}\n", mode=0o644)
 
 
 @contextlib.contextmanager
@@ -243,16 +245,7 @@ class PortClaims:
         # A new file of a random name (O_EXCL), renamed over the claim: every user writes in this
         # directory, and a fixed temp name (".<pid>.tmp") planted as a symlink had this write go
         # through it into a file of ours.
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{pid}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(body))
-            os.chmod(tmp, 0o644)  # readable by every other motor up
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, json.dumps(body), mode=0o644)  # readable by every other motor up
         self._own = path
 
     def release(self) -> None:

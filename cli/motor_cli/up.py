@@ -55,6 +55,7 @@ from motor_cli.leftovers import become_subreaper, kill_leftovers, reap_adopted
 from motor_cli.served_alone import served_alone
 from motor_cli.status import FleetView, fetch_view, format_line
 from motor_cli.topology import Topology
+from motor_common.atomic_file import write_atomic
 from motor_common.config import read_config_file
 from motor_common.errors import ConfigError, FailedPrecondition, MotorError
 from motor_common.ports import (
@@ -276,15 +277,7 @@ def _secret_file(path: Path, text: str) -> None:
     """*text* into *path*, readable by this user only, atomically: a crash leaves the old file or
     the new one, never half a key, and a symlink at *path* is replaced, not written through."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)  # mode 0600
 
 
 def _holds_key(path: Path) -> bool:

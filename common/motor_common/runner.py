@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from motor_common.atomic_file import write_atomic
 from motor_common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -58,10 +57,7 @@ def write_ports_file(path: str, ports: Mapping[str, int | None]) -> None:
     reader (tests, ``motor up``) never sees half a file. Every program's ``--ports-file``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(orjson.dumps(dict(ports)))
-    os.replace(tmp, target)
+    write_atomic(target, orjson.dumps(dict(ports)))
 
 
 def check_config(load: Callable[[], object]) -> int:

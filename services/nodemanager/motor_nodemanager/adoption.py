@@ -18,13 +18,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from prometheus_client import Counter
 
+from motor_common.atomic_file import write_atomic
 from motor_common.domain import Endpoint
 from motor_nodemanager.launch import LaunchPlan
 
@@ -106,19 +106,8 @@ def save(path: str, records: Sequence[EngineRecord]) -> None:
                 os.unlink(path)
             return
         body = json.dumps({"version": VERSION, "engines": [asdict(r) for r in records[:MAX_RECORDS]]}, indent=1)
-        d = Path(path).parent
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".engines.", dir=d)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, body, durable=True)
     except OSError as exc:
         log.warning("could not write the engine state file (engines cannot be re-adopted): %s", exc,
                     extra={"path": path})  # fmt: skip
