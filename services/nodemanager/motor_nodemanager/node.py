@@ -347,9 +347,9 @@ class Node:
             await self.supervisor.stop_all(self.cfg.engine.stop_timeout_sec)
         return None
 
-    async def _serve(self, cmd: StartCommand) -> None:
-        """Running engines (launched, restored or adopted) become *cmd*'s: verdicts and held
-        faults start afresh, the health poller and the fault reporter watch its endpoints."""
+    async def _watch_endpoints(self, cmd: StartCommand) -> None:
+        """Engines just launched, restored or adopted for *cmd*: verdicts and held faults start
+        afresh, the health poller and the fault reporter watch its endpoints."""
         self.arbiter.reset()
         self._held.clear()
         if self.deaths is not None:
@@ -357,6 +357,10 @@ class Node:
         await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
         if self.fault_reporter is not None:
             self.fault_reporter.watch(sorted(e.id for e in cmd.endpoints))
+
+    async def _serve(self, cmd: StartCommand) -> None:
+        """Restored or adopted engines become *cmd*'s (no launch)."""
+        await self._watch_endpoints(cmd)
         self.command = cmd
         self.restored = False
         self.paused = False
@@ -520,13 +524,7 @@ class Node:
             p.endpoint.id: es.launched(p.endpoint.id, generation=cmd.generation, now=now, pid=pid)
             for p, pid in zip(plans, pids, strict=True)
         }
-        self.arbiter.reset()
-        self._held.clear()
-        if self.deaths is not None:
-            self.deaths.reset()
-        await self.poller.start(sorted(cmd.endpoints, key=lambda e: e.id))
-        if self.fault_reporter is not None:
-            self.fault_reporter.watch(sorted(e.id for e in cmd.endpoints))
+        await self._watch_endpoints(cmd)
         return pids
 
     async def stop_engines(self) -> None:
