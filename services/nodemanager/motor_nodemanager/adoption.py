@@ -49,10 +49,6 @@ class EngineRecord:
     kv_events_replay_port: int = 0
     started_at: float = 0.0  # wall-clock seconds, for the "age" in logs
 
-    def ports(self) -> tuple[int, int, int, int, int]:
-        return (self.business_port, self.kv_port, self.bootstrap_port, self.kv_events_port,
-                self.kv_events_replay_port)  # fmt: skip
-
 
 def fingerprint(plan: LaunchPlan) -> str:
     """A digest of what the process is launched with: argv and the full environment (ports, the
