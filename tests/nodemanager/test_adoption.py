@@ -52,6 +52,12 @@ def test_records_round_trip_an_empty_list_removes_the_file_and_a_bad_file_is_ign
     assert adoption.load(path) == []
     Path(path).write_text(json.dumps({"version": 99, "engines": []}))
     assert adoption.load(path) == []
+    good = {"endpoint_id": 0, "pid": 10, "pgid": 10, "start_time": 5, "fingerprint": "f"}
+    for bad in ({"pid": "10"}, {"pgid": -1}, {"start_time": True}, {"fingerprint": 7}, {"started_at": "x"}):
+        Path(path).write_text(json.dumps({"version": 1, "engines": [{**good, **bad}]}))
+        assert adoption.load(path) == [], bad  # never a record a later pid comparison or kill trips on
+    Path(path).write_text(json.dumps({"version": 1, "engines": [good]}))
+    assert adoption.load(path) == [EngineRecord(0, 10, 10, 5, "f")]
     Path(path).write_text(json.dumps({"version": 1, "engines": [{"pid": 1}]}))
     assert adoption.load(path) == []
 

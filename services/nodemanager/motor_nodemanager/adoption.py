@@ -125,10 +125,21 @@ def load(path: str) -> list[EngineRecord]:
         doc = json.loads(text)
         if doc.get("version") != VERSION:
             raise ValueError(f"version {doc.get('version')!r}")
-        return [EngineRecord(**e) for e in doc["engines"][:MAX_RECORDS]]
+        return [_checked(EngineRecord(**e)) for e in doc["engines"][:MAX_RECORDS]]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("engine state file ignored (not a valid record): %s", exc, extra={"path": path})
         return []
+
+
+def _checked(rec: EngineRecord) -> EngineRecord:
+    """*rec* as read from the file, its field types checked (a hand-edited or corrupted file must
+    not stop the nodemanager later, when a pid is compared or signalled)."""
+    ints = [v for k, v in vars(rec).items() if k not in ("fingerprint", "started_at")]
+    if any(type(v) is not int or not 0 <= v < 2**31 for v in ints):
+        raise ValueError("pids and ports must be integers in [0, 2^31)")
+    if not isinstance(rec.fingerprint, str) or type(rec.started_at) not in (int, float):
+        raise ValueError("fingerprint must be a string and started_at a number")
+    return rec
 
 
 def state_path(explicit: str | None, log_dir: str | None, prefix: str) -> str | None:
