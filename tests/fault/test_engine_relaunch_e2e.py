@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
@@ -157,6 +158,68 @@ async def test_hung_prefill_engine_is_detected_by_health_probe_and_relaunched(tm
         log = f.nodes["p0"].proc.log_text()
         assert "HEALTH_PROBE" in log and "[ENGINE RELAUNCH #1]" in log
         print(f"\n[hang e2e] hang -> relaunched engine NORMAL {time.monotonic() - t0:.2f}s")
+
+
+def sim_fault(port: int, mode: str) -> None:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/sim/fault", data=json.dumps({"mode": mode}).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    urllib.request.urlopen(req, timeout=2).read()
+
+
+async def nm_probes(log_dir: Path, node: str, outcome: str) -> float:
+    """motor_nodemanager_health_probes_total{outcome} on *node*'s nodemanager's /metrics."""
+    port = json.loads((log_dir / f"{node}.ports.json").read_text())["metrics"]
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics",
+                                                   timeout=aiohttp.ClientTimeout(total=5)) as r:
+        text = await r.text()
+    line = f'motor_nodemanager_health_probes_total{{outcome="{outcome}"}} '
+    return next((float(ln[len(line):]) for ln in text.splitlines() if ln.startswith(line)), 0.0)
+
+
+async def _more(log_dir: Path, n: float) -> bool:
+    return await nm_probes(log_dir, "p0", "healthy") >= n
+
+
+@pytest.mark.parametrize("threshold", [1, 5])
+async def test_one_failed_health_probe_is_no_death_below_the_failure_threshold(tmp_path: Path, threshold: int) -> None:
+    """health.failure_threshold: the engine's /health fails for one probe (503), then answers again.
+    With 5 the failure is logged and swallowed: no fault report, no relaunch, the same engine
+    process NORMAL. With 1 (the control) that one probe is a death: the engine is relaunched."""
+    async with fleet(tmp_path) as f:
+        health = {"poll_interval_sec": 0.5, "failure_threshold": threshold}
+        await f.add_node("p0", "job-p0", "prefill", health=health, server={"metrics_port": 0})
+        await f.add_node("d0", "job-d0", "decode", health=health)
+        await wait_for(lambda: f.active("job-p0", "job-d0"), timeout=25, what="2 ACTIVE instances")
+        mi = await f.live_instance("job-p0")
+        assert mi is not None
+        port = mi.instance.endpoints[0].business_port
+        old_pid = await engine_pid(f, "p0")
+        log = f.nodes["p0"].proc
+        await asyncio.to_thread(sim_fault, port, "health_503")
+        try:
+            if threshold == 1:
+                await wait_for(lambda: "engine fault reported" in log.log_text(), timeout=10, what="a fault report")
+            else:
+                await wait_for(lambda: "engine /health failed (1 of 5" in log.log_text(), timeout=10,
+                               what="the first failed probe logged")  # fmt: skip
+        finally:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(sim_fault, port, "none")
+        if threshold == 1:
+            await wait_for(lambda: relaunched_and_normal(f, "p0", old_pid), timeout=20, what="the engine relaunched")
+            return
+        # probes go on answering 200 (two more seen): the same process NORMAL, no report
+        ok0 = await nm_probes(tmp_path, "p0", "healthy")
+        await wait_for(lambda: _more(tmp_path, ok0 + 2), timeout=10, what="two healthy probes after the failure")
+        assert await nm_probes(tmp_path, "p0", "tolerated") >= 1
+        assert await nm_probes(tmp_path, "p0", "failed") == 0
+        st = await f.nm_status("p0")
+        assert [(e.pid, e.status) for e in st.endpoints] == [(old_pid, tpb.ENDPOINT_STATUS_NORMAL)]
+        text = log.log_text()
+        assert "engine fault reported" not in text and "[ENGINE RELAUNCH" not in text
+        assert "engine /health failed (5 of 5" not in text
 
 
 async def test_failed_relaunch_falls_back_to_node_restart_and_the_instance_comes_back(tmp_path: Path) -> None:

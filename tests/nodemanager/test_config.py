@@ -25,10 +25,15 @@ def test_defaults_follow_the_spec_names_and_values(tmp_path: Path) -> None:
         True, 180.0, 720.0,
     )  # fmt: skip
     h = cfg.health
-    assert (h.poll_interval_sec, h.timeout_sec, h.port_wait_sec, h.startup_grace_sec, h.abnormal_threshold) == (
-        1.0, 5.0, 60.0, 120.0, 5,
-    )  # fmt: skip
+    assert (h.poll_interval_sec, h.timeout_sec, h.port_wait_sec, h.startup_grace_sec, h.abnormal_threshold,
+            h.failure_threshold) == (1.0, 5.0, 60.0, 120.0, 5, 3)  # fmt: skip
     assert cfg.ip == "127.0.0.1"
+
+
+@pytest.mark.parametrize("value", [0, 101])
+def test_failure_threshold_out_of_range_is_rejected_naming_it(tmp_path: Path, value: int) -> None:
+    with pytest.raises(ConfigError, match=r"health\.failure_threshold must be between 1 and 100"):
+        nmconfig.load(write(tmp_path, f"health: {{failure_threshold: {value}}}\n"), environ={})
 
 
 def test_unknown_key_is_rejected_naming_it(tmp_path: Path) -> None:

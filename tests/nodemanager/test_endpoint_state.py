@@ -53,6 +53,15 @@ def test_normal_sets_was_normal_and_it_survives_abnormal() -> None:
     assert st.status is S.ABNORMAL and st.was_normal
 
 
+def test_failure_streak_passes_a_failure_on_only_as_the_thresholds_in_a_row() -> None:
+    streak, seen = 0, []
+    for o in [O.UNHEALTHY, O.UNHEALTHY, O.HEALTHY, O.UNHEALTHY, O.UNHEALTHY, O.UNHEALTHY, O.UNHEALTHY]:
+        streak, counts = es.failure_streak(streak, o, 3)
+        seen.append((streak, counts))
+    assert seen == [(1, False), (2, False), (0, True), (1, False), (2, False), (3, True), (4, True)]
+    assert es.failure_streak(0, O.UNHEALTHY, 1) == (1, True)
+
+
 def test_stale_generation_probe_is_ignored() -> None:
     st = at(S.NORMAL, generation=5, was_normal=True)
     assert obs(st, O.UNHEALTHY, 500, generation=4) is st

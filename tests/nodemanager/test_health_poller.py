@@ -76,3 +76,38 @@ async def test_a_200_from_a_process_other_than_the_engine_counts_only_with_the_c
         assert f"port {port} is served by another process (pid {os.getpid()})" in seen[0][1]
     else:
         assert {obs for obs, _ in seen} == {Observation.HEALTHY}
+
+
+@pytest.mark.parametrize("threshold", [1, 3])
+async def test_failed_probes_count_only_as_the_thresholds_in_a_row(threshold: int) -> None:
+    """health.failure_threshold against a real server scripted 200, 500, 500, 200, 500 five times: with 1
+    every failure is passed on; with 3 the two isolated failures are swallowed (the 200 between
+    resets the count) and only the third of the five in a row is passed on, then every one after."""
+    script = [200, 500, 500, 200, 500, 500, 500, 500, 500]
+    served: list[int] = []
+
+    async def health(_: web.Request) -> web.Response:
+        status = script[len(served)] if len(served) < len(script) else 500
+        served.append(status)
+        return web.Response(status=status)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    seen: list[Observation] = []
+    poller = HealthPoller(lambda: PollSettings(0.01, 1.0, 5.0, False, threshold), lambda _: 0,
+                          lambda _eid, obs, _gen, _detail: seen.append(obs))
+    try:
+        await poller.start([Endpoint(0, "127.0.0.1", port)])
+        # one probe past the script: the last scripted one has been observed
+        await wait_for(lambda: len(served) > len(script), timeout=20, what="the scripted probes")
+        await poller.stop()
+    finally:
+        await runner.cleanup()
+    H, U = Observation.HEALTHY, Observation.UNHEALTHY
+    want = [H, U, U, H, U, U, U, U, U] if threshold == 1 else [H, H, U, U, U]
+    assert seen[: len(want)] == want, seen

@@ -142,6 +142,12 @@ async def test_an_engine_whose_port_another_server_holds_is_never_normal(
         want = f"port {base} is served by another process (pid {other.pid}), not by the engine (pid {pid})"
         await wait_for(lambda: want in nm.log_text(), timeout=30, what="the port-owner warning")
         await wait_for(lambda: _answers_200(own), timeout=20, what="the engine healthy on its own port")
+
+        async def detailed() -> bool:  # after health.failure_threshold (3) such probes in a row
+            st = await admin.call("GetStatus", pb.GetStatusRequest())
+            return st.endpoints[0].detail == want
+
+        await wait_for(detailed, timeout=10, what="the endpoint's detail naming the port's holder")
         st = await admin.call("GetStatus", pb.GetStatusRequest())
         (ep,) = st.endpoints
         assert ep.status != tpb.ENDPOINT_STATUS_NORMAL and not ep.was_normal and ep.detail == want
@@ -151,7 +157,7 @@ async def test_an_engine_whose_port_another_server_holds_is_never_normal(
         await wait_for(lambda: len(impl.frames) >= n + 3, timeout=10, what="more heartbeats")
         assert impl.frames and all(e.status != tpb.ENDPOINT_STATUS_NORMAL
                                    for f in impl.frames for e in f.endpoints)
-        assert nm.log_text().count(want) == 1  # said once, not on every poll
+        assert nm.log_text().count(f"engine not healthy: {want}") == 1  # warned once, not on every poll
     finally:
         if admin is not None:
             await admin.close()

@@ -43,6 +43,9 @@ class HealthConfig:
     # engine.command wrapper serves the port from outside its own process tree (a container
     # runtime's port proxy or NAT): then any program answering on the port counts as the engine.
     verify_port_owner: bool = True
+    # Failed probes in a row before the endpoint counts as ABNORMAL (a once-NORMAL engine is then
+    # reported dead and relaunched): one slow answer is not a death. A process exit counts at once.
+    failure_threshold: int = 3
     # Consecutive daemon intervals an (once NORMAL) endpoint may stay ABNORMAL before self-termination.
     abnormal_threshold: int = 5
 
@@ -51,6 +54,8 @@ class HealthConfig:
             raise ValueError("health.poll_interval_sec and health.timeout_sec must be > 0")
         if self.abnormal_threshold < 1:
             raise ValueError("health.abnormal_threshold must be >= 1")
+        if not 1 <= self.failure_threshold <= 100:
+            raise ValueError("health.failure_threshold must be between 1 and 100")
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,8 @@ class DeathReporter:
         log.warning(
             "engine fault reported",
             extra={"endpoint_id": report.endpoint_id, "pid": report.pid, "level": report.level.name,
-                   "source": report.source.name, "relaunch_expected": ack.relaunch_expected},
+                   "source": report.source.name, "relaunch_expected": ack.relaunch_expected,
+                   "detail": report.detail},
         )  # fmt: skip
         self._on_accepted(report, ack)
         return _Outcome.ACCEPTED

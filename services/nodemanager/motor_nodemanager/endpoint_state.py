@@ -102,6 +102,18 @@ def observe(
     return dataclasses.replace(state, status=EndpointStatus.ABNORMAL, generation=generation, detail=detail)
 
 
+def failure_streak(streak: int, obs: Observation, threshold: int) -> tuple[int, bool]:
+    """Debounce of ``/health`` probes (``health.failure_threshold``): the new count of failed probes
+    in a row after *obs*, and whether *obs* is passed on to :func:`observe`. A healthy probe resets
+    the count and is passed on at once; a failed one only once it is the *threshold*-th in a row, so
+    one slow answer (an engine busy for a moment, or this process starved past the probe's
+    timeout) never makes an endpoint ABNORMAL, which for a once-NORMAL engine means a relaunch."""
+    if obs is Observation.HEALTHY:
+        return 0, True
+    streak += 1
+    return streak, streak >= threshold
+
+
 def pause(state: EndpointState) -> EndpointState:
     if state.status in (EndpointStatus.PAUSED, EndpointStatus.RETIRED):
         return state

@@ -2,7 +2,8 @@
 
 Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``poll_interval_sec``
 with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, a redirect, which is not
-followed, timeout, refused, garbage) → UNHEALTHY. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
+followed, timeout, refused, garbage) → UNHEALTHY, passed on only as the ``failure_threshold``-th
+failed probe in a row. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
 it if newer controller data arrived meanwhile.
 
 Any program can answer 200, so the first 200 after each (re)start of the poller (a launch, a
@@ -21,13 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client import Counter
 
 from motor_common.domain import Endpoint
 from motor_common.logs import request_id_var
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import port_owner
 from motor_nodemanager.detail import clip
-from motor_nodemanager.endpoint_state import Observation
+from motor_nodemanager.endpoint_state import Observation, failure_streak
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,12 @@ class PollSettings:
     timeout_sec: float
     port_wait_sec: float
     verify_port_owner: bool = True  # health.verify_port_owner
+    failure_threshold: int = 1  # health.failure_threshold: failed probes in a row that count
 
+
+# Probes by outcome: healthy; failed (passed on: the endpoint counts as ABNORMAL); tolerated (a
+# failure below health.failure_threshold in a row, logged and not passed on).
+PROBES = Counter("motor_nodemanager_health_probes_total", "Engine /health probes, by outcome", ["outcome"])
 
 # The most of a /health body read: only the status counts; the rest is left unread and the
 # connection closed (the session's connector is force_close), so no engine can make a probe buffer
@@ -113,6 +120,7 @@ class HealthPoller:
             log.warning("engine port not open after %ss, polling anyway", s.port_wait_sec, extra={"endpoint_id": ep.id})
         verified = self._engine_pid is None or not s.verify_port_owner
         warned = ""
+        streak = 0  # failed probes in a row
         while not session.closed:  # closed = this poller is being stopped: end quietly
             s = self._settings()
             gen = self._generation(ep.id)
@@ -135,7 +143,13 @@ class HealthPoller:
                         log.info("engine port %d is served by the engine now", ep.business_port,
                                  extra={"endpoint_id": ep.id})
                 # None: cannot tell (no /proc): this 200 counts; check again
-            self._observe(ep.id, obs, gen, detail)
+            streak, counts = failure_streak(streak, obs, s.failure_threshold)
+            PROBES.labels("healthy" if obs is Observation.HEALTHY else "failed" if counts else "tolerated").inc()
+            if counts:
+                self._observe(ep.id, obs, gen, detail)
+            else:
+                log.info("engine /health failed (%d of %d in a row before it counts): %s", streak,
+                         s.failure_threshold, detail, extra={"endpoint_id": ep.id})  # fmt: skip
             await asyncio.sleep(s.poll_interval_sec)
 
     async def _ownership(self, ep: Endpoint, timeout: float) -> port_owner.Ownership:

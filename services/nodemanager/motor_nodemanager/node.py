@@ -154,7 +154,8 @@ class Node:
     # --- observations --------------------------------------------------------------------------
     def _poll_settings(self) -> PollSettings:
         h = self.cfg.health
-        return PollSettings(h.poll_interval_sec, h.timeout_sec, h.port_wait_sec, h.verify_port_owner)
+        return PollSettings(h.poll_interval_sec, h.timeout_sec, h.port_wait_sec, h.verify_port_owner,
+                            h.failure_threshold)
 
     def _generation_of(self, endpoint_id: int) -> int:
         st = self.states.get(endpoint_id)
