@@ -20,6 +20,9 @@ import json
 import math
 import os
 import reprlib
+import select
+import stat
+import time
 import types
 import typing
 from collections.abc import Mapping
@@ -37,6 +40,45 @@ T = TypeVar("T")
 # weights), and pure-Python YAML parsing takes seconds per megabyte.
 MAX_CONFIG_BYTES = 1024 * 1024
 _YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# A pipe given as a config (``--config <(render-config)``) must be written to completion within this.
+PIPE_READ_TIMEOUT_SEC = 10.0
+
+
+def _read_bounded(p: Path, limit: int) -> bytes:
+    """At most *limit* bytes of *p*. A regular file is read; a pipe or a character device (process
+    substitution, ``/dev/stdin``) until its end, for at most :data:`PIPE_READ_TIMEOUT_SEC` — it is
+    opened without blocking, so a named pipe nobody writes to reads as empty instead of hanging the
+    program for ever; anything else (a directory, a socket, a block device) is refused."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read(limit)
+        if not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+            raise ConfigError(f"config file {p} is not a regular file")
+        chunks: list[bytes] = []
+        size, deadline = 0, time.monotonic() + PIPE_READ_TIMEOUT_SEC
+        while size < limit:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConfigError(f"config file {p} is a pipe that was not written to its end within "
+                                  f"{PIPE_READ_TIMEOUT_SEC:g} s")  # fmt: skip
+            try:  # read first: a FIFO that never had a writer reads as its end but never polls readable
+                chunk = os.read(fd, min(65536, limit - size))
+            except BlockingIOError:
+                select.select([fd], [], [], left)
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if not size:
+            raise ConfigError(f"config file {p} is a pipe with nothing written to it (does anything write to it?)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class _StrictLoader(_YamlLoader):  # type: ignore[misc]
@@ -90,8 +132,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     twice in one mapping."""
     p = Path(path)
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = _read_bounded(p, MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
     if len(raw) > MAX_CONFIG_BYTES:

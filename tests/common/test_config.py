@@ -246,3 +246,28 @@ def test_a_setting_that_would_spin_fail_every_call_or_bind_another_port_is_refus
     assert run.returncode == 2 and expected in run.stderr and run.stderr.count("\n") == 1, (
         run.stderr
     )
+
+
+def test_a_named_pipe_nobody_writes_to_is_an_error_at_once_not_a_hang(tmp_path: Path) -> None:
+    """``--config`` naming a FIFO with no writer blocked the program for ever in open()."""
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    run = subprocess.run([tool("motor-controller"), "--config", str(fifo), "--check-config"],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == f"error: config file {fifo} is a pipe with nothing written to it (does anything write to it?)\n"
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        load_config(Cfg, tmp_path)  # a directory
+
+
+def test_a_pipe_with_a_writer_is_read_to_its_end(tmp_path: Path) -> None:
+    """Process substitution (``--config <(render)``): a pipe whose writer is slow is read whole."""
+    r, w = os.pipe()
+    writer = subprocess.Popen(["sh", "-c", "sleep 0.3; printf 'name: from-a-pipe\\n'"], stdout=w, pass_fds=())
+    os.close(w)
+    try:
+        cfg = load_config(Cfg, f"/dev/fd/{r}")
+    finally:
+        os.close(r)
+        writer.wait(10)
+    assert cfg.name == "from-a-pipe"
