@@ -592,6 +592,10 @@ def _fatal(plan: FleetPlan, sup: Supervisor, user_file: str | None) -> int:
     return EXIT_CONFIG
 
 
+# Every program checks its configuration at once, in parallel (a check takes about a second).
+CHECK_CONFIG_TIMEOUT_SEC = 60.0
+
+
 def _check_configs(plan: FleetPlan, user_file: str | None) -> list[str]:
     """Every program's configuration checked by the program itself (``--check-config``, its own
     loader), all at once; the errors, in terms of *user_file* where they come from it."""
@@ -604,8 +608,16 @@ def _check_configs(plan: FleetPlan, user_file: str | None) -> list[str]:
                 [spec.argv[0], "--config", str(path), "--check-config"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)))
         errors = []
+        deadline = time.monotonic() + CHECK_CONFIG_TIMEOUT_SEC
         for spec, path, proc in procs:
-            _, err = proc.communicate(timeout=120)
+            try:
+                _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                errors.append(f"the {spec.name} did not finish checking its configuration within "
+                              f"{CHECK_CONFIG_TIMEOUT_SEC:g} s (killed)")  # fmt: skip
+                continue
             if proc.returncode != 0:
                 own = config_errors.error_line(err) or err.strip() or f"exit {proc.returncode}"
                 overrides = plan.options.overrides.get(spec.kind, {})

@@ -229,3 +229,18 @@ def test_gateway_workers_and_the_fleet_configs_gateway_workers_are_refused_toget
     # either one alone is taken
     assert opts(gateway_workers=2).gateway_workers == 2
     opts(overrides={"gateway": {"workers": 3}})
+
+
+def test_a_config_check_that_hangs_is_killed_and_named_not_waited_for(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``motor up --dry-run`` runs every program's ``--check-config`` at once: one that hangs (here
+    a gateway that sleeps) is killed at the deadline and named; the others' results still count."""
+    from motor_cli import up
+
+    for name, body in (("motor-gateway", "exec sleep 60"), ("motor-controller", "echo 'error: bad key' >&2; exit 2"),
+                       ("motor-coordinator", "exit 0"), ("motor-nodemanager", "exit 0")):
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setattr(up, "CHECK_CONFIG_TIMEOUT_SEC", 1.0)
+    errors = up._check_configs(plan_fleet(opts(), tmp_path), None)
+    assert errors == ["bad key", "the gateway did not finish checking its configuration within 1 s (killed)"], errors
