@@ -88,18 +88,22 @@ class UpFleet:
             f"\n--- motor up ---\n{self.out()}"  # fmt: skip
 
     def brief(self) -> str:
-        """A short digest of :meth:`diagnostics` (each engine's last lines, each program's last
-        warnings), logged last on a failure: CI shows a failure's first and last lines only."""
+        """A short digest of :meth:`diagnostics`, logged last on a failure: CI shows a failure's first
+        and last lines only (about a dozen at the end). One line per entry, each tagged with its
+        source; the most telling last: per node its engine's last lines and its nodemanager's last
+        warnings (a fault report names its detail), then the coordinator's (a failed request's)."""
         nodes = [n for n in self.info.get("programs", {}) if n.split("-")[0] in ("union", "prefill", "decode")] \
             or ["union-0"]
-        out = []
+
+        def warnings(name: str, n: int) -> list[str]:
+            lines = [ln for ln in self.log(name, 200000).splitlines() if " WARNING " in ln or " ERROR " in ln]
+            return [f"[{name}] {ln[:300]}" for ln in lines[-n:]]
+
+        out = [*warnings("controller", 2), *warnings("gateway", 1)]
         for n in nodes:
-            lines = [ln[:240] for ln in self.log(f"{n}.engine-0", 20000).splitlines() if ln.strip()]
-            out += [f"--- {n}.engine-0 (last lines) ---", *lines[-6:]]
-        for n in ["controller", "coordinator", "gateway", *nodes]:
-            lines = [ln[:300] for ln in self.log(n, 200000).splitlines() if " WARNING " in ln or " ERROR " in ln]
-            out += [f"--- {n} (last warnings) ---", *lines[-6:]]
-        return "\n".join(out)
+            engine = [ln for ln in self.log(f"{n}.engine-0", 20000).splitlines() if ln.strip()]
+            out += [*(f"[{n}.engine-0] {ln[:240]}" for ln in engine[-2:]), *warnings(n, 2)]
+        return "\n".join([*out, *warnings("coordinator", 3)])  # a failed request's detail: last
 
     @property
     def gateway(self) -> str:

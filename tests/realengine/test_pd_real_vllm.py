@@ -141,9 +141,17 @@ CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi there, deco
         "temperature": 0}  # fmt: skip
 
 
+_STEP = ["start", time.strftime("%H:%M:%S")]  # the request under way, and when it was sent: shown on a failure
+
+
+def _step(name: str) -> None:
+    _STEP[:] = [name, time.strftime("%H:%M:%S")]
+
+
 async def _pd_equals_union(client: AsyncOpenAI, http: aiohttp.ClientSession, prefill: str) -> int:
     """Completion, chat, streamed completion, streamed chat through Motor (PD) against the prefill
     engine answering alone; returns the prompt tokens sent through the PD path."""
+    _step("the prefill alone")
     _, _, raw = await _post(http, prefill + "/v1/completions", CMPL)
     alone = json.loads(raw)
     want_c, prompt_c = alone["choices"][0]["text"], alone["usage"]["prompt_tokens"]
@@ -152,17 +160,21 @@ async def _pd_equals_union(client: AsyncOpenAI, http: aiohttp.ClientSession, pre
     want_ch, prompt_ch = alone["choices"][0]["message"]["content"], alone["usage"]["prompt_tokens"]
     assert want_c and want_ch
 
+    _step("PD completion")
     c = await client.completions.create(**CMPL)  # type: ignore[call-overload]
     assert c.choices[0].text == want_c and c.usage.prompt_tokens == prompt_c and c.usage.completion_tokens == 6
     assert (c.system_fingerprint or "").startswith("vllm-0.32")
+    _step("PD chat")
     ch = await client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
     assert ch.choices[0].message.content == want_ch and ch.usage.prompt_tokens == prompt_ch
 
     text = []
+    _step("PD streamed completion")
     async for chunk in await client.completions.create(**CMPL, stream=True):  # type: ignore[call-overload]
         text += [x.text for x in chunk.choices]
     assert "".join(text) == want_c
     text = []
+    _step("PD streamed chat")
     async for chunk in await client.chat.completions.create(**CHAT, stream=True):  # type: ignore[call-overload]
         text += [x.delta.content or "" for x in chunk.choices]
     assert "".join(text) == want_ch
@@ -242,6 +254,7 @@ async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_deco
             assert ep.status == tpb.ENDPOINT_STATUS_NORMAL and ep.pid > 0
             fleet.engine_pgids.add(ep.pid)
             old_pid = ep.pid
+            _step("requests in flight on the killed decode")
             in_flight = [asyncio.ensure_future(client.completions.create(**long_body)) for _ in range(3)]
             t_kill = time.monotonic()
             os.kill(old_pid, signal.SIGKILL)
@@ -270,6 +283,7 @@ async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_deco
                         and "strategy=engine_relaunch outcome=done" in fleet.log("controller", 10**7)
                         and await _pair(fleet))  # fmt: skip
 
+            _step("requests while the decode is relaunched")
             try:
                 await wait_for(relaunched, timeout=480, interval=0.25, what="the decode relaunched in place")
             except TimeoutError as exc:
@@ -286,7 +300,8 @@ async def test_pd_on_real_vllm_over_nixl_equals_union_and_survives_a_killed_deco
             assert await _metric(http, decode, EXTERNAL) - ext2 == sent
         except BaseException:
             print(fleet.diagnostics())  # shown with the failure: what each process logged last
-            logging.getLogger(__name__).error("fleet digest at the failure:\n%s", fleet.brief())  # the last lines
+            logging.getLogger(__name__).error("fleet digest at the failure:\n%s\n[test] failed at %s, sent at %s",
+                                              fleet.brief(), *_STEP)  # the last lines  # fmt: skip
             raise
         finally:
             await client.close()
