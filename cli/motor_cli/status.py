@@ -5,7 +5,8 @@
     motor status --json | jq '.instances[].id'
 
 Shows every node (role, state, instance, endpoint health, heartbeat age) and every instance
-(role, state, endpoints, reason). A controller that is not acting — isolated from its store (etcd
+(role, state, endpoints, reason), and — asking the coordinators (``--coordinator``, default the
+fleet's) — every model served by one side of its prefill/decode pair alone (DEGRADED). A controller that is not acting — isolated from its store (etcd
 down: STORE_UNAVAILABLE alarm) or a standby — is said so first, with what it cannot do meanwhile;
 its node and instance lists are then its last known view, not live state.
 """
@@ -25,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from motor_cli import output, target
+from motor_cli.served_alone import served_alone
 from motor_cli.tls_args import add_tls_flags, tls_from_args
 from motor_common.errors import MotorError
 from motor_common.gen.motor.common.v1 import types_pb2 as tpb
@@ -173,6 +175,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="controller address (env MOTOR_CONTROLLER; default: the fleet in --state-dir)")
     parser.add_argument("--management-key-file", metavar="FILE",
                         help="management key (env MOTOR_MANAGEMENT_KEY_FILE; default: the fleet's)")
+    parser.add_argument("--coordinator", metavar="ADDR", action="append",
+                        help="a coordinator to ask which models one side of their pair serves alone "
+                             "(repeatable; env MOTOR_COORDINATOR; default: the fleet's in --state-dir)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_tls_flags(parser)
 
@@ -186,21 +191,27 @@ def run(args: argparse.Namespace) -> int:
     except MotorError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_FAILED
-    view = asyncio.run(fetch_view(address, key, tls=tls))
+    # the fleet's programs, coordinators and ops URLs, when the controller asked is the `motor up` fleet's
+    ours = args.controller is None and not os.environ.get("MOTOR_CONTROLLER")
+    coordinators = target.coordinator_addresses(args.coordinator, args.state_dir if ours else None)
+
+    async def ask() -> tuple[FleetView, list[str]]:
+        view = await fetch_view(address, key, tls=tls)
+        return view, (await served_alone(coordinators, tls) if view.ok and coordinators else [])
+
+    view, alone = asyncio.run(ask())
     if not view.ok:
         print(f"error: {view.error}", file=sys.stderr)
         return EXIT_FAILED
-    # the fleet's programs and their ops URLs, when the controller asked is the `motor up` fleet's
-    ours = args.controller is None and not os.environ.get("MOTOR_CONTROLLER")
     programs = ops_urls(args.state_dir) if ours else {}
     shape = topology(args.state_dir) if ours else None
     if args.json:
         print(json.dumps({"controller": {"acting": view.acting, "store_unavailable": view.store_unavailable,
                                          "isolation": view.isolation},
-                          "nodes": view.nodes, "instances": view.instances,
+                          "nodes": view.nodes, "instances": view.instances, "served_alone": alone,
                           "programs": programs, "topology": shape}, indent=2))
         return 0
-    print(format_line(view))
+    print(format_line(view) + ("; DEGRADED, served alone: " + ", ".join(alone) if alone else ""))
     if shape is not None:
         workers = f" ({shape['workers']} worker processes)" if shape["workers"] > 1 else ""
         print(f"topology: {shape['description']}; OpenAI front {shape['url']}/v1{workers}")

@@ -104,6 +104,16 @@ def coordinator_address(flag: str | None, state_dir: str | Path, default: str) -
     return str(flag or os.environ.get("MOTOR_COORDINATOR") or (coordinators[0] if coordinators else default))
 
 
+def coordinator_addresses(flags: list[str] | None, state_dir: str | Path | None) -> list[str]:
+    """Coordinators to ask: the flags, else ``MOTOR_COORDINATOR``, else the running fleet's in
+    *state_dir* (None: no fleet's)."""
+    if flags:
+        return list(flags)
+    if os.environ.get("MOTOR_COORDINATOR"):
+        return [os.environ["MOTOR_COORDINATOR"]]
+    return [str(a) for a in _live(state_dir).get("coordinators") or []] if state_dir is not None else []
+
+
 def management_key_file(flag: str | None, state_dir: str | Path) -> str | None:
     """The key file to use, or None (then calls carry no key)."""
     found = flag or os.environ.get("MOTOR_MANAGEMENT_KEY_FILE") or _live(state_dir).get("management_key_file")

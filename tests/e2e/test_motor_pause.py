@@ -212,6 +212,10 @@ async def test_motor_up_is_ready_with_the_pair_paired_and_says_when_one_side_ser
 
         degraded = "DEGRADED, served alone: tiny (by its prefills alone)"
         await wait_for(lambda: said(degraded), timeout=20, what="motor up saying the prefills serve alone")
+        status = await motor(fleet, "status")  # motor status asks the fleet's coordinators too
+        assert status.returncode == 0 and degraded in status.stdout.splitlines()[0], status.stdout
+        status = await motor(fleet, "status", "--json")
+        assert json.loads(status.stdout)["served_alone"] == ["tiny (by its prefills alone)"], status.stdout
         client = openai.AsyncOpenAI(base_url=fleet.info["gateway_url"] + "/v1", api_key="x", max_retries=0, timeout=30)
         try:
             resp = await client.completions.create(model="tiny", prompt="alone", max_tokens=3)
@@ -227,3 +231,5 @@ async def test_motor_up_is_ready_with_the_pair_paired_and_says_when_one_side_ser
             return any("instances 2/2 active" in ln and "ready" in ln and degraded not in ln for ln in new)
 
         await wait_for(cleared, timeout=20, what="motor up's status line without the degraded note")
+        status = await motor(fleet, "status", "--json")
+        assert json.loads(status.stdout)["served_alone"] == [], status.stdout
