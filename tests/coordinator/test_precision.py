@@ -109,6 +109,27 @@ def test_groups_are_independent() -> None:
     assert t.alarmed() == {(1, 2)}
 
 
+def test_an_adopted_alarm_is_cleared_under_its_own_identity_and_a_new_one_under_ours() -> None:
+    """A restarted (or newly elected) coordinator adopts the alarms the controller holds: the
+    group is alarmed at once, threshold normal samples clear it with the source that raised it; a
+    later raise of the same group is this coordinator's own."""
+    t = PrecisionTracker("coordinator@new:2", clear_threshold=2)
+    assert t.adopt((1, 2), "coordinator@old:1") is True
+    assert t.alarmed() == {(1, 2)}
+    assert t.observe((1, 2), Sample.ABNORMAL) is None  # still alarmed: no second raise
+    assert t.observe((1, 2), Sample.NORMAL) is None
+    cleared = t.observe((1, 2), Sample.NORMAL)
+    assert cleared is not None and cleared.action is Action.CLEAR
+    assert cleared.identity.source == "coordinator@old:1"
+    raised = t.observe((1, 2), Sample.ABNORMAL)
+    assert raised is not None and raised.identity.source == "coordinator@new:2"
+    assert t.adopt((1, 2), "coordinator@old:1") is False  # alarmed here already: its own stays
+    assert t.identity((1, 2)).source == "coordinator@new:2"
+    t.adopt((3, 4), "coordinator@old:1")
+    t.retain([1, 2])  # the group left the registry: forgotten with its adopted source
+    assert t.identity((3, 4)).source == "coordinator@new:2"
+
+
 def test_clear_and_raise_carry_the_same_alarm_identity() -> None:
     t = PrecisionTracker("coordinator@127.0.0.1:5", clear_threshold=1)
     raised = t.observe((7, 9), Sample.ABNORMAL)

@@ -171,6 +171,40 @@ async def test_wrong_decode_answers_raise_a_precision_alarm_and_threshold_normal
             await alarms.close()
 
 
+async def test_a_restarted_coordinator_adopts_the_alarm_it_raised_and_clears_it_when_normal(tmp_path: Path) -> None:
+    """The coordinator that raised an alarm is killed, the pair heals meanwhile, and a coordinator
+    starts at another address (a rescheduled pod): it adopts the alarm the controller holds and,
+    the pair sampling normal, clears it under the raise's identity. Before, that alarm stayed
+    active for ever: nobody remembered raising it."""
+    async with standalone(tmp_path) as s:
+        stubs, alarms = Stubs(s.coordinator.address), Alarms(s.controller)
+        try:
+            await stubs.set(inst(1, Role.PREFILL, s.p), inst(2, Role.DECODE, s.d))
+            await wait_for(lambda: gauges(s.coordinator).get("1-2") == 0.0, timeout=5, what="group 1-2 sampled")
+            set_fault(s.d.port, "wrong_answers")
+            raised = await wait_for(lambda: alarms.active([1, 2]), timeout=5, what="precision alarm RAISE")
+            s.coordinator.kill()  # SIGKILL: nothing of its state survives
+            s.coordinator.popen.wait(10)
+            await stubs.close()
+            set_fault(s.d.port, "none")
+        finally:
+            await alarms.close()
+        cfg = precision_config(controller_address=s.controller.address)
+        async with start_coordinator(tmp_path, cfg, management_key=KEY, name="coordinator-again") as again:
+            assert again.address != s.coordinator.address
+            stubs, alarms = Stubs(again.address), Alarms(s.controller)
+            try:
+                await stubs.set(inst(1, Role.PREFILL, s.p), inst(2, Role.DECODE, s.d))
+                cleared = await wait_for(lambda: alarms.cleared([1, 2]), timeout=10, what="the adopted alarm CLEARED")
+                assert identity(cleared) == identity(raised)
+                assert raised.source == f"coordinator@{s.coordinator.address}"
+                assert not await alarms.active([1, 2]) and gauges(again)["1-2"] == 0.0
+                assert "precision alarm adopted" in again.log()
+            finally:
+                await stubs.close()
+                await alarms.close()
+
+
 async def test_alarmed_pair_is_avoided_while_a_healthy_pair_serves(tmp_path: Path) -> None:
     async with standalone(tmp_path) as s, start_simulator(
         "vllm", "decode", tmp_path, env={"MOTOR_SIM_ZERO_LATENCY": "1"}, name="d2"

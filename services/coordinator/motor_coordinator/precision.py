@@ -172,9 +172,23 @@ class PrecisionTracker:
         self.source = source
         self.clear_threshold = clear_threshold
         self._states: dict[Group, GroupState] = {}
+        # group -> source of an alarm this tracker adopted (raised by an earlier coordinator): its
+        # CLEAR must carry that identity
+        self._adopted: dict[Group, str] = {}
 
     def identity(self, group: Group) -> AlarmIdentity:
-        return AlarmIdentity(self.source, tuple(group))
+        return AlarmIdentity(self._adopted.get(group, self.source), tuple(group))
+
+    def adopt(self, group: Group, source: str) -> bool:
+        """An alarm of *group* the controller holds active, raised by *source* (this coordinator
+        before a restart, or another one before a failover): the group counts as alarmed, and
+        ``clear_threshold`` normal samples clear that alarm, under its own identity. False (nothing
+        changed) when the group is alarmed here already."""
+        if self.state(group).alarmed:
+            return False
+        self._states[group] = GroupState(alarmed=True)
+        self._adopted[group] = source
+        return True
 
     def observe(self, group: Group, sample: Sample, detail: str = "") -> AlarmEvent | None:
         state, action = step(self._states.get(group, GroupState()), sample, self.clear_threshold)
@@ -183,9 +197,13 @@ class PrecisionTracker:
             return None
         if action is Action.RAISE:
             msg = f"precision probe answer differs from the expected text{': ' + detail if detail else ''}"
+            self._adopted.pop(group, None)  # not alarmed before: a new alarm of this coordinator's
         else:
             msg = f"{self.clear_threshold} consecutive normal precision samples"
-        return AlarmEvent(action, self.identity(group), msg)
+        event = AlarmEvent(action, self.identity(group), msg)
+        if action is Action.CLEAR:
+            self._adopted.pop(group, None)
+        return event
 
     def state(self, group: Group) -> GroupState:
         return self._states.get(group, GroupState())
@@ -203,6 +221,7 @@ class PrecisionTracker:
         hit = [g for g, s in self._states.items() if s.alarmed and (not ids or ids.intersection(g))]
         for g in hit:
             self._states[g] = GroupState()
+            self._adopted.pop(g, None)
         return sorted(hit)
 
     def retain(self, registered: Iterable[int]) -> list[Group]:
@@ -212,4 +231,5 @@ class PrecisionTracker:
         gone = [g for g in self._states if not keep.issuperset(g)]
         for g in gone:
             del self._states[g]
+            self._adopted.pop(g, None)
         return sorted(gone)

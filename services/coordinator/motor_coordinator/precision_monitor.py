@@ -158,6 +158,10 @@ class PrecisionMonitor:
         self._cleared_in: dict[Group, int] = {}
         self._labels: set[str] = set()
         self._tasks = TaskOwner("precision")
+        self._controller: ControllerAlarms | None = None
+        # active precision alarms at the controller to adopt (sorted instance ids -> their source),
+        # fetched on becoming master; None = to fetch
+        self._adoptable: dict[tuple[int, ...], str] | None = None
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -167,6 +171,7 @@ class PrecisionMonitor:
         if self.controller_address:
             sink = ControllerAlarms(self.controller_address, management_key=management_key,
                                     timeout=self.cfg.report_timeout_sec, tls=tls)
+            self._controller = sink
             self.outbox = AlarmOutbox(sink, address, self.cfg.report_retry_interval_sec)
             self._tasks.spawn(self.outbox.run(), name="precision-reports")
         if self.cfg.enabled:
@@ -181,13 +186,39 @@ class PrecisionMonitor:
             await self.outbox.sink.close()
 
     async def _loop(self) -> None:
+        was_master = False
         while True:
-            if self.is_master():
+            master = self.is_master()
+            if master:
+                if not was_master:
+                    self._adoptable = None  # each term: what the controller holds active now
                 try:
+                    if self._adoptable is None:
+                        await self.fetch_adoptable()
                     await self.run_round()
                 except Exception:
                     log.exception("precision probe round failed")
+            was_master = master
             await asyncio.sleep(self.cfg.interval_sec)
+
+    async def fetch_adoptable(self) -> None:
+        """The precision alarms the controller holds active — raised by this coordinator before a
+        restart (perhaps at another address) or by the master before a failover — to adopt: their
+        groups count as alarmed here and are cleared, under their own identity, once they sample
+        normal again. Without this such an alarm stayed active for ever. A failed fetch is retried
+        next round; probing goes on meanwhile."""
+        if self._controller is None:
+            self._adoptable = {}
+            return
+        try:
+            active = await self._controller.active(ctl.ALARM_KIND_PRECISION)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("could not list the controller's active precision alarms (%s: %s); retrying next round",
+                        exc.code().name, exc.details())  # fmt: skip
+            return
+        self._adoptable = {tuple(sorted(a.instance_ids)): a.source for a in active if a.instance_ids}
+        if self._adoptable:
+            log.info("active precision alarms to adopt", extra={"groups": [list(g) for g in self._adoptable]})
 
     # -- external clear (controller ClearPrecisionAlarms) -------------------------------------
 
@@ -211,6 +242,11 @@ class PrecisionMonitor:
         state = self.scheduler.state
         self.tracker.retain(state.instances)
         groups = probe_groups(state.instances.values())
+        for g in groups if self._adoptable else ():
+            source = self._adoptable.pop(tuple(sorted(g.ids)), None) if self._adoptable else None
+            if source is not None and self.tracker.adopt(g.ids, source):
+                log.warning("precision alarm adopted: the group counts as alarmed until it samples normal",
+                            extra={"instance_ids": list(g.ids), "source": source})
         sem = asyncio.Semaphore(self.cfg.concurrency)
 
         async def one(g: ProbeGroup) -> list[str | None]:

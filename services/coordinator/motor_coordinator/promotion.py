@@ -50,6 +50,20 @@ class ControllerAlarms:
         )
         return bool(resp.accepted)
 
+    async def active(self, kind: int, limit: int = 10_000) -> list[ctl.Alarm]:
+        """The controller's active alarms of *kind* (``ListAlarms``, every page, at most *limit*)."""
+        stub = ctl_grpc.ControllerAdminServiceStub(self._channel)
+        out: list[ctl.Alarm] = []
+        token = ""
+        while len(out) < limit:
+            page = await stub.ListAlarms(ctl.ListAlarmsRequest(active_only=True, page_token=token),
+                                         timeout=self._timeout, metadata=call_metadata(self._key))  # fmt: skip
+            out.extend(a for a in page.alarms if a.kind == kind)
+            token = page.next_page_token
+            if not token:
+                break
+        return out[:limit]
+
     async def close(self) -> None:
         await self._channel.close()
 
