@@ -176,3 +176,32 @@ def test_a_node_heard_from_since_the_start_is_judged_lost_even_within_the_reatta
     w, p = step(replace(w, observations={**w.observations, **only_n1}, now=14.0))
     assert w.instances[IID].state is InstanceState.INACTIVE
     assert p.partial_losses == {IID: ("job-p-n1",)}
+
+
+def test_a_lost_store_gets_back_the_incarnation_the_nodes_run_instead_of_restarting_them() -> None:
+    """The store is lost (no incarnation known) while the job's nodes run incarnation 2 (its id):
+    the instance assembled at registration (incarnation 0, never started) is superseded once their
+    heartbeats show it, and incarnation 2 is ACTIVE at once with no start command (before, the
+    nodes got StartEngines for incarnation 0: every engine restarted)."""
+    w, p = step(world(nodes=two_nodes()))
+    assert list(p.upserts) == [IID]  # registered, no heartbeat yet: incarnation 0
+    iid2 = instance_id_for("job-p", 2)
+    running = {n: obs(10.2, iid2, [ES.NORMAL, ES.NORMAL]) for n in w.nodes}
+    w, p = step(replace(w, observations=running, now=10.3))
+    assert p.starts == [] and p.incarnations == {"job-p": 2}
+    assert w.instances[IID].state is InstanceState.DELETED and "incarnation 2" in w.instances[IID].reason
+    assert w.instances[iid2].state is InstanceState.ACTIVE and w.instances[iid2].incarnation == 2
+    w, p = step(replace(w, now=10.4))
+    assert p.upserts == {} and p.starts == []  # stable
+
+
+def test_nodes_running_an_older_incarnation_or_disagreeing_do_not_move_the_record() -> None:
+    known = instance_id_for("job-p", 3)
+    old = {n: obs(10.0, instance_id_for("job-p", 1), [ES.NORMAL, ES.NORMAL]) for n in two_nodes()}
+    _, p = step(world(nodes=two_nodes(), observations=old, incarnations={"job-p": 3}))
+    assert list(p.upserts) == [known] and p.incarnations == {}
+    assert sorted(c.instance_id for c in p.starts) == [known, known]  # restarted into incarnation 3
+    split = {"job-p-n0": obs(10.0, instance_id_for("job-p", 2), [ES.NORMAL] * 2),
+             "job-p-n1": obs(10.0, instance_id_for("job-p", 4), [ES.NORMAL] * 2)}
+    _, p = step(world(nodes=two_nodes(), observations=split))
+    assert list(p.upserts) == [IID] and p.incarnations == {}

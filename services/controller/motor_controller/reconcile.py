@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from motor_common.domain import Instance, NodeSpec
-from motor_controller.assembly import StartCommand, assemble, start_commands
+from motor_controller.assembly import StartCommand, assemble, instance_id_for, start_commands
 from motor_controller.instance_fsm import Signal, observe, transition
 from motor_controller.model import (
     InstanceState,
@@ -99,6 +99,35 @@ def rejoinable(mi: ManagedInstance, instance: Instance | None, node_ids: tuple[s
     ) and len(instance.endpoints) == len(old.endpoints)
 
 
+# How many incarnations past the one it knows the controller looks for what a job's nodes run.
+INCARNATION_SEARCH = 1000
+
+
+def running_incarnation(job: str, specs: list[NodeSpec], world: World, known: int) -> int | None:
+    """The incarnation of *job* its nodes run, when it is later than *known* (this controller's
+    record; 0 and none after its store was lost): every node of the job heard from lately, running
+    something, runs the same instance, whose id is the job's for an incarnation in ``(known, known +
+    INCARNATION_SEARCH]``. None otherwise — nodes that run nothing, or an older incarnation (a
+    retired instance's nodes not restarted yet), or disagree, never move the controller's record."""
+    ids = set()
+    for sp in specs:
+        ob = world.observations.get(sp.node_id)
+        if ob is None or world.now - ob.seen_at >= world.heartbeat_timeout:
+            continue
+        if ob.state in (NodeState.REGISTERED, NodeState.RESTORED, NodeState.STOPPING) or not ob.instance_id:
+            continue
+        ids.add(ob.instance_id)
+    if len(ids) != 1:
+        return None
+    (iid,) = ids
+    if iid == instance_id_for(job, known):
+        return None
+    for k in range(known + 1, known + INCARNATION_SEARCH + 1):
+        if instance_id_for(job, k) == iid:
+            return k
+    return None
+
+
 def _set_state(mi: ManagedInstance, state: InstanceState, reason: str, wall: float) -> ManagedInstance:
     return replace(mi, state=state, reason=reason, state_changed_at=wall)
 
@@ -156,12 +185,21 @@ def plan(world: World) -> Plan:
         out.incarnations[job] = mi.incarnation + 1
         del live_by_job[job]
 
-    # 1. assemble jobs without a live instance; refresh blocked INITIAL records.
+    # 1. assemble jobs without a live instance; refresh blocked INITIAL records. A job whose nodes
+    #    run a later incarnation than this controller knows (its store was lost) gets that one back.
     for job, specs in alive_by_job.items():
         current = live_by_job.get(job)
+        inc = incarnations.get(job, 0)
+        later = running_incarnation(job, specs, world, inc)
+        if later is not None and (current is None or current.state is InstanceState.INITIAL):
+            if current is not None:
+                put(_set_state(current, InstanceState.DELETED,
+                               f"superseded: its nodes run incarnation {later} of the job", world.wall))  # fmt: skip
+                del live_by_job[job]
+                current = None
+            inc = incarnations[job] = out.incarnations[job] = later
         if current is not None and not (current.blocked and current.state is InstanceState.INITIAL):
             continue
-        inc = incarnations.get(job, 0)
         result = assemble(job, specs, inc, world.master_port)
         if result is None:
             continue
