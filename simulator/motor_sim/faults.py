@@ -4,8 +4,9 @@ Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow, wro
 kv_load_fail (a vLLM decode's next ``count`` KV loads fail, as a NIXL handshake that timed out;
 0 = every load until the fault is cleared), engine_error (every generation request answers HTTP
 500 with the engine's internals in the body, as an engine-side exception does), poison (a request whose body contains ``match``
-blocks the event loop for ever: an engine bug that one request triggers), refuse_start (start-up
-only).
+blocks the event loop for ever: an engine bug that one request triggers), freeze_after_head (the
+next streamed answer gets its head, then the whole engine freezes: a vLLM API server sends a
+stream's headers before the first token), refuse_start (start-up only).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class FaultMode(enum.Enum):
     ENGINE_ERROR = "engine_error"
     REFUSE_START = "refuse_start"
     POISON = "poison"
+    FREEZE_AFTER_HEAD = "freeze_after_head"
 
 
 class InvalidFault(ValueError):

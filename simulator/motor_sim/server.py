@@ -216,6 +216,9 @@ class SimServer:
             resp.charset = "utf-8"
             resp.headers["Cache-Control"] = "no-cache"
             await resp.prepare(request)
+            if svc.fault.mode is FaultMode.FREEZE_AFTER_HEAD:
+                log.error("fault injection: a stream's head sent, event loop blocked")
+                _block_forever()
             if kind == "chat":
                 for i in range(job.n):
                     role = {"id": ids.response_id, "object": "chat.completion.chunk",

@@ -589,14 +589,15 @@ class Dispatcher:
             reason="RESPONSE_TOO_LARGE",
         )
 
-    async def _chunks(self, resp: aiohttp.ClientResponse, key: Key) -> AsyncIterator[bytes]:
+    async def _chunks(self, resp: aiohttp.ClientResponse, key: Key, limit: float | None = None) -> AsyncIterator[bytes]:
         """The SSE body's chunks as they come; raise :class:`_Stalled` once the engine has given no
         sign of life (no chunk of this stream, no answer to anything else, no probe or scrape) for
-        ``inter_token_timeout_sec`` since the last chunk. An engine that answers its probes is
-        alive and waited for; with probes off nothing tells slow from hung, so nothing stalls."""
+        *limit* (default ``inter_token_timeout_sec``) since the last chunk. An engine that answers
+        its probes is alive and waited for; with probes off nothing tells slow from hung, so
+        nothing stalls."""
         live = self.scheduler.liveness
         watch = self.cfg.health_probe_interval_sec > 0
-        limit = self.cfg.inter_token_timeout_sec
+        limit = self.cfg.inter_token_timeout_sec if limit is None else limit
         content = resp.content
         while True:
             if not watch:
@@ -640,9 +641,14 @@ class Dispatcher:
                     got[:ENGINE_ERROR_LOG_BYTES].decode("utf-8", "replace"))
         return public_engine_error(head.http_status, head.request_id)
 
-    async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter) -> tuple[bool, list[bytes]]:
+    async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter, key: Key) -> tuple[bool, list[bytes]]:
         """Read a decode's answer until its adapter can tell whether the KV hand-off failed (a JSON
-        answer: all of it; a stream: its first decisive event). Returns (failed, bytes read)."""
+        answer: all of it; a stream: its first decisive event). Returns (failed, bytes read).
+
+        A stream's head comes before its first token (vLLM sends the headers at once), so the
+        first-byte watchdog saw the engine answer; until the first decisive event the engine is
+        watched here, under the same ``first_byte_timeout_sec`` of no sign of life: raises
+        :class:`_Stalled` (an engine frozen after its head held the request for ever)."""
         ctype = resp.headers.get("Content-Type", JSON)
         read: list[bytes] = []
         try:
@@ -650,14 +656,13 @@ class Dispatcher:
                 read.append(await read_body(resp))
                 return adapter.handoff_failed(resp.status, ctype, read[0]) is True, read
             head = b""
-            while True:
-                chunk = await resp.content.readany()
-                if chunk:
-                    read.append(chunk)
-                    head += chunk
+            async for chunk in self._chunks(resp, key, self.cfg.first_byte_timeout_sec):
+                read.append(chunk)
+                head += chunk
                 verdict = adapter.handoff_failed(resp.status, ctype, head)
-                if verdict is not None or not chunk:
+                if verdict is not None:
                     return verdict is True, read
+            return adapter.handoff_failed(resp.status, ctype, head) is True, read  # the stream ended
         except AnswerTooLarge as exc:
             raise self._too_large(f"{resp.url.host}:{resp.url.port}", exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -963,7 +968,7 @@ class Dispatcher:
                 else:
                     head = Head(resp.status, resp.headers.get("Content-Type", JSON), rid, p.instance.id, d.instance.id)
                     try:
-                        handoff_failed, read = await self._peek(resp, adapter)
+                        handoff_failed, read = await self._peek(resp, adapter, endpoint_key(d.endpoint))
                         if not handoff_failed:
                             async for frame in self._relay(resp, d, head, count_5xx=False, read=read, call=call):
                                 yield frame
@@ -971,6 +976,19 @@ class Dispatcher:
                         call.fail("kv_handoff_failed")
                         if kv_retries >= self.cfg.kv_load_retries:
                             raise self._handoff_exhausted(req, p, d, kv_retries, b"".join(read))
+                    except _Stalled:  # its head came, then nothing: like a decode that never answered
+                        resp.close()
+                        call.fail("stalled")
+                        self.scheduler.trip(d.endpoint)
+                        metrics.ENGINE_STALLS.labels("decode").inc()
+                        last = (f"decode {d.endpoint.host_port} sent its head, then no token and no sign of life "
+                                f"for {self.cfg.first_byte_timeout_sec:g}s")
+                        log.warning("request %s: %s; retrying on another decode", rid, last)
+                        fate.drops += 1
+                        if fate.drops >= 2:
+                            raise fate.poison(f"{fate.drops} engines stopped answering while serving it",
+                                              f"{fate.drops} engines went silent under it, the last "
+                                              f"{d.endpoint.host_port}") from None  # fmt: skip
                     except BaseException:
                         resp.close()
                         raise
