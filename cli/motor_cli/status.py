@@ -5,7 +5,7 @@
     motor status --json | jq '.instances[].id'
 
 Shows every node (role, state, instance, endpoint health, heartbeat age) and every instance
-(role, state, endpoints, reason), and — asking the coordinators (``--coordinator``, default the
+(role, state, endpoints, reason), and — asking the coordinators (--coordinator, default the
 fleet's) — every model served by one side of its prefill/decode pair alone (DEGRADED). A controller that is not acting — isolated from its store (etcd
 down: STORE_UNAVAILABLE alarm) or a standby — is said so first, with what it cannot do meanwhile;
 its node and instance lists are then its last known view, not live state.
