@@ -5,6 +5,7 @@ naming its key. Pure codec tests, then the real Controller on a real SqliteStore
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,11 @@ async def test_load_refuses_a_store_in_a_newer_or_unreadable_format_and_changes_
     finally:
         await ctl.close()
         await store.close()
+
+
+def test_an_instance_record_written_before_routable_until_loads_as_not_kept_in_routing() -> None:
+    old = orjson.loads(codec.encode_instance(INSTANCE))
+    del old["routable_until"]  # what a version without node_lost_routing_grace_sec wrote
+    assert codec.decode_instance(orjson.dumps(old)) == INSTANCE and INSTANCE.routable_until == 0.0
+    kept = replace(INSTANCE, state=InstanceState.INACTIVE, routable_until=1300.5)
+    assert codec.decode_instance(codec.encode_instance(kept)) == kept

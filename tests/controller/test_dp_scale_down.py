@@ -90,7 +90,7 @@ def test_strategy_choice_falls_back_to_relaunch_when_not_eligible() -> None:
 
 def test_coordinators_see_the_instance_without_withdrawn_ranks() -> None:
     active = ManagedInstance(7, "j", 0, InstanceState.ACTIVE, instance(), ("a",), "", 0.0, withdrawn_dp_ranks=(1,))
-    view = desired_view([active], {})
+    view = desired_view([active], {}, wall=0.0)
     assert [e.dp_rank for e in view[7].endpoints] == [0]
 
 

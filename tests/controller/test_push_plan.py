@@ -115,7 +115,7 @@ def test_desired_view_has_active_and_paused_and_recovering_instances() -> None:
     view = desired_view(
         [mi(1, InstanceState.ACTIVE), mi(2, InstanceState.ACTIVE), mi(3, InstanceState.INACTIVE),
          mi(4, InstanceState.RECOVERING), mi(5, InstanceState.STARTING), mi(6, InstanceState.DELETED)],
-        {1: Signal.HEALTHY, 2: Signal.PAUSED},
+        {1: Signal.HEALTHY, 2: Signal.PAUSED}, wall=0.0,
     )
     assert {i: v.status for i, v in view.items()} == {
         1: InstanceStatus.AVAILABLE, 2: InstanceStatus.PAUSED, 4: InstanceStatus.PAUSED
@@ -133,7 +133,7 @@ def test_an_operator_paused_instance_is_paused_while_active_and_absent_while_not
         return ManagedInstance(iid, f"job{iid}", 0, state, inst(iid), ("n",), "", 0.0, paused=True)
 
     view = desired_view([mi(1, InstanceState.ACTIVE), mi(2, InstanceState.STARTING), mi(3, InstanceState.INACTIVE)],
-                        {1: Signal.HEALTHY})
+                        {1: Signal.HEALTHY}, wall=0.0)
     assert {i: v.status for i, v in view.items()} == {1: InstanceStatus.PAUSED}
 
 
@@ -163,3 +163,45 @@ def test_a_held_instance_is_still_replaced_when_its_content_changes() -> None:
     ops = plan_ops(state, {1: inst(1, port=9200)}, 0.0, hold=lambda iid: True)
     # 1 changed: DEL + ADD (a replacement, not a removal); 2 is held, not deleted
     assert [(o.kind, [i.id for i in o.instances]) for o in ops] == [(OpKind.DEL, [1]), (OpKind.ADD, [1])]
+
+
+def lost_node(iid: int = 1, routable_until: float = 1300.0, paused: bool = False) -> ManagedInstance:
+    """INACTIVE because its node was lost at wall 1000 with a 300 s routing grace."""
+    return ManagedInstance(iid, f"job{iid}", 0, InstanceState.INACTIVE, inst(iid), ("n",), "", 1000.0,
+                           reason="node n: last heartbeat 3.1s ago (timeout 3s)", routable_until=routable_until,
+                           paused=paused)
+
+
+def test_an_instance_whose_node_is_lost_stays_available_within_its_grace_and_leaves_after() -> None:
+    mis = [lost_node(1), ManagedInstance(2, "job2", 0, InstanceState.ACTIVE, inst(2, 9002), ("m",), "", 0.0)]
+    signals = {1: Signal.NODE_LOST, 2: Signal.HEALTHY}
+    within = desired_view(mis, signals, wall=1299.9)
+    assert {i: v.status for i, v in within.items()} == {1: InstanceStatus.AVAILABLE, 2: InstanceStatus.AVAILABLE}
+    assert within[1] == inst(1)  # what an ACTIVE instance shows: same content, no DEL + ADD
+    after = desired_view(mis, signals, wall=1300.0)
+    assert set(after) == {2}
+    # a synced coordinator gets a DEL of it once the grace is over (the fingerprint moves then)
+    state = synced_state(within)
+    assert plan_ops(state, within, 0.0) == []
+    assert fingerprint(after) != fingerprint(within)
+    assert [(o.kind, [i.id for i in o.instances]) for o in plan_ops(state, after, 0.0)] == [(OpKind.DEL, [1])]
+
+
+def test_an_instance_whose_node_is_back_with_another_signal_leaves_at_once() -> None:
+    for sig in (Signal.ABNORMAL, Signal.PENDING, Signal.HEALTHY, Signal.PAUSED):
+        assert desired_view([lost_node()], {1: sig}, wall=1100.0) == {}, sig
+    # not observed by this process yet (a restarted controller) or re-attaching: kept
+    assert set(desired_view([lost_node()], {}, wall=1100.0)) == {1}
+    assert set(desired_view([lost_node()], {1: Signal.UNKNOWN}, wall=1100.0)) == {1}
+
+
+def test_without_a_routing_grace_a_lost_node_takes_the_instance_out_at_once() -> None:
+    assert desired_view([lost_node(routable_until=0.0)], {1: Signal.NODE_LOST}, wall=1000.0) == {}
+    # only INACTIVE instances are kept by it (a stale stamp on another state changes nothing)
+    for state in (InstanceState.STARTING, InstanceState.DELETED, InstanceState.INITIAL):
+        assert desired_view([replace(lost_node(), state=state)], {1: Signal.NODE_LOST}, wall=1100.0) == {}
+
+
+def test_an_operator_paused_instance_whose_node_is_lost_stays_paused_within_the_grace() -> None:
+    view = desired_view([lost_node(paused=True)], {1: Signal.NODE_LOST}, wall=1100.0)
+    assert {i: v.status for i, v in view.items()} == {1: InstanceStatus.PAUSED}

@@ -5,6 +5,7 @@ from dataclasses import replace
 from motor_common.domain import Capabilities
 from motor_common.domain import EndpointStatus as ES
 from motor_controller.assembly import instance_id_for
+from motor_controller.instance_fsm import Signal
 from motor_controller.model import InstanceState, NodeState
 from motor_controller.reconcile import Plan, World, plan
 from tests.controller.factories import obs, record, spec
@@ -205,3 +206,77 @@ def test_nodes_running_an_older_incarnation_or_disagreeing_do_not_move_the_recor
              "job-p-n1": obs(10.0, instance_id_for("job-p", 4), [ES.NORMAL] * 2)}
     _, p = step(world(nodes=two_nodes(), observations=split))
     assert list(p.upserts) == [IID] and p.incarnations == {}
+
+
+# --- static stability: an instance whose node is lost stays routable for node_lost_routing_grace ---
+def one_node_active(grace: float = 300.0, paused: bool = False) -> World:
+    nodes = {"job-p-n0": record(spec(0, 1), 9.0)}
+    w, _ = step(world(nodes=nodes, node_lost_routing_grace=grace))
+    w, _ = step(replace(w, observations={"job-p-n0": obs(10.0, 0, [], NodeState.REGISTERED)}))
+    w, _ = step(replace(w, observations={"job-p-n0": obs(10.5, IID, [ES.NORMAL] * 2)}, now=10.6))
+    assert w.instances[IID].state is InstanceState.ACTIVE and w.instances[IID].routable_until == 0.0
+    if paused:
+        w = replace(w, instances={IID: replace(w.instances[IID], paused=True)})
+    return w
+
+
+def lost(w: World, now: float = 14.0, wall: float = 2000.0) -> tuple[World, Plan]:
+    """The node's last heartbeat (10.5) is older than the 3 s timeout at *now*."""
+    return step(replace(w, now=now, wall=wall))
+
+
+def test_a_node_loss_stamps_routable_until_wall_plus_grace_and_its_return_clears_it() -> None:
+    w, p = lost(one_node_active())
+    mi = w.instances[IID]
+    assert mi.state is InstanceState.INACTIVE and p.signals[IID] is Signal.NODE_LOST
+    assert mi.routable_until == 2300.0 and "job-p-n0" in mi.reason
+    w, p = lost(w, now=20.0, wall=2006.0)  # still lost: nothing rewritten, the deadline stays
+    assert p.upserts == {} and w.instances[IID].routable_until == 2300.0
+    back = {"job-p-n0": obs(20.5, IID, [ES.NORMAL] * 2)}  # the nodemanager is back (adopted its engines)
+    w, p = step(replace(w, observations=back, now=20.6, wall=2007.0))
+    assert w.instances[IID].state is InstanceState.ACTIVE and w.instances[IID].routable_until == 0.0
+
+
+def test_a_node_back_with_another_verdict_clears_routable_until_and_a_new_loss_does_not_restore_it() -> None:
+    w, _ = lost(one_node_active())
+    abnormal = {"job-p-n0": obs(20.5, IID, [ES.ABNORMAL, ES.NORMAL])}
+    w, p = step(replace(w, observations=abnormal, now=20.6, wall=2007.0))
+    assert p.signals[IID] is Signal.ABNORMAL and w.instances[IID].state is InstanceState.INACTIVE
+    assert w.instances[IID].routable_until == 0.0 and IID in p.upserts  # persisted
+    w, p = lost(w, now=30.0, wall=2017.0)  # lost again while INACTIVE: no transition, not routable
+    assert p.signals[IID] is Signal.NODE_LOST and w.instances[IID].routable_until == 0.0
+
+
+def test_a_restarted_nodemanager_waiting_for_its_start_command_clears_routable_until() -> None:
+    w, _ = lost(one_node_active())
+    registered = {"job-p-n0": obs(20.5, 0, [], NodeState.REGISTERED)}
+    w, p = step(replace(w, observations=registered, now=20.6, wall=2007.0))
+    assert p.signals[IID] is Signal.PENDING and w.instances[IID].routable_until == 0.0
+    assert [c.node_id for c in p.starts] == ["job-p-n0"]
+
+
+def test_no_routable_until_with_the_grace_off_when_operator_paused_or_for_another_cause() -> None:
+    assert lost(one_node_active(grace=0.0))[0].instances[IID].routable_until == 0.0
+    assert lost(one_node_active(paused=True))[0].instances[IID].routable_until == 0.0
+    w = one_node_active()
+    abnormal = {"job-p-n0": obs(13.9, IID, [ES.ABNORMAL, ES.NORMAL])}
+    w, _ = step(replace(w, observations=abnormal, now=14.0))
+    assert w.instances[IID].state is InstanceState.INACTIVE and w.instances[IID].routable_until == 0.0
+
+
+def test_a_restarted_controller_keeps_routable_until_while_the_fleet_re_attaches() -> None:
+    w, _ = lost(one_node_active())
+    loaded = {n: replace(r, registered_mono=None) for n, r in w.nodes.items()}
+    r = world(nodes=loaded, instances=w.instances, now=100.0, wall=2050.0, reattach_until=109.0,
+              node_lost_routing_grace=300.0)
+    r, p = step(r)
+    assert p.signals[IID] is Signal.UNKNOWN and p.upserts == {} and r.instances[IID].routable_until == 2300.0
+    r, p = step(replace(r, now=109.0))
+    assert p.signals[IID] is Signal.NODE_LOST and p.upserts == {} and r.instances[IID].routable_until == 2300.0
+
+
+def test_a_displaced_lost_node_retires_the_instance_and_clears_routable_until() -> None:
+    w, _ = lost(one_node_active())
+    nodes = {"pod-new": record(spec(0, 1, node_id="pod-new"), 14.0)}
+    w, _ = step(replace(w, nodes=nodes))
+    assert w.instances[IID].state is InstanceState.DELETED and w.instances[IID].routable_until == 0.0

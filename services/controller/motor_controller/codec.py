@@ -165,6 +165,7 @@ def encode_instance(mi: ManagedInstance) -> bytes:
             "paused": mi.paused,
             "pause_reason": mi.pause_reason,
             "paused_at": mi.paused_at,
+            "routable_until": mi.routable_until,
         }
     )
 
@@ -187,6 +188,8 @@ def decode_instance(raw: bytes) -> ManagedInstance:
         paused=bool(d.get("paused", False)),
         pause_reason=str(d.get("pause_reason", "")),
         paused_at=float(d.get("paused_at", 0.0)),
+        # records written before node_lost_routing_grace_sec existed: not kept in routing
+        routable_until=float(d.get("routable_until", 0.0)),
     )
 
 

@@ -15,6 +15,9 @@ from motor_common.logs import LogConfig
 from motor_common.request_limits import MAX_LEASE_SEC
 from motor_controller.alarm_webhook import AlarmWebhookConfig
 
+# node_lost_routing_grace_sec: at most a day (a lost node is an operator's matter well before that).
+MAX_NODE_LOST_ROUTING_GRACE_SEC = 86400.0
+
 
 @dataclass(frozen=True)
 class DpScaleDownConfig:
@@ -146,6 +149,12 @@ class ControllerConfig:
     # because of that. Unset = the nodemanagers' reconnect back-off cap (5 s) + heartbeat_interval_sec
     # + heartbeat_timeout_sec (9 s with the defaults). Must be >= heartbeat_timeout_sec.
     reattach_grace_sec: float | None = None
+    # Static stability: an ACTIVE instance whose node is lost (heartbeats overdue) goes INACTIVE, but
+    # stays in the coordinators' routing for this long, unless its node comes back with another verdict
+    # first: its engines may still serve (a nodemanager that died re-adopts them on restart), and
+    # whether they do is the coordinators' call (readiness probes, circuit breaker, failover). 0 = off:
+    # a lost node takes its instances out of routing at once. At most 86400.
+    node_lost_routing_grace_sec: float = 300.0
     reconcile_interval_sec: float = 0.5
     # Periodic full sync with every coordinator (the final safety net).
     sync_interval_sec: float = 5.0
@@ -186,6 +195,9 @@ class ControllerConfig:
         if self.reattach_grace_sec is not None and self.reattach_grace_sec < self.heartbeat_timeout_sec:
             raise ValueError("reattach_grace_sec must be >= heartbeat_timeout_sec (unset = derived from the "
                              "heartbeat settings and the nodemanagers' reconnect back-off)")
+        if not 0 <= self.node_lost_routing_grace_sec <= MAX_NODE_LOST_ROUTING_GRACE_SEC:
+            raise ValueError(f"node_lost_routing_grace_sec must be in [0, {MAX_NODE_LOST_ROUTING_GRACE_SEC:g}] "
+                             "(0 = a lost node's instances leave routing at once)")
         if not 1 <= self.dp_master_port <= 65535:
             raise ValueError("dp_master_port must be in [1, 65535]")
         for addr in self.coordinators:

@@ -16,6 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
@@ -59,7 +60,7 @@ from motor_controller.model import (
 )
 from motor_controller.node_restarter import NodeRestarter, StopNodeRestarter
 from motor_controller.peers import CoordinatorClient, NodeManagers
-from motor_controller.push_plan import desired_view, fingerprint
+from motor_controller.push_plan import desired_view, fingerprint, kept_without_node
 from motor_controller.pusher import CoordinatorPusher
 from motor_controller.reconcile import World, deleted_to_forget, node_alive, plan
 from motor_controller.registry import Registration, decide_registration, validate_spec
@@ -152,6 +153,8 @@ class Controller:
         self._wake = asyncio.Event()
         self._tasks = TaskOwner("controller")
         self._desired_fp = ""
+        # instance id -> routable_until of instances kept in routing with a node lost (logged once each)
+        self.routed_without_node: dict[int, float] = {}
         self.coordinator_factory = coordinator_factory
         self.acting = False  # background work running (always, unless a controller election pauses it)
         self.pushers: list[CoordinatorPusher] = []
@@ -536,7 +539,8 @@ class Controller:
             nxt = transition(mi.state, Signal.RECOVERY_BEGIN)
             if nxt is None:
                 return False
-            mi = replace(mi, state=nxt, reason=f"recovering: {strategy}", state_changed_at=self._wall())
+            mi = replace(mi, state=nxt, reason=f"recovering: {strategy}", state_changed_at=self._wall(),
+                         routable_until=0.0)
             await self.store.put(f"{KEYS.INSTANCE}{mi.id}", codec.encode_instance(mi))
             self.instances[mi.id] = mi
         log.info("instance state", extra={"instance_id": instance_id, "to": mi.state.value, "reason": mi.reason})
@@ -552,7 +556,7 @@ class Controller:
             nxt = transition(mi.state, sig)
             assert nxt is not None
             mi = replace(mi, state=nxt, reason=f"recovery {result.outcome.value}: {result.detail}",
-                         state_changed_at=self._wall())  # fmt: skip
+                         state_changed_at=self._wall(), routable_until=0.0)  # fmt: skip
             observed, why = observe(mi, self.nodes, self.observations, self._clock(),
                                     self.config.heartbeat_timeout_sec, self.reattach_until)  # fmt: skip
             again = transition(mi.state, observed)
@@ -678,7 +682,7 @@ class Controller:
             specs = [self.nodes[n].spec for n in mi.node_ids if n in self.nodes] if nxt is not None else []
             if nxt is not None:
                 mi = replace(mi, state=nxt, reason=f"terminated: {reason or 'operator request'}",
-                             state_changed_at=self._wall())
+                             state_changed_at=self._wall(), routable_until=0.0)
                 inc = max(self.incarnations.get(mi.job_name, 0), mi.incarnation + 1)
                 await self.store.batch(
                     {
@@ -762,10 +766,41 @@ class Controller:
     # ---- reconcile --------------------------------------------------------------------------
 
     def desired_view(self) -> dict[int, Instance]:
-        return desired_view(self.instances.values(), self.signals)
+        return desired_view(self.instances.values(), self.signals, wall=self._wall())
+
+    def _note_routed_without_node(self, wall: float) -> None:
+        """Log (once each) an instance kept in routing with a node lost, and when it no longer is."""
+        now = {mi.id: mi.routable_until for mi in self.instances.values()
+               if kept_without_node(mi, self.signals.get(mi.id), wall)}
+        for iid, until in now.items():
+            if self.routed_without_node.get(iid) == until:
+                continue
+            mi = self.instances[iid]
+            lost = [n for n in mi.node_ids if not self.is_alive(n)]
+            log.warning(
+                "instance %d kept in routing with its node %s lost, until %s (node_lost_routing_grace_sec); the "
+                "coordinators judge its engines meanwhile", iid, ", ".join(lost) or "(re-attaching)",
+                datetime.fromtimestamp(until, UTC).isoformat(timespec="seconds"),
+                extra={"instance_id": iid, "job": mi.job_name, "nodes": lost, "routable_until": until,
+                       "reason": mi.reason},
+            )
+        for iid in self.routed_without_node.keys() - now.keys():
+            gone = self.instances.get(iid)
+            sig = self.signals.get(iid)
+            if gone is None:
+                why = "forgotten"
+            elif gone.state is InstanceState.INACTIVE and gone.routable_until and wall >= gone.routable_until:
+                why = "its routing grace (node_lost_routing_grace_sec) ended"
+            else:
+                why = f"now {gone.state.value}, signal {sig.value if sig else 'none'}: {gone.reason}"
+            log.warning("instance %d no longer kept in routing without its node: %s", iid, why,
+                        extra={"instance_id": iid, "why": why})
+        self.routed_without_node = now
 
     def _after_change(self) -> None:
-        fp = fingerprint(self.desired_view())
+        wall = self._wall()
+        self._note_routed_without_node(wall)
+        fp = fingerprint(desired_view(self.instances.values(), self.signals, wall=wall))
         if fp != self._desired_fp:
             self._desired_fp = fp
             for pusher in self.pushers:
@@ -784,6 +819,7 @@ class Controller:
                 reattach_until=self.reattach_until,
                 heartbeat_timeout=self.config.heartbeat_timeout_sec,
                 master_port=self.config.dp_master_port,
+                node_lost_routing_grace=self.config.node_lost_routing_grace_sec,
             )
             p = plan(world)
             if p.upserts or p.incarnations:

@@ -1,7 +1,7 @@
 """The controller's Prometheus metrics, read from its state at scrape time (no bookkeeping on
 the control path): instances by state, nodes and their heartbeat age, engine relaunches the
 nodemanagers report, active alarms by kind, whether this controller acts, store records skipped
-at the last load because they cannot be decoded."""
+at the last load because they cannot be decoded, instances kept in routing with a node lost."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from motor_controller.alarms import AlarmKind
 from motor_controller.model import InstanceState
+from motor_controller.push_plan import kept_without_node
 
 if TYPE_CHECKING:
     from motor_controller.controller import Controller
@@ -39,6 +40,13 @@ class ControllerCollector(Collector):
         for state in InstanceState:
             inst.add_metric([state.value], float(by_state.get(state.value, 0)))
         yield inst
+
+        wall = c._wall()
+        kept = GaugeMetricFamily("motor_controller_instances_routed_without_node",
+                                 "INACTIVE instances a node of which is lost, kept in the coordinators' routing "
+                                 "within node_lost_routing_grace_sec (the coordinators judge their engines)")
+        kept.add_metric([], float(sum(kept_without_node(mi, c.signals.get(mi.id), wall) for mi in c.instances.values())))
+        yield kept
 
         now = c._clock()  # the clock heartbeats are stamped with (stall-compensated)
         alive = Counter(c.is_alive(n) for n in c.nodes)

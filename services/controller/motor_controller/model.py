@@ -77,6 +77,10 @@ class ManagedInstance:
     paused: bool = False
     pause_reason: str = ""
     paused_at: float = 0.0  # wall clock
+    # Static stability (``node_lost_routing_grace_sec``): an instance that went INACTIVE because a
+    # node of it was lost stays in the coordinators' routing until then (wall clock; 0 = not kept).
+    # Set on the ACTIVE --NODE_LOST--> INACTIVE transition, cleared by any other transition or signal.
+    routable_until: float = 0.0
 
     @property
     def blocked(self) -> bool:

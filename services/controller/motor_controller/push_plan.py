@@ -58,14 +58,26 @@ class SyncState:
     listed: View | None = None  # the coordinator's own list at the last check (None = not listed yet)
 
 
-def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Signal]) -> dict[int, Instance]:
-    """ACTIVE instances (PAUSED when an operator paused them or their endpoints are paused) and
-    RECOVERING ones as PAUSED."""
+def kept_without_node(mi: ManagedInstance, signal: Signal | None, wall: float) -> bool:
+    """*mi* is INACTIVE because a node of it was lost and still within its routing grace
+    (``routable_until``, set by the reconcile plan): coordinators keep routing to it, the data plane
+    judges its engines (static stability). Its signal must still be NODE_LOST; UNKNOWN (a restarted
+    controller waiting for the fleet to re-attach) or None (not observed yet by this process) keep
+    it too: ``routable_until`` is cleared as soon as the node is heard from with another verdict."""
+    return (mi.state is InstanceState.INACTIVE and wall < mi.routable_until
+            and signal in (Signal.NODE_LOST, Signal.UNKNOWN, None))
+
+
+def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Signal], *,
+                 wall: float) -> dict[int, Instance]:
+    """ACTIVE instances (PAUSED when an operator paused them or their endpoints are paused),
+    RECOVERING ones as PAUSED, and INACTIVE ones whose node was lost within their routing grace
+    (:func:`kept_without_node`; *wall* is the wall clock) as ACTIVE ones are."""
     out: dict[int, Instance] = {}
     for mi in instances:
         if mi.instance is None:
             continue
-        if mi.state is InstanceState.ACTIVE:
+        if mi.state is InstanceState.ACTIVE or kept_without_node(mi, signals.get(mi.id), wall):
             paused = mi.paused or signals.get(mi.id) is Signal.PAUSED
         elif mi.state is InstanceState.RECOVERING:
             paused = True

@@ -11,7 +11,11 @@ a no-op. Steps:
    node ids re-registered with other ports (restarted nodemanagers with stable ids): the instance keeps
    its id and is refreshed in place (generation + 1) once all its nodes are alive; until then nothing
    of it is started.
-3. *Observe*: every live instance's signal moves its state through ``instance_fsm``.
+3. *Observe*: every live instance's signal moves its state through ``instance_fsm``. An instance
+   that goes ACTIVE --NODE_LOST--> INACTIVE (not operator-paused) is stamped ``routable_until`` =
+   wall + ``node_lost_routing_grace`` (static stability: the coordinators keep routing to it, see
+   ``push_plan.kept_without_node``); any other transition, or any signal of it but NODE_LOST or
+   UNKNOWN while INACTIVE, clears it.
 4. *Start*: a fresh node whose heartbeat shows it is not running its instance gets StartEngines
    (rate-limited per node; never for nodes without a heartbeat since registration/restart).
 """
@@ -48,6 +52,8 @@ class World:
     reattach_until: float
     heartbeat_timeout: float
     master_port: int
+    # ACTIVE --NODE_LOST--> INACTIVE keeps the instance routable this long (wall seconds; 0 = off).
+    node_lost_routing_grace: float = 0.0
 
 
 @dataclass
@@ -128,8 +134,19 @@ def running_incarnation(job: str, specs: list[NodeSpec], world: World, known: in
     return None
 
 
-def _set_state(mi: ManagedInstance, state: InstanceState, reason: str, wall: float) -> ManagedInstance:
-    return replace(mi, state=state, reason=reason, state_changed_at=wall)
+def _set_state(mi: ManagedInstance, state: InstanceState, reason: str, wall: float,
+               routable_until: float = 0.0) -> ManagedInstance:
+    """*mi* moved to *state*; every transition clears ``routable_until`` unless it sets a new one."""
+    return replace(mi, state=state, reason=reason, state_changed_at=wall, routable_until=routable_until)
+
+
+def routable_until(mi: ManagedInstance, nxt: InstanceState, sig: Signal, world: World) -> float:
+    """When *mi* moving to *nxt* on *sig* leaves routing: wall + grace for an ACTIVE instance whose
+    node was lost (not operator-paused, the grace on), else 0 (at once)."""
+    if (mi.state is InstanceState.ACTIVE and nxt is InstanceState.INACTIVE and sig is Signal.NODE_LOST
+            and not mi.paused and world.node_lost_routing_grace > 0):
+        return world.wall + world.node_lost_routing_grace
+    return 0.0
 
 
 def plan(world: World) -> Plan:
@@ -229,7 +246,13 @@ def plan(world: World) -> Plan:
         out.signals[mi.id] = sig
         nxt = transition(mi.state, sig)
         if nxt is not None:
-            mi = _set_state(mi, nxt, why, world.wall)
+            mi = _set_state(mi, nxt, why, world.wall, routable_until(mi, nxt, sig, world))
+            put(mi)
+        elif mi.routable_until and (mi.state is not InstanceState.INACTIVE
+                                    or sig not in (Signal.NODE_LOST, Signal.UNKNOWN)):
+            # its node came back with another verdict (ABNORMAL, PENDING, …): routing is the usual
+            # again, and a later loss of it does not bring it back into routing
+            mi = replace(mi, routable_until=0.0)
             put(mi)
         survivors = partial_loss(mi, world)
         if survivors:
