@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as pb
 from motor_common.gen.motor.controller.v1 import controller_pb2_grpc as pbgrpc
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
@@ -85,10 +87,11 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[str]:
         yield proc.address
 
 
+@pytest.mark.parametrize("grace", [0.0, 2.0])
 async def test_nodes_assemble_start_go_active_and_reach_the_coordinator_then_leave_and_return(
-    tmp_path: Path, coordinator: str
+    tmp_path: Path, coordinator: str, grace: float
 ) -> None:
-    async with fleet(controller_config(tmp_path, [coordinator])) as f:
+    async with fleet(controller_config(tmp_path, [coordinator], node_lost_routing_grace_sec=grace)) as f:
         ctl, nms = f.ctl, f.nms
         await wait_for(lambda: all(nm.starts for nm in nms), timeout=10, what="StartEngines on every node")
         start1 = nms[1].starts[0]
@@ -100,16 +103,33 @@ async def test_nodes_assemble_start_go_active_and_reach_the_coordinator_then_lea
         await wait_for(lambda: _has(coordinator, IID), timeout=5, what="instance pushed to the coordinator")
         assert (await coordinator_ids(coordinator)) == {IID: 4}
 
-        # one node stops heartbeating: the instance leaves the coordinator within the timeout
+        # one node stops heartbeating: the instance goes INACTIVE within the timeout
         nms[1].heartbeating = False
-        # heartbeat timeout 0.6 s + one reconcile tick + one push, with slack for a loaded 2-core CI box
-        await wait_for(lambda: _empty(coordinator), timeout=0.6 + 3.0, what="instance removed within the timeout")
+        if grace == 0:  # node_lost_routing_grace_sec off: it leaves the coordinator at once
+            # heartbeat timeout 0.6 s + one reconcile tick + one push, with slack for a loaded 2-core CI box
+            await wait_for(lambda: _empty(coordinator), timeout=0.6 + 3.0, what="instance removed within the timeout")
+        else:  # kept in routing (AVAILABLE) until the grace is over, then removed within a tick or two
+            await wait_for(lambda: ctl.controller.instances[IID].state.value == "inactive", timeout=0.6 + 3.0,
+                           what="INACTIVE within the timeout")
+            until = ctl.controller.instances[IID].routable_until
+            assert until > time.time()
+            assert await coordinator_statuses(coordinator) == {IID: tpb.INSTANCE_STATUS_AVAILABLE}
+            await wait_for(lambda: _empty(coordinator), timeout=grace + 3.0, what="instance removed after the grace")
+            assert time.time() >= until  # not before the deadline
         mi = await admin_instance(ctl, IID)
         assert mi.state == pb.INSTANCE_STATE_INACTIVE and "job-p-n1" in mi.reason
         # it comes back: the instance returns
         nms[1].heartbeating = True
         await wait_for(lambda: _has(coordinator, IID), timeout=5, what="instance back")
         assert len(nms[0].starts) == 1  # the surviving node was never restarted
+
+
+async def coordinator_statuses(address: str) -> dict[int, int]:
+    async with open_channel(address) as ch:
+        resp = await cgrpc.InstanceRegistryServiceStub(ch).ListInstances(
+            cpb.ListInstancesRequest(), metadata=call_metadata(KEY), timeout=2
+        )
+    return {i.id: i.status for i in resp.instances}
 
 
 async def _empty(address: str) -> bool:
