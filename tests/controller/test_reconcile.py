@@ -247,12 +247,42 @@ def test_a_node_back_with_another_verdict_clears_routable_until_and_a_new_loss_d
     assert p.signals[IID] is Signal.NODE_LOST and w.instances[IID].routable_until == 0.0
 
 
-def test_a_restarted_nodemanager_waiting_for_its_start_command_clears_routable_until() -> None:
+def test_a_restarted_nodemanager_coming_back_to_its_instance_keeps_routable_until_until_it_is_active() -> None:
     w, _ = lost(one_node_active())
-    registered = {"job-p-n0": obs(20.5, 0, [], NodeState.REGISTERED)}
-    w, p = step(replace(w, observations=registered, now=20.6, wall=2007.0))
-    assert p.signals[IID] is Signal.PENDING and w.instances[IID].routable_until == 0.0
-    assert [c.node_id for c in p.starts] == ["job-p-n0"]
+    # re-registered (a new process: no heartbeat yet), then REGISTERED/RESTORED until the start command
+    # adopts the engines its predecessor left serving: kept, the start command goes out
+    w, p = step(replace(w, nodes={"job-p-n0": record(spec(0, 1), 20.0)}, observations={}, now=20.1, wall=2007.0))
+    assert p.signals[IID] is Signal.PENDING and w.instances[IID].routable_until == 2300.0 and p.upserts == {}
+    for state in (NodeState.REGISTERED, NodeState.RESTORED):
+        back = {"job-p-n0": obs(20.5, 0, [], state)}
+        w2, p = step(replace(w, observations=back, now=20.6, wall=2007.0))
+        assert p.signals[IID] is Signal.PENDING and w2.instances[IID].routable_until == 2300.0
+        assert [c.node_id for c in p.starts] == ["job-p-n0"]
+    # the start command went out: it (re)starts the instance, its first health probe not yet passed
+    # (an adopted engine passes it at once; the coordinators' probes judge the engines meanwhile)
+    for starting in (obs(20.8, IID, [], NodeState.STARTING), obs(20.8, IID, [ES.INITIAL] * 2)):
+        w3, p = step(replace(w2, observations={"job-p-n0": starting}, now=20.9, wall=2007.5))
+        assert p.signals[IID] is Signal.PENDING and w3.instances[IID].routable_until == 2300.0, starting
+    # adopted: ACTIVE, cleared
+    adopted = {"job-p-n0": obs(21.0, IID, [ES.NORMAL] * 2)}
+    w3, _ = step(replace(w3, observations=adopted, now=21.1, wall=2008.0))
+    assert w3.instances[IID].state is InstanceState.ACTIVE and w3.instances[IID].routable_until == 0.0
+    # back running another instance: cleared, not kept (as with ABNORMAL endpoints or stopping)
+    for other in (obs(21.0, 77, [ES.NORMAL] * 2), obs(21.0, 77, [], NodeState.STARTING)):
+        w4, p = step(replace(w2, observations={"job-p-n0": other}, now=21.1, wall=2008.0))
+        assert p.signals[IID] is Signal.PENDING and w4.instances[IID].routable_until == 0.0, other
+    stopping = {"job-p-n0": obs(21.0, IID, [ES.NORMAL] * 2, NodeState.STOPPING)}
+    w4, p = step(replace(w2, observations=stopping, now=21.1, wall=2008.0))
+    assert p.signals[IID] is Signal.ABNORMAL and w4.instances[IID].routable_until == 0.0
+
+
+def test_nodes_back_with_new_ports_refresh_the_instance_and_clear_routable_until() -> None:
+    w, _ = lost(one_node_active())
+    moved = spec(0, 1, base_port=9000)  # other engines: the old ones were not adopted
+    w, p = step(replace(w, nodes={"job-p-n0": record(moved, 20.0)}, observations={"job-p-n0": obs(20.0, 0, [], NodeState.REGISTERED)},
+                        now=20.1, wall=2007.0))
+    mi = w.instances[IID]
+    assert mi.generation == 2 and mi.routable_until == 0.0 and [c.node_id for c in p.starts] == ["job-p-n0"]
 
 
 def test_no_routable_until_with_the_grace_off_when_operator_paused_or_for_another_cause() -> None:

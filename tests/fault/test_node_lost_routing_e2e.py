@@ -3,7 +3,7 @@ SIGKILLed nodemanager (its engine survives: its own session, adopted on restart)
 serving engine out of routing. The controller marks the instance INACTIVE (node lost) but keeps it in
 the coordinators' routing for ``node_lost_routing_grace_sec``; requests keep reaching the engine and
 none fails; the restarted nodemanager adopts the engine and the instance is ACTIVE again under the
-same id. The control: with the grace 0 the coordinator drops the instance at once."""
+same id, never out of routing meanwhile. The control: with the grace 0 the coordinator drops the instance at once."""
 
 from __future__ import annotations
 
@@ -103,6 +103,8 @@ async def test_a_killed_nodemanager_leaves_its_engine_in_routing_serving_and_its
                   f" {load.failures_after(t_kill)} failed / {sum(ok for ts, ok in load.results if ts > t_kill)} ok"
                   f" requests after the kill in all; coordinator statuses seen {watch.coordinator}")
             assert load.failures_after(t_kill) == 0, load.errors[-5:]
+            # nor while the restarted nodemanager waited for the start command that adopted the engine
+            assert watch.coordinator == [tpb.INSTANCE_STATUS_AVAILABLE]
         finally:
             load_task.cancel()
             watch_task.cancel()

@@ -90,7 +90,7 @@ def observe(
         return Signal.PENDING, inst.reason
     found: dict[Signal, str] = {}
     for node_id in inst.node_ids:
-        sig, why = _observe_node(inst, node_id, nodes.get(node_id), observations.get(node_id), now, timeout,
+        sig, why = observe_node(inst, node_id, nodes.get(node_id), observations.get(node_id), now, timeout,
                                  reattach_until)
         found.setdefault(sig, f"node {node_id}: {why}")
     for sig in _PRIORITY:
@@ -99,7 +99,7 @@ def observe(
     return Signal.PENDING, "no nodes"  # pragma: no cover - instances always have nodes
 
 
-def _observe_node(
+def observe_node(
     inst: ManagedInstance,
     node_id: str,
     rec: NodeRecord | None,
@@ -108,6 +108,7 @@ def _observe_node(
     timeout: float,
     reattach_until: float,
 ) -> tuple[Signal, str]:
+    """One node's part of :func:`observe`: its signal for *inst* and why."""
     if rec is None:
         return Signal.NODE_LOST, "not registered"
     if ob is None:

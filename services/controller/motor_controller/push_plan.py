@@ -62,10 +62,12 @@ def kept_without_node(mi: ManagedInstance, signal: Signal | None, wall: float) -
     """*mi* is INACTIVE because a node of it was lost and still within its routing grace
     (``routable_until``, set by the reconcile plan): coordinators keep routing to it, the data plane
     judges its engines (static stability). Its signal must still be NODE_LOST; UNKNOWN (a restarted
-    controller waiting for the fleet to re-attach) or None (not observed yet by this process) keep
-    it too: ``routable_until`` is cleared as soon as the node is heard from with another verdict."""
+    controller waiting for the fleet to re-attach), None (not observed yet by this process) or
+    PENDING (its restarted nodemanager is on its way to running it: the start command adopts the
+    engines its predecessor left serving) keep it too: the plan clears ``routable_until`` as soon as a node of it is heard from with another
+    verdict (``reconcile.rejoining``)."""
     return (mi.state is InstanceState.INACTIVE and wall < mi.routable_until
-            and signal in (Signal.NODE_LOST, Signal.UNKNOWN, None))
+            and signal in (Signal.NODE_LOST, Signal.UNKNOWN, Signal.PENDING, None))
 
 
 def desired_view(instances: Iterable[ManagedInstance], signals: Mapping[int, Signal], *,

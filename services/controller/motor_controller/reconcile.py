@@ -15,7 +15,9 @@ a no-op. Steps:
    that goes ACTIVE --NODE_LOST--> INACTIVE (not operator-paused) is stamped ``routable_until`` =
    wall + ``node_lost_routing_grace`` (static stability: the coordinators keep routing to it, see
    ``push_plan.kept_without_node``); any other transition, or any signal of it but NODE_LOST or
-   UNKNOWN while INACTIVE, clears it.
+   UNKNOWN while INACTIVE, clears it — except PENDING while the lost nodes come back and start it
+   again (a restarted nodemanager's start command adopts the engines its predecessor left serving:
+   :func:`rejoining`).
 4. *Start*: a fresh node whose heartbeat shows it is not running its instance gets StartEngines
    (rate-limited per node; never for nodes without a heartbeat since registration/restart).
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from motor_common.domain import Instance, NodeSpec
 from motor_controller.assembly import StartCommand, assemble, instance_id_for, start_commands
-from motor_controller.instance_fsm import Signal, observe, transition
+from motor_controller.instance_fsm import Signal, observe, observe_node, transition
 from motor_controller.model import (
     InstanceState,
     ManagedInstance,
@@ -92,6 +94,28 @@ def partial_loss(mi: ManagedInstance, world: World) -> tuple[str, ...]:
         elif ob is not None and ob.instance_id == mi.id and ob.state not in _NOT_RUNNING:
             survivors.append(node_id)  # still runs engines of the instance: must be restarted with it
     return tuple(survivors) if lost and survivors else ()
+
+
+_AWAITING_START = (NodeState.REGISTERED, NodeState.RESTORED)
+
+
+def rejoining(mi: ManagedInstance, world: World) -> bool:
+    """Every node of *mi* is lost, re-attaching, healthy, or back and on its way to running *mi*
+    again: waiting for its first heartbeat or its start command (REGISTERED/RESTORED), or running
+    *mi* with endpoints not all NORMAL yet (a restarted nodemanager adopts the engines its predecessor
+    left serving when the start command comes; its first health probe follows). Nothing says its
+    engines stopped serving: that is the coordinators' call (their readiness probes), as while the
+    node was lost. A node stopping, with an ABNORMAL endpoint or running another instance is not."""
+    for node_id in mi.node_ids:
+        ob = world.observations.get(node_id)
+        sig, _ = observe_node(mi, node_id, world.nodes.get(node_id), ob, world.now, world.heartbeat_timeout,
+                               world.reattach_until)
+        if sig in (Signal.NODE_LOST, Signal.UNKNOWN, Signal.HEALTHY, Signal.PAUSED):
+            continue
+        if sig is Signal.PENDING and (ob is None or ob.state in _AWAITING_START or ob.instance_id == mi.id):
+            continue  # re-registered: its first heartbeat, the start command or the adoption is under way
+        return False
+    return True
 
 
 def rejoinable(mi: ManagedInstance, instance: Instance | None, node_ids: tuple[str, ...], reason: str) -> bool:
@@ -173,7 +197,8 @@ def plan(world: World) -> Plan:
 
     # 2. retire live instances whose nodes no longer match what they were assembled from; a node
     #    that re-registered under the same id with other ports (a restarted nodemanager) rejoins:
-    #    the instance keeps its id and is refreshed in place once every node of it is alive.
+    #    the instance keeps its id and is refreshed in place once every node of it is alive (its
+    #    engines are new ones, on the new ports: nothing of it is kept in routing without its node).
     stale: set[int] = set()
     for job, mi in list(live_by_job.items()):
         if mi.blocked:
@@ -190,7 +215,7 @@ def plan(world: World) -> Plan:
             if all(n in alive_ids for n in mi.node_ids):
                 mi = replace(mi, instance=again.instance, master_address=again.master_address,
                              generation=mi.generation + 1, reason="nodes rejoined with new endpoints",
-                             state_changed_at=world.wall)  # fmt: skip
+                             state_changed_at=world.wall, routable_until=0.0)  # fmt: skip
                 put(mi)
                 live_by_job[job] = mi
             else:
@@ -248,10 +273,13 @@ def plan(world: World) -> Plan:
         if nxt is not None:
             mi = _set_state(mi, nxt, why, world.wall, routable_until(mi, nxt, sig, world))
             put(mi)
-        elif mi.routable_until and (mi.state is not InstanceState.INACTIVE
-                                    or sig not in (Signal.NODE_LOST, Signal.UNKNOWN)):
-            # its node came back with another verdict (ABNORMAL, PENDING, …): routing is the usual
-            # again, and a later loss of it does not bring it back into routing
+        elif mi.routable_until and (
+            mi.state is not InstanceState.INACTIVE
+            or sig not in (Signal.NODE_LOST, Signal.UNKNOWN, Signal.PENDING)
+            or (sig is Signal.PENDING and not rejoining(mi, world))
+        ):
+            # its node came back with another verdict (ABNORMAL, stopping, starting other engines,
+            # …): routing is the usual again, and a later loss of it does not bring it back into routing
             mi = replace(mi, routable_until=0.0)
             put(mi)
         survivors = partial_loss(mi, world)
