@@ -11,17 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import urllib.request
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
 
 from motor_common.domain import EngineType, Role
-from motor_common.grpc_server import ServerConfig
-from motor_coordinator.app import Coordinator
-from motor_coordinator.config import CoordinatorConfig, DispatchConfig, SchedulerConfig
-from tests.coordinator.grpc_util import KEY, Stubs
+from tests.coordinator.test_decode_retry_sim import coordinator
 from tests.coordinator.test_dispatch_sim import CHAT, MODEL, dispatch, instance, text_of
 from tests.procs import start_simulator
 
@@ -29,22 +25,6 @@ pytestmark = pytest.mark.slow
 
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "frozen after the head"}], "max_tokens": 5,
         "stream": True}
-
-
-@asynccontextmanager
-async def coordinator() -> AsyncIterator[tuple[Coordinator, Stubs]]:
-    cfg = CoordinatorConfig(
-        server=ServerConfig(port=0), scheduler=SchedulerConfig(policy="round_robin"),
-        dispatch=DispatchConfig(first_byte_timeout_sec=1.0, health_probe_interval_sec=0.2, probe_timeout_sec=0.3,
-                                metrics_scrape_interval_sec=0, connect_timeout_sec=1.0))  # fmt: skip
-    app = Coordinator(cfg, management_key=KEY)
-    port = await app.start()
-    stubs = Stubs(f"127.0.0.1:{port}")
-    try:
-        yield app, stubs
-    finally:
-        await stubs.close()
-        await app.stop(0)
 
 
 def freeze_after_head(url: str) -> None:
@@ -60,7 +40,8 @@ async def test_a_decode_frozen_after_its_head_is_left_before_the_first_token(
         p = await st.enter_async_context(start_simulator("vllm", "prefill", tmp_path, name="p"))
         frozen = await st.enter_async_context(start_simulator("vllm", "decode", tmp_path, name="d1"))
         good = await st.enter_async_context(start_simulator("vllm", "decode", tmp_path, name="d2"))
-        app, s = await st.enter_async_context(coordinator())
+        app, s = await st.enter_async_context(coordinator(
+            first_byte_timeout_sec=1.0, health_probe_interval_sec=0.2, probe_timeout_sec=0.3))
         decodes = [instance(2, Role.DECODE, EngineType.VLLM, [frozen])]
         if other_decode:
             decodes.append(instance(3, Role.DECODE, EngineType.VLLM, [good]))

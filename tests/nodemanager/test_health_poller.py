@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -18,12 +19,13 @@ from motor_nodemanager.health import HealthPoller, PollSettings
 from tests.helpers import wait_for
 
 
-async def _health_server() -> tuple[web.AppRunner, int]:
-    """An HTTP server in this process answering 200 on /health; (its runner, its port)."""
+async def _ok(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
 
-    async def health(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
 
+async def _health_server(health: Callable[[web.Request], Awaitable[web.Response]] = _ok) -> tuple[web.AppRunner, int]:
+    """An HTTP server in this process answering /health with *health* (200 "ok"); (its runner, its
+    port)."""
     app = web.Application()
     app.router.add_get("/health", health)
     runner = web.AppRunner(app)
@@ -91,13 +93,7 @@ async def test_failed_probes_count_only_as_the_thresholds_in_a_row(threshold: in
         served.append(status)
         return web.Response(status=status)
 
-    app = web.Application()
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, port = await _health_server(health)
     seen: list[Observation] = []
     poller = HealthPoller(lambda: PollSettings(0.01, 1.0, 5.0, False, threshold), lambda _: 0,
                           lambda _eid, obs, _gen, _detail: seen.append(obs))
