@@ -41,7 +41,7 @@ async def test_a_decode_frozen_after_its_head_is_left_before_the_first_token(
         frozen = await st.enter_async_context(start_simulator("vllm", "decode", tmp_path, name="d1"))
         good = await st.enter_async_context(start_simulator("vllm", "decode", tmp_path, name="d2"))
         app, s = await st.enter_async_context(coordinator(
-            first_byte_timeout_sec=1.0, health_probe_interval_sec=0.2, probe_timeout_sec=0.3))
+            first_byte_timeout_sec=2.0, health_probe_interval_sec=0.2, probe_timeout_sec=0.3))
         decodes = [instance(2, Role.DECODE, EngineType.VLLM, [frozen])]
         if other_decode:
             decodes.append(instance(3, Role.DECODE, EngineType.VLLM, [good]))
@@ -57,6 +57,6 @@ async def test_a_decode_frozen_after_its_head_is_left_before_the_first_token(
             assert text and finish == "length", raw[:300]
             assert head.decode_instance_id != 2
         # it reached the frozen decode (not kept away by failed probes alone) and left it there
-        assert "sent its head, then no token and no sign of life for 1s" in caplog.text
+        assert "sent its head, then no token and no sign of life for 2s" in caplog.text
         # the frozen decode is out of rotation (tripped): the next request does not wait on it
         assert app.scheduler.is_broken(app.scheduler.state.instances[2].endpoints[0])

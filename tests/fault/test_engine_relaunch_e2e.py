@@ -182,11 +182,12 @@ async def _more(log_dir: Path, n: float) -> bool:
     return await nm_probes(log_dir, "p0", "healthy") >= n
 
 
-@pytest.mark.parametrize("threshold", [1, 5])
+@pytest.mark.parametrize("threshold", [1, 10])
 async def test_one_failed_health_probe_is_no_death_below_the_failure_threshold(tmp_path: Path, threshold: int) -> None:
-    """health.failure_threshold: the engine's /health fails for one probe (503), then answers again.
-    With 5 the failure is logged and swallowed: no fault report, no relaunch, the same engine
-    process NORMAL. With 1 (the control) that one probe is a death: the engine is relaunched."""
+    """health.failure_threshold: the engine's /health fails (503) until the first failure is seen,
+    then answers again. With 10 (room for a loaded box to lift the fault late) the failures are
+    logged and swallowed: no fault report, no relaunch, the same engine process NORMAL. With 1 (the
+    control) the first one is a death: the engine is relaunched."""
     async with fleet(tmp_path) as f:
         health = {"poll_interval_sec": 0.5, "failure_threshold": threshold}
         await f.add_node("p0", "job-p0", "prefill", health=health, server={"metrics_port": 0})
@@ -202,7 +203,7 @@ async def test_one_failed_health_probe_is_no_death_below_the_failure_threshold(t
             if threshold == 1:
                 await wait_for(lambda: "engine fault reported" in log.log_text(), timeout=10, what="a fault report")
             else:
-                await wait_for(lambda: "engine /health failed (1 of 5" in log.log_text(), timeout=10,
+                await wait_for(lambda: "engine /health failed (1 of 10" in log.log_text(), timeout=10,
                                what="the first failed probe logged")  # fmt: skip
         finally:
             with contextlib.suppress(OSError):
@@ -219,7 +220,7 @@ async def test_one_failed_health_probe_is_no_death_below_the_failure_threshold(t
         assert [(e.pid, e.status) for e in st.endpoints] == [(old_pid, tpb.ENDPOINT_STATUS_NORMAL)]
         text = log.log_text()
         assert "engine fault reported" not in text and "[ENGINE RELAUNCH" not in text
-        assert "engine /health failed (5 of 5" not in text
+        assert "engine /health failed (9 of 10" not in text
 
 
 async def test_failed_relaunch_falls_back_to_node_restart_and_the_instance_comes_back(tmp_path: Path) -> None:
