@@ -232,8 +232,9 @@ def plan(world: World) -> Plan:
     for job, specs in alive_by_job.items():
         current = live_by_job.get(job)
         inc = incarnations.get(job, 0)
-        later = running_incarnation(job, specs, world, inc)
-        if later is not None and (current is None or current.state is InstanceState.INITIAL):
+        unstarted = current is None or current.state is InstanceState.INITIAL
+        later = running_incarnation(job, specs, world, inc) if unstarted else None
+        if later is not None:
             if current is not None:
                 put(_set_state(current, InstanceState.DELETED,
                                f"superseded: its nodes run incarnation {later} of the job", world.wall))  # fmt: skip
