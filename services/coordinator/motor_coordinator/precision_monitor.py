@@ -242,8 +242,9 @@ class PrecisionMonitor:
         state = self.scheduler.state
         self.tracker.retain(state.instances)
         groups = probe_groups(state.instances.values())
-        for g in groups if self._adoptable else ():
-            source = self._adoptable.pop(tuple(sorted(g.ids)), None) if self._adoptable else None
+        adoptable = self._adoptable or {}
+        for g in groups:
+            source = adoptable.pop(tuple(sorted(g.ids)), None)
             if source is not None and self.tracker.adopt(g.ids, source):
                 log.warning("precision alarm adopted: the group counts as alarmed until it samples normal",
                             extra={"instance_ids": list(g.ids), "source": source})
