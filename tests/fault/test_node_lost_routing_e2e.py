@@ -52,6 +52,16 @@ async def node_lost(f: Fleet, job: str) -> bool:
     return mi is not None and mi.state == cpb.INSTANCE_STATE_INACTIVE and "heartbeat" in mi.reason
 
 
+async def kill_p0_nodemanager_under(f: Fleet, load: Load) -> float:
+    """Once *load* is served, SIGKILL p0's nodemanager and wait for its instance INACTIVE (node
+    lost); the time of the kill."""
+    await wait_for(lambda: sum(ok for _, ok in load.results) >= 5, timeout=10, what="requests served")
+    t_kill = time.monotonic()
+    await kill_nodemanager(f, "p0")
+    await wait_for(lambda: node_lost(f, "job-p0"), timeout=10, what="p0's instance INACTIVE (node lost)")
+    return t_kill
+
+
 async def kill_nodemanager(f: Fleet, name: str) -> None:
     """SIGKILL the nodemanager process only (its engines run in their own sessions and live on)."""
     proc = f.nodes[name].proc.proc
@@ -69,10 +79,7 @@ async def test_a_killed_nodemanager_leaves_its_engine_in_routing_serving_and_its
         watch = Watch(f, iid)  # what the controller and the coordinator show of p0's instance, throughout
         watch_task = asyncio.get_running_loop().create_task(watch.run())
         try:
-            await wait_for(lambda: sum(ok for _, ok in load.results) >= 5, timeout=10, what="requests served")
-            t_kill = time.monotonic()
-            await kill_nodemanager(f, "p0")
-            await wait_for(lambda: node_lost(f, "job-p0"), timeout=10, what="p0's instance INACTIVE (node lost)")
+            t_kill = await kill_p0_nodemanager_under(f, load)
             t_lost = time.monotonic()
             assert psutil.pid_exists(engine_pid)
             assert await available(f, iid), "the coordinator dropped the instance of the lost node"
@@ -119,10 +126,7 @@ async def test_with_the_grace_off_a_killed_nodemanager_takes_its_instance_out_of
         load = Load(f.gateway.url + "/v1", workers=2)
         load_task = asyncio.get_running_loop().create_task(load.run())
         try:
-            await wait_for(lambda: sum(ok for _, ok in load.results) >= 5, timeout=10, what="requests served")
-            t_kill = time.monotonic()
-            await kill_nodemanager(f, "p0")
-            await wait_for(lambda: node_lost(f, "job-p0"), timeout=10, what="p0's instance INACTIVE (node lost)")
+            t_kill = await kill_p0_nodemanager_under(f, load)
             await wait_for(lambda: dropped(f, iid), timeout=5, what="the coordinator drops p0's instance")
             assert psutil.pid_exists(engine_pid)  # it could still serve, but is out of routing
             served, seen = finished(port), len(load.results)
