@@ -24,7 +24,14 @@ Stacks (each a separate relay process, measured by its process tree's CPU, psuti
   ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation);
 - ``SERVER+reqwest`` (``aiohttp+reqwest``, ``granian+reqwest``): the engine legs through pyreqwest
   (Rust reqwest client) instead of the aiohttp ``EngineClient``: the client-stack candidate;
-  ``aiohttp+reqwest-p``: only the prefill leg (a whole answer in every request) through pyreqwest.
+  ``aiohttp+reqwest-p``: only the prefill leg (a whole answer in every request) through pyreqwest;
+- ``raw``: no framework on either side (``bench/raw_relay.py``: asyncio protocols, httptools
+  parsing, prepared bytes, a keep-alive pool per engine; needs ``pip install httptools``): the
+  floor of a Python relay on uvloop; ``raw+aiohttp``: that server with the aiohttp
+  ``EngineClient``; ``aiohttp+raw``: ``aiohttp.web`` with the raw engine client (which side buys what);
+- ``vllm-router``: not a relay of this file but the peer itself (vllm-router, round robin, from
+  ``.bench/routers-venv``, ``scripts/routers-setup``) in front of the same two engines: the
+  reference the others are read against, measured in the same rounds.
 
 The same two simulators (zero latency) serve every variant. Per round each variant is started,
 loaded at each concurrency with ``bench/loadgen.py`` for ``--seconds`` and stopped, in an order
@@ -63,7 +70,7 @@ from motor_coordinator.config import DispatchConfig  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
 STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest",
-          "aiohttp+reqwest-p")
+          "aiohttp+reqwest-p", "raw", "raw+aiohttp", "aiohttp+raw", "vllm-router")
 PATH = "/v1/completions"
 _JSON = "application/json"
 _KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -189,7 +196,11 @@ def make_relay(client: str, prefill: str, decode: str) -> Relay:
         return ReqwestRelay(prefill, decode)
     if client == "reqwest-p":
         return PrefillReqwestRelay(prefill, decode)
-    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, reqwest, reqwest-p")
+    if client == "raw":
+        from bench.raw_relay import RawRelay
+
+        return RawRelay(prefill, decode)  # type: ignore[return-value]  # the same open/start/close
+    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, reqwest, reqwest-p, raw")
 
 
 async def _reqwest_chunks(call: Any, resp: Any) -> AsyncIterator[bytes]:
@@ -306,6 +317,14 @@ def relay_argv(stack: str, port: int) -> list[str]:
         return [sys.executable, str(Path(__file__).resolve()), "serve", "--stack",
                 "aiohttp-1w" if server == "aiohttp-1w" else "aiohttp", "--client", client,
                 "--port", str(port)]
+    if server == "raw":
+        return [sys.executable, str(Path(__file__).resolve().with_name("raw_relay.py")), "--client",
+                client if "+" in stack else "raw", "--port", str(port)]
+    if server == "vllm-router":
+        from bench.common import ensure_routers_venv
+
+        return [str(ensure_routers_venv() / "bin" / "vllm-router"), "--host", "127.0.0.1", "--port", str(port),
+                "--vllm-pd-disaggregation", "--policy", "round_robin"]
     if server in ("granian", "granian-rt"):
         rust_tasks = ["--task-impl", "rust"] if server == "granian-rt" else []
         return [sys.executable, "-m", "granian", "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
@@ -358,12 +377,15 @@ async def start_relay(stack: str, prefill: str, decode: str, log_dir: Path) -> A
 
     port = free_port()
     argv = relay_argv(stack, port)
-    if stack.startswith("aiohttp"):
+    if stack.startswith(("aiohttp", "raw")):
         argv += ["--prefill", prefill, "--decode", decode]
+    elif stack == "vllm-router":
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                 "--prefill", prefill, "--decode", decode]
     env = {**os.environ, "HTTP_STACK_PREFILL": prefill, "HTTP_STACK_DECODE": decode,
            "HTTP_STACK_CLIENT": split_stack(stack)[1],
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    async with running(f"relay-{stack}", argv, log_dir, ready=_serves_completions(port), deadline=30, env=env) as p:
+    async with running(f"relay-{stack}", argv, log_dir, ready=_serves_completions(port), deadline=60, env=env) as p:
         yield p
 
 
@@ -395,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve", help="run one aiohttp relay (what the benchmark starts)")
     sv.add_argument("--stack", choices=["aiohttp", "aiohttp-1w"], default="aiohttp")
-    sv.add_argument("--client", choices=["aiohttp", "reqwest", "reqwest-p"], default="aiohttp")
+    sv.add_argument("--client", choices=["aiohttp", "reqwest", "reqwest-p", "raw"], default="aiohttp")
     sv.add_argument("--port", type=int, required=True)
     sv.add_argument("--prefill", required=True)
     sv.add_argument("--decode", required=True)

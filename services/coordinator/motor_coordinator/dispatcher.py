@@ -53,6 +53,7 @@ from motor_coordinator.engine_client import (
     EngineUnreachable,
     read_body,
 )
+from motor_coordinator.engine_http import EngineResponse
 from motor_coordinator.liveness import Attempt, Key
 from motor_coordinator.migration import MAX_PENDING_EVENT_BYTES, StreamTracker, migratable
 from motor_coordinator.policies import Candidate, RequestInfo
@@ -510,7 +511,7 @@ class Dispatcher:
         )
 
     async def _relay(
-        self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
+        self, resp: EngineResponse, cand: Candidate, head: Head, *, count_5xx: bool = True,
         read: Sequence[bytes] | None = None, call: EngineCall | None = None,
     ) -> AsyncIterator[Frame]:
         """Yield *head* then the body (*read*: what was already read of it, see :meth:`_peek`). A
@@ -589,7 +590,7 @@ class Dispatcher:
             reason="RESPONSE_TOO_LARGE",
         )
 
-    async def _chunks(self, resp: aiohttp.ClientResponse, key: Key, limit: float | None = None) -> AsyncIterator[bytes]:
+    async def _chunks(self, resp: EngineResponse, key: Key, limit: float | None = None) -> AsyncIterator[bytes]:
         """The SSE body's chunks as they come; raise :class:`_Stalled` once the engine has given no
         sign of life (no chunk of this stream, no answer to anything else, no probe or scrape) for
         *limit* (default ``inter_token_timeout_sec``) since the last chunk. An engine that answers
@@ -622,7 +623,7 @@ class Dispatcher:
             live.alive(key)
             yield chunk
 
-    async def _public_5xx(self, resp: aiohttp.ClientResponse, cand: Candidate, head: Head,
+    async def _public_5xx(self, resp: EngineResponse, cand: Candidate, head: Head,
                           read: Sequence[bytes] | None) -> bytes:
         """Log an engine's 5xx answer (its first ``ENGINE_ERROR_LOG_BYTES``) with the request id and
         return the public body the client gets instead."""
@@ -641,7 +642,7 @@ class Dispatcher:
                     got[:ENGINE_ERROR_LOG_BYTES].decode("utf-8", "replace"))
         return public_engine_error(head.http_status, head.request_id)
 
-    async def _peek(self, resp: aiohttp.ClientResponse, adapter: EngineAdapter, key: Key) -> tuple[bool, list[bytes]]:
+    async def _peek(self, resp: EngineResponse, adapter: EngineAdapter, key: Key) -> tuple[bool, list[bytes]]:
         """Read a decode's answer until its adapter can tell whether the KV hand-off failed (a JSON
         answer: all of it; a stream: its first decisive event). Returns (failed, bytes read).
 
@@ -664,11 +665,11 @@ class Dispatcher:
                     return verdict is True, read
             return adapter.handoff_failed(resp.status, ctype, head) is True, read  # the stream ended
         except AnswerTooLarge as exc:
-            raise self._too_large(f"{resp.url.host}:{resp.url.port}", exc) from exc
+            raise self._too_large(resp.host_port, exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             rid = request_id_var.get()
             log.warning("engine %s broke its answer before the first byte (request id %s): %r",
-                        f"{resp.url.host}:{resp.url.port}", rid, exc)
+                        resp.host_port, rid, exc)
             raise Unavailable(
                 "the engine broke off its answer before the first byte; the coordinator log has the details "
                 f"under request id {rid}",
@@ -730,7 +731,7 @@ class Dispatcher:
         raise self._exhausted(name, req, len(tried), last or f"no other {name} endpoint")
 
     async def _open_whole(self, cand: Candidate, req: ParsedRequest, rid: str,
-                          fate: _Fate) -> tuple[aiohttp.ClientResponse | None, EngineCall, str]:
+                          fate: _Fate) -> tuple[EngineResponse | None, EngineCall, str]:
         """Send the request as it is to *cand*'s engine (a pass-through or stored-response attempt)
         under the first-byte watchdog: its response, or None and why it could not be reached (the
         engine's failure recorded)."""
@@ -744,7 +745,7 @@ class Dispatcher:
             return None, call, str(exc)
         return resp, call, ""
 
-    async def _relay_whole(self, resp: aiohttp.ClientResponse, cand: Candidate, rid: str,
+    async def _relay_whole(self, resp: EngineResponse, cand: Candidate, rid: str,
                            call: EngineCall) -> AsyncIterator[Frame]:
         """One engine's answer relayed as it is (a union or pass-through attempt): its head, then
         its body; the response closed on any failure and released at the end."""
@@ -1062,7 +1063,7 @@ class Dispatcher:
                 call = fate.trace.call("decode", d)
                 d_task = asyncio.ensure_future(self._attempt(
                     d, "decode", fate, self.client.open(d.endpoint, req.path, dbody, rid, trace=call.carrier)))
-                resp: aiohttp.ClientResponse | None = None
+                resp: EngineResponse | None = None
                 try:
                     await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
                     if not d_task.done() and p_task.done():

@@ -1,5 +1,6 @@
-"""HTTP to engines: one shared aiohttp session (keep-alive; aiohttp's BaseProtocol sets
-TCP_NODELAY on every connection). aiohttp/OS errors are translated here into
+"""HTTP to engines. The dispatch legs (:meth:`EngineClient.open`, ``post``, ``read_all``) go over
+:mod:`engine_http`'s pooled keep-alive connections (asyncio protocols, httptools; TCP_NODELAY);
+probes and scrapes over one shared aiohttp session. Connection errors are translated here into
 :class:`EngineUnreachable`; HTTP statuses are returned, not raised.
 
 An engine's answer is held to what an engine may send: redirects are never followed (an answer
@@ -13,13 +14,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
 
 from motor_common.domain import Endpoint
 from motor_common.tracing import Carrier
+from motor_coordinator.engine_http import EnginePool, EngineResponse, HeadLost, request_bytes
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +61,6 @@ class AnswerTooLarge(aiohttp.ClientPayloadError):
     the engine and the size)."""
 
 
-def _unreachable(endpoint: Endpoint, exc: BaseException) -> EngineUnreachable:
-    reached = not isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
-    return EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=reached)
-
-
 class EngineClient:
     def __init__(self, *, connect_timeout: float, probe_timeout: float, keepalive: float,
                  clock: Callable[[], float] | None = None) -> None:
@@ -75,6 +72,7 @@ class EngineClient:
         self._keepalive = keepalive  # below the engines' own keep-alive: DispatchConfig.engine_keepalive_sec
         self._probe_timeout = aiohttp.ClientTimeout(total=probe_timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, EnginePool] = {}  # host:port -> keep-alive connections (the dispatch legs)
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self._keepalive, enable_cleanup_closed=True)
@@ -86,6 +84,9 @@ class EngineClient:
         )
 
     async def close(self) -> None:
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -99,31 +100,39 @@ class EngineClient:
     async def open(
         self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = (),
         method: str = "POST",
-    ) -> aiohttp.ClientResponse:
+    ) -> EngineResponse:
         """POST *body* as JSON (or GET, without a body) and return the response once its head
-        arrived (caller closes it). *trace*: W3C trace headers (``traceparent``, ``tracestate``)."""
+        arrived (caller closes it). *trace*: W3C trace headers (``traceparent``, ``tracestate``).
+        On a pooled keep-alive connection of :mod:`engine_http` (not aiohttp's client)."""
         headers = {REQUEST_ID_HEADER: request_id, **dict(trace)}
         data = None
         if method != "GET":
             headers["Content-Type"] = "application/json"
             data = orjson.dumps(body)
+        request = request_bytes(method, path, endpoint.host_port, headers, data)
+        pool = self._pools.get(endpoint.host_port)
+        if pool is None:
+            pool = self._pools[endpoint.host_port] = EnginePool(endpoint.ip, endpoint.business_port, self._keepalive)
         for attempt in range(STALLED_CONNECT_RETRIES + 1):
             clock = self._clock
             sent_at, raw_sent = (clock(), time.monotonic()) if clock is not None else (0.0, 0.0)
             try:
-                if data is None:
-                    resp = await self.session.get(endpoint.base_url + path, headers=headers, allow_redirects=False)
-                else:
-                    resp = await self.session.post(endpoint.base_url + path, data=data, headers=headers,
-                                                   allow_redirects=False)
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                # total=None: the only timeouts here are connects, which never reached the engine
+                conn, _ = await pool.connection(self._connect_timeout)
+            except (OSError, TimeoutError) as exc:
+                # only connects: nothing reached the engine
                 if (clock is not None and isinstance(exc, TimeoutError) and attempt < STALLED_CONNECT_RETRIES
                         and (stalled := (time.monotonic() - raw_sent) - (clock() - sent_at)) > STALL_TOLERANCE):
                     log.info("connect to engine %s timed out across a %.1fs stall of this process: trying "
                              "again", endpoint.host_port, stalled)
                     continue
-                raise _unreachable(endpoint, exc) from exc
+                raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=False) from exc
+            try:
+                resp = await conn.send(request)
+            except HeadLost as exc:
+                raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=True) from exc
+            except BaseException:
+                conn.drop()  # cancelled while waiting for the head: the engine sees the disconnect
+                raise
             if 300 <= resp.status < 400:
                 # Not followed: the engine did not take the request (reached=False: retried elsewhere).
                 location = resp.headers.get("Location", "")
@@ -136,7 +145,7 @@ class EngineClient:
     @asynccontextmanager
     async def post(
         self, endpoint: Endpoint, path: str, body: dict[str, Any], request_id: str, *, trace: Carrier = ()
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> AsyncIterator[EngineResponse]:
         """:meth:`open` as a context; the connection is dropped (not reused) if the caller leaves
         early, so the engine sees the disconnect and aborts the request."""
         resp = await self.open(endpoint, path, body, request_id, trace=trace)
@@ -190,7 +199,7 @@ class EngineClient:
             return None
 
 
-async def read_body(resp: aiohttp.ClientResponse) -> bytes:
+async def read_body(resp: EngineResponse) -> bytes:
     """The whole body of an answer the coordinator holds (instead of ``resp.read()``, which has no
     bound); :class:`AnswerTooLarge` past :data:`MAX_ANSWER_BYTES` (decompressed), nothing more read."""
     data = await _read_at_most(resp.content, MAX_ANSWER_BYTES)
@@ -199,7 +208,11 @@ async def read_body(resp: aiohttp.ClientResponse) -> bytes:
     return data
 
 
-async def _read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+class _Readable(Protocol):
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+async def _read_at_most(content: _Readable, limit: int) -> bytes | None:
     """The whole body, or None once it passes *limit* bytes. ``read(n)`` returns what has arrived
     so far, not n bytes: one read cut an answer that came in several pieces short."""
     chunks: list[bytes] = []
