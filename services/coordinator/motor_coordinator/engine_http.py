@@ -365,6 +365,8 @@ def request_bytes(method: str, path: str, host_port: str, headers: dict[str, str
     """The request as it goes on the wire. Header values are the caller's checked values (request
     ids and trace headers are printable ASCII, validated where they came in); a CR or LF here would
     split the request, so it is refused."""
+    if not path.startswith("/") or not path.isascii() or any(c in path for c in " \r\n\t"):
+        raise ValueError(f"not a request target: {path[:100]!r}")
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host_port}", "Accept-Encoding: gzip, deflate"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
