@@ -2,7 +2,8 @@
 work: real motor-sim engines (zero latency), the aiohttp relay process the benchmark starts, and the
 benchmark's own load generator. Plus its round order and paired ratios. No benchmark figures; the
 granian and pyreqwest variants need those packages, which are not dependencies (the benchmark's
-docstring says so), so only the aiohttp relay runs here."""
+docstring says so), so they do not run here; the aiohttp relays and the bare-protocol ones
+(``bench/raw_relay.py``, httptools: a dependency) do."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def test_an_unknown_stack_is_refused_and_the_prefill_leg_is_vllms() -> None:
     assert split_stack("granian+reqwest") == ("granian", "reqwest")
     assert split_stack("aiohttp-b") == ("aiohttp-b", "aiohttp")
     assert relay_argv("aiohttp+reqwest", 1)[-4:] == ["--client", "reqwest", "--port", "1"]
+    assert relay_argv("raw", 1)[-4:] == ["--client", "raw", "--port", "1"]  # both sides bare protocols
+    assert relay_argv("raw+aiohttp", 1)[-4:] == ["--client", "aiohttp", "--port", "1"]
+    assert relay_argv("aiohttp+raw", 1)[-4:] == ["--client", "raw", "--port", "1"]
     body = prefill_body({"prompt": "x", "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}})
     assert body["max_tokens"] == 1 and body["stream"] is False and "stream_options" not in body
     assert body["kv_transfer_params"]["do_remote_decode"] is True
@@ -79,3 +83,24 @@ async def test_the_aiohttp_relays_answer_what_the_engines_answer(tmp_path: Path)
             r = await run_load("aiohttp", relay.url + PATH, make_body_factory(False), concurrency=8, requests=40,
                                warmup=2)
             assert r.failures == 0 and len(r.samples) == 40
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stack", ["raw", "raw+aiohttp", "aiohttp+raw"])
+async def test_the_bare_protocol_relays_answer_what_the_engines_answer(stack: str, tmp_path: Path) -> None:
+    async with start_engines("vllm", tmp_path, ZERO) as e:
+        p, d = e.prefills[0], e.decodes[0]
+        async with start_relay(stack, p.url, d.url, tmp_path) as relay, aiohttp.ClientSession() as s:
+            for stream in (False, True):
+                body = make_body_factory(stream)(5)
+                got = await one_request(s, relay.url + PATH, body)
+                want = await direct_pd(s, "vllm", p, d, body, 30.0)
+                assert got.ok and want.ok, (got.error, want.error)
+                if stream:
+                    assert got.ttft is not None and len(got.itl) == len(want.itl) > 0  # as many events as direct
+                else:
+                    assert masked(got.body) == masked(want.body) and orjson.loads(got.body)["choices"][0]["text"]
+            async with s.post(relay.url + "/v1/chat", json={}) as resp:  # not the relay's route
+                assert resp.status == 404
+            r = await run_load(stack, relay.url + PATH, make_body_factory(True), concurrency=8, requests=40, warmup=2)
+            assert r.failures == 0 and len(r.samples) == 40  # keep-alive connections reused under load
