@@ -223,6 +223,9 @@ class EngineConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._broken(f"the engine's answer is not valid HTTP/1.1: {exc}")
             self.drop()
+        except httptools.HttpParserUpgrade:  # not an HttpParserError: it escaped, asyncio logged a fatal error
+            self._broken("the engine answered HTTP 101 (switching protocols)")
+            self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
