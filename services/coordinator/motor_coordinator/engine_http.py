@@ -158,8 +158,7 @@ class AnswerBody:
                     if d.eof:
                         return b""
                     out = d.flush()
-                    self._decoder = None
-                    if not d.eof:
+                    if not d.eof:  # the decoder stays: the next read raises this again
                         raise BrokenAnswer("the engine's compressed answer ended before its end")
                     return out
             try:
