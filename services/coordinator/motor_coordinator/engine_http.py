@@ -174,23 +174,30 @@ class AnswerBody:
 
 class EngineResponse:
     """One engine answer once its head arrived; the caller ends it with :meth:`release` (the
-    connection is reused if the whole answer was read) or :meth:`close` (it is dropped)."""
+    connection is reused if the whole answer was read) or :meth:`close` (it is dropped). Only the
+    first of them counts: once released, the connection may carry another request, which a later
+    ``close()`` of this answer must not drop (aiohttp's responses, which these replaced, allowed it)."""
 
-    __slots__ = ("_conn", "content", "headers", "host_port", "status")
+    __slots__ = ("_conn", "_ended", "content", "headers", "host_port", "status")
 
     def __init__(self, conn: EngineConnection, status: int, headers: Headers, content: AnswerBody,
                  host_port: str) -> None:
         self._conn = conn
+        self._ended = False
         self.status = status
         self.headers = headers
         self.content = content
         self.host_port = host_port
 
     def release(self) -> None:
-        self._conn.finish(reuse=True)
+        if not self._ended:
+            self._ended = True
+            self._conn.finish(reuse=True)
 
     def close(self) -> None:
-        self._conn.finish(reuse=False)
+        if not self._ended:
+            self._ended = True
+            self._conn.finish(reuse=False)
 
 
 class EngineConnection(asyncio.Protocol):
