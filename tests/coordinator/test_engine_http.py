@@ -839,3 +839,68 @@ async def test_bytes_that_arrive_as_a_read_is_cancelled_stay_for_the_next_read()
     body.feed(b" and more")
     body.feed_eof()
     assert await body.read() == b"arrived and more"
+
+
+# --- raw deflate, stray bytes, trailers ---------------------------------------------------------
+
+
+def raw_deflate(data: bytes) -> bytes:
+    c = zlib.compressobj(wbits=-15)
+    return c.compress(data) + c.flush()
+
+
+async def test_deflate_without_its_zlib_wrapper_is_decoded_too(client: EngineClient) -> None:
+    """``deflate`` is sent zlib-wrapped (RFC 9110) or raw by some servers; both decode, as aiohttp's
+    client and browsers accept."""
+    async def coded(_: web.Request) -> web.Response:
+        return web.Response(body=raw_deflate(PATTERN), headers={"Content-Encoding": "deflate"})
+
+    async with web_engine(("POST", "/x", coded)) as eng:
+        assert await client.read_all(endpoint(eng.port), "/x", BODY, "r1") == (200, "application/octet-stream",
+                                                                                 PATTERN)
+
+
+async def test_bytes_after_an_answer_keep_the_connection_out_of_the_pool(client: EngineClient) -> None:
+    """An engine that sends more than its answer (here the start of another answer in the same
+    packet, then bytes while the connection is idle) cannot have its next answer told from them:
+    the answer it sent is read as it was, and the connection is not used again."""
+    served = 0
+
+    async def serve(conn: RawConn) -> None:
+        nonlocal served
+        while await conn.request() is not None:
+            served += 1
+            if served == 1:  # an answer and the head of one nobody asked for, in one write
+                conn.write(answer(b"first", "Content-Type: text/plain") + b"HTTP/1.1 200 OK\r\nX-Stray: 1\r\n")
+            elif served == 2:
+                conn.write(answer(b"second"))
+                await asyncio.sleep(0)
+                conn.write(b"HTTP/1.1 200 OK\r\n")  # once the answer is read, while the connection is idle
+            else:
+                conn.write(answer(b"third"))
+
+    async with raw_engine(serve) as eng:
+        resp = await client.open(endpoint(eng.port), "/x", BODY, "r1")
+        assert await resp.content.read() == b"first"
+        assert resp.headers.get("Content-Type") == "text/plain" and "X-Stray" not in resp.headers
+        resp.release()
+        assert pooled(client, eng.port) == []  # not reused: the stray head would be read as the next answer
+        assert (await client.read_all(endpoint(eng.port), "/x", BODY, "r2"))[2] == b"second"
+        await wait_for(lambda: pooled(client, eng.port) == [], timeout=5, what="the connection dropped")
+        assert (await client.read_all(endpoint(eng.port), "/x", BODY, "r3"))[2] == b"third"
+        assert eng.connections == 3
+
+
+async def test_a_chunked_answers_trailer_does_not_change_its_headers(client: EngineClient) -> None:
+    async def serve(conn: RawConn) -> None:
+        await conn.request()
+        conn.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   + chunked(b"data: 1\n\n") + b"0\r\nContent-Type: text/html\r\n\r\n")
+        await conn.until_eof()
+
+    async with raw_engine(serve) as eng:
+        resp = await client.open(endpoint(eng.port), "/x", BODY, "r1")
+        assert await resp.content.read() == b"data: 1\n\n"
+        assert resp.headers.get("Content-Type") == "text/event-stream"
+        resp.release()
+        assert len(pooled(client, eng.port)) == 1  # a trailer is part of a valid answer: reused

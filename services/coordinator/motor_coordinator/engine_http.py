@@ -67,11 +67,14 @@ class Headers:
 class AnswerBody:
     """An answer's body as it arrives: what the dispatcher reads (``readany``, ``read``)."""
 
-    __slots__ = ("_chunks", "_conn", "_decoder", "_eof", "_exc", "_paused", "_size", "_waiter")
+    __slots__ = ("_chunks", "_conn", "_decoder", "_eof", "_exc", "_paused", "_size", "_sniff", "_waiter")
 
-    def __init__(self, conn: EngineConnection, decoder: zlib._Decompress | None) -> None:
+    def __init__(self, conn: EngineConnection, decoder: zlib._Decompress | None, *, sniff: bool = False) -> None:
+        """*sniff*: ``deflate``, which senders use for zlib-wrapped and raw deflate data alike: the
+        first bytes decide which (as aiohttp's client and browsers accept both)."""
         self._conn = conn
         self._decoder = decoder
+        self._sniff = sniff
         self._chunks: deque[bytes] = deque()
         self._size = 0
         self._eof = False
@@ -154,6 +157,10 @@ class AnswerBody:
                 data = d.unconsumed_tail
             else:
                 data = await self._raw(1 << 16)
+                if self._sniff and data:
+                    self._sniff = False
+                    if not _wrapped(data):
+                        d = self._decoder = zlib.decompressobj(wbits=-15)
                 if not data:
                     if d.eof:
                         return b""
@@ -170,6 +177,15 @@ class AnswerBody:
 
     async def readany(self) -> bytes:
         return await self.read(DECODE_STEP if self._decoder is not None else 1 << 30)
+
+
+def _wrapped(first: bytes) -> bool:
+    """*first* starts with a zlib header (RFC 1950: deflate method, header checksum) or gzip's magic."""
+    if first[:2] == b"\x1f\x8b":
+        return True
+    if first[0] & 0x0F != 8:
+        return False
+    return len(first) < 2 or (first[0] << 8 | first[1]) % 31 == 0
 
 
 class EngineResponse:
@@ -224,6 +240,13 @@ class EngineConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if self._head is None or self._complete:
+            # Bytes no request waits for (idle in the pool, or after the answer's end): the next
+            # answer on this connection could not be told from them. Not reused.
+            self._keepalive = False
+            if self._head is None:
+                self.drop()
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -255,8 +278,13 @@ class EngineConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     # --- httptools callbacks
+    def on_message_begin(self) -> None:
+        if self._complete:  # a second answer in the bytes of the first (see data_received)
+            self._keepalive = False
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if self._body is None:  # not a chunked answer's trailer, which would change the answer's headers
+            self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         head = self._head
@@ -276,15 +304,15 @@ class EngineConnection(asyncio.Protocol):
             self._broken(f"the engine's answer has a content coding the coordinator does not decode: {coding!r}")
             self.drop()
             return
-        self._body = AnswerBody(self, decoder)
+        self._body = AnswerBody(self, decoder, sniff=coding == "deflate")
         head.set_result(EngineResponse(self, status, Headers(h), self._body, self.pool.host_port))
 
     def on_body(self, body: bytes) -> None:
-        if self._body is not None:
+        if self._body is not None and not self._complete:
             self._body.feed(body)
 
     def on_message_complete(self) -> None:
-        if self._body is None:  # the end of a 1xx answer
+        if self._body is None or self._complete:  # the end of a 1xx answer, or of stray bytes
             return
         self._complete = True
         self._keepalive = self.parser.should_keep_alive()  # False: the engine said Connection: close
