@@ -21,7 +21,7 @@ import orjson
 
 from motor_common.domain import Endpoint
 from motor_common.tracing import Carrier
-from motor_coordinator.engine_http import EnginePool, EngineResponse, HeadLost, request_bytes
+from motor_coordinator.engine_http import EngineConnection, EnginePool, EngineResponse, HeadLost, request_bytes
 
 log = logging.getLogger(__name__)
 
@@ -113,33 +113,37 @@ class EngineClient:
         pool = self._pools.get(endpoint.host_port)
         if pool is None:
             pool = self._pools[endpoint.host_port] = EnginePool(endpoint.ip, endpoint.business_port, self._keepalive)
+        conn = pool.idle_connection() or await self._connect(pool, endpoint)
+        try:
+            resp = await conn.send(request)
+        except HeadLost as exc:
+            raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=True) from exc
+        except BaseException:
+            conn.drop()  # cancelled while waiting for the head: the engine sees the disconnect
+            raise
+        if 300 <= resp.status < 400:
+            # Not followed: the engine did not take the request (reached=False: retried elsewhere).
+            location = resp.headers.get("Location", "")
+            resp.close()
+            raise EngineUnreachable(endpoint, f"answered HTTP {resp.status} (a redirect to {location[:200]!r}), "
+                                              "which the coordinator does not follow", reached=False)
+        return resp
+
+    async def _connect(self, pool: EnginePool, endpoint: Endpoint) -> EngineConnection:
+        """A new connection to *endpoint*'s engine; a connect that timed out across a stall of this
+        process is tried again. ``EngineUnreachable(reached=False)``: nothing reached the engine."""
         for attempt in range(STALLED_CONNECT_RETRIES + 1):
             clock = self._clock
             sent_at, raw_sent = (clock(), time.monotonic()) if clock is not None else (0.0, 0.0)
             try:
-                conn, _ = await pool.connection(self._connect_timeout)
+                return await pool.connect(self._connect_timeout)
             except (OSError, TimeoutError) as exc:
-                # only connects: nothing reached the engine
                 if (clock is not None and isinstance(exc, TimeoutError) and attempt < STALLED_CONNECT_RETRIES
                         and (stalled := (time.monotonic() - raw_sent) - (clock() - sent_at)) > STALL_TOLERANCE):
                     log.info("connect to engine %s timed out across a %.1fs stall of this process: trying "
                              "again", endpoint.host_port, stalled)
                     continue
                 raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=False) from exc
-            try:
-                resp = await conn.send(request)
-            except HeadLost as exc:
-                raise EngineUnreachable(endpoint, f"{type(exc).__name__}: {exc}", reached=True) from exc
-            except BaseException:
-                conn.drop()  # cancelled while waiting for the head: the engine sees the disconnect
-                raise
-            if 300 <= resp.status < 400:
-                # Not followed: the engine did not take the request (reached=False: retried elsewhere).
-                location = resp.headers.get("Location", "")
-                resp.close()
-                raise EngineUnreachable(endpoint, f"answered HTTP {resp.status} (a redirect to {location[:200]!r}), "
-                                                  "which the coordinator does not follow", reached=False)
-            return resp
         raise AssertionError("unreachable")  # the loop returns or raises
 
     @asynccontextmanager

@@ -370,19 +370,23 @@ class EnginePool:
         self.keepalive = keepalive
         self.idle: list[EngineConnection] = []
 
-    async def connection(self, connect_timeout: float) -> tuple[EngineConnection, bool]:
-        """(a connection, whether it is fresh)."""
+    def idle_connection(self) -> EngineConnection | None:
+        """The most recently used idle connection still open and within ``keepalive``, if any."""
         now = time.monotonic()
         while self.idle:
             conn = self.idle.pop()
             t = conn.transport
             if t is not None and not t.is_closing() and now - conn.idle_since < self.keepalive:
-                return conn, False
+                return conn
             conn.drop()
+        return None
+
+    async def connect(self, connect_timeout: float) -> EngineConnection:
+        """A new connection (``TimeoutError`` after *connect_timeout*, ``OSError`` if refused)."""
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(connect_timeout):
             _, conn = await loop.create_connection(lambda: EngineConnection(self), self.host, self.port)
-        return conn, True
+        return conn
 
     def release(self, conn: EngineConnection) -> None:
         conn.idle_since = time.monotonic()
