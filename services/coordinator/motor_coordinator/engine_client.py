@@ -21,7 +21,13 @@ import orjson
 
 from motor_common.domain import Endpoint
 from motor_common.tracing import Carrier
-from motor_coordinator.engine_http import EngineConnection, EnginePool, EngineResponse, HeadLost, request_bytes
+from motor_coordinator.engine_http import (
+    EngineConnection,
+    EnginePool,
+    EngineResponse,
+    HeadLost,
+    request_bytes,
+)
 
 log = logging.getLogger(__name__)
 
