@@ -6,8 +6,8 @@
 
 A minimal relay with the shape of the co-located front's hot path and nothing else: accept
 ``POST /v1/completions``, parse the JSON with orjson, send the vLLM prefill body (``max_tokens`` 1,
-``do_remote_decode``) to a prefill simulator with the coordinator's own ``EngineClient``
-(aiohttp client, keep-alive), then the decode body with the returned ``kv_transfer_params`` to a
+``do_remote_decode``) to a prefill simulator with aiohttp's client (one session, keep-alive: what
+the coordinator's ``EngineClient`` used until 2026-12-03), then the decode body with the returned ``kv_transfer_params`` to a
 decode simulator, and relay the decode answer: whole (non-streamed) or chunk by chunk as the
 engine's reads return them (streamed, as the dispatcher's ``readany`` loop does). No admission,
 auth, metrics or scheduling: what differs between the variants is only the server side.
@@ -23,12 +23,14 @@ Stacks (each a separate relay process, measured by its process tree's CPU, psuti
   in single-threaded mode) with the same relay coroutine and the same aiohttp engine client;
   ``granian-rt``: the same with ``--task-impl rust`` (granian's own task implementation);
 - ``SERVER+reqwest`` (``aiohttp+reqwest``, ``granian+reqwest``): the engine legs through pyreqwest
-  (Rust reqwest client) instead of the aiohttp ``EngineClient``: the client-stack candidate;
+  (Rust reqwest client) instead of aiohttp's client: the client-stack candidate;
   ``aiohttp+reqwest-p``: only the prefill leg (a whole answer in every request) through pyreqwest;
 - ``raw``: no framework on either side (``bench/raw_relay.py``: asyncio protocols, httptools
   parsing, prepared bytes, a keep-alive pool per engine; needs ``pip install httptools``): the
   floor of a Python relay on uvloop; ``raw+aiohttp``: that server with the aiohttp
-  ``EngineClient``; ``aiohttp+raw``: ``aiohttp.web`` with the raw engine client (which side buys what);
+  client; ``aiohttp+raw``: ``aiohttp.web`` with the raw engine client (which side buys what);
+- ``aiohttp+engine``: ``aiohttp.web`` with the coordinator's own ``EngineClient``, whose dispatch
+  legs run on ``motor_coordinator.engine_http`` since 2026-12-03 (what the co-located front ships);
 - ``vllm-router``: not a relay of this file but the peer itself (vllm-router, round robin, from
   ``.bench/routers-venv``, ``scripts/routers-setup``) in front of the same two engines: the
   reference the others are read against, measured in the same rounds.
@@ -60,6 +62,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +73,7 @@ from motor_coordinator.config import DispatchConfig  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
 STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest",
-          "aiohttp+reqwest-p", "raw", "raw+aiohttp", "aiohttp+raw", "vllm-router")
+          "aiohttp+reqwest-p", "raw", "raw+aiohttp", "aiohttp+raw", "aiohttp+engine", "vllm-router")
 PATH = "/v1/completions"
 _JSON = "application/json"
 _KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -93,10 +96,49 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class Relay:
-    """Prefill then decode through one shared :class:`EngineClient` (aiohttp client); answers
+    """Prefill then decode through aiohttp's client (one ``ClientSession``, keep-alive, as the
+    coordinator's ``EngineClient`` used it for the engine legs until 2026-12-03); answers
     (status, content type, chunks)."""
 
     def __init__(self, prefill: str, decode: str) -> None:
+        self.prefill_url = prefill + PATH
+        self.decode_url = decode + PATH
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self.session is None:
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=DispatchConfig().engine_keepalive_sec)
+            self.session = aiohttp.ClientSession(connector=connector)
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def _decode(self, body: dict[str, Any], kv: Any, rid: str) -> tuple[int, str, AsyncIterator[bytes]]:
+        assert self.session is not None
+        resp = await self.session.post(self.decode_url, data=orjson.dumps(dict(body, kv_transfer_params=kv)),
+                                       headers={"Content-Type": _JSON, "X-Request-Id": rid})
+        return resp.status, resp.headers.get("Content-Type", _JSON), _chunks(resp)
+
+    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        await self.start()
+        assert self.session is not None
+        rid = uuid.uuid4().hex
+        body = orjson.loads(raw)
+        async with self.session.post(self.prefill_url, data=orjson.dumps(prefill_body(body)),
+                                     headers={"Content-Type": _JSON, "X-Request-Id": rid}) as r:
+            status, data = r.status, await r.read()
+        if status != 200:
+            return status, _JSON, _one(data)
+        return await self._decode(body, orjson.loads(data).get("kv_transfer_params"), rid)
+
+
+class EngineClientRelay(Relay):
+    """The same two legs through the coordinator's own ``EngineClient`` (since 2026-12-03 its
+    dispatch legs run on ``engine_http``: asyncio protocols, httptools): the shipped client."""
+
+    def __init__(self, prefill: str, decode: str) -> None:
+        super().__init__(prefill, decode)
         self.prefill = endpoint(prefill, 1)
         self.decode = endpoint(decode, 2)
         self.client = EngineClient(connect_timeout=5.0, probe_timeout=5.0,
@@ -129,8 +171,6 @@ class ReqwestRelay(Relay):
 
     def __init__(self, prefill: str, decode: str) -> None:
         super().__init__(prefill, decode)
-        self.prefill_url = prefill + PATH
-        self.decode_url = decode + PATH
         self._reqwest: Any = None
 
     async def start(self) -> None:
@@ -181,9 +221,7 @@ class PrefillReqwestRelay(ReqwestRelay):
         rid, body, status, data = await self._prefill(raw)
         if status != 200:
             return status, _JSON, _one(data)
-        kv = orjson.loads(data).get("kv_transfer_params")
-        dresp = await self.client.open(self.decode, PATH, dict(body, kv_transfer_params=kv), rid)
-        return dresp.status, dresp.headers.get("Content-Type", _JSON), _chunks(dresp)
+        return await self._decode(body, orjson.loads(data).get("kv_transfer_params"), rid)
 
 
 _TIMEOUT = timedelta(seconds=60)
@@ -196,11 +234,13 @@ def make_relay(client: str, prefill: str, decode: str) -> Relay:
         return ReqwestRelay(prefill, decode)
     if client == "reqwest-p":
         return PrefillReqwestRelay(prefill, decode)
+    if client == "engine":
+        return EngineClientRelay(prefill, decode)
     if client == "raw":
         from bench.raw_relay import RawRelay
 
         return RawRelay(prefill, decode)  # type: ignore[return-value]  # the same open/start/close
-    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, reqwest, reqwest-p, raw")
+    raise ValueError(f"unknown engine client {client!r}; known: aiohttp, engine, reqwest, reqwest-p, raw")
 
 
 async def _reqwest_chunks(call: Any, resp: Any) -> AsyncIterator[bytes]:
@@ -417,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve", help="run one aiohttp relay (what the benchmark starts)")
     sv.add_argument("--stack", choices=["aiohttp", "aiohttp-1w"], default="aiohttp")
-    sv.add_argument("--client", choices=["aiohttp", "reqwest", "reqwest-p", "raw"], default="aiohttp")
+    sv.add_argument("--client", choices=["aiohttp", "engine", "reqwest", "reqwest-p", "raw"], default="aiohttp")
     sv.add_argument("--port", type=int, required=True)
     sv.add_argument("--prefill", required=True)
     sv.add_argument("--decode", required=True)

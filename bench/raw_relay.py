@@ -22,7 +22,7 @@ import asyncio
 import sys
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -203,6 +203,22 @@ class _Front(asyncio.Protocol):
         except Exception as exc:
             self._write_whole(502, b"application/json", orjson.dumps({"error": str(exc)}), keep=False)
 
+    async def stream(self, status: int, ctype: bytes, keep: bool,
+                     next_chunk: Callable[[], Awaitable[bytes | None]]) -> None:
+        """A streamed answer, chunk by chunk as *next_chunk* gives them (None: the end); the head
+        goes with the first chunk. A client that left: the rest is drained (the engine's
+        connection stays reusable)."""
+        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                b"%s\r\n" % (status, _REASONS.get(status, b"Other"), ctype, b"" if keep else b"Connection: close\r\n"))
+        while (chunk := await next_chunk()) is not None:
+            if self.transport is not None:
+                self.transport.write(head + b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                head = b""
+        if self.transport is not None:
+            self.transport.write(head + b"0\r\n\r\n")
+            if not keep:
+                self.transport.close()
+
     def _write_whole(self, status: int, ctype: bytes, body: bytes, keep: bool) -> None:
         t = self.transport
         if t is None:
@@ -219,7 +235,9 @@ class RawRelay:
         self.prefill = _Pool(prefill)
         self.decode = _Pool(decode)
 
-    async def relay(self, front: _Front, raw: bytes, keep: bool) -> None:
+    async def _legs(self, raw: bytes) -> tuple[_Answer, bytes | None]:
+        """The prefill leg, then the decode leg: (the answer to relay, its whole body when it is
+        the prefill's failure, else None)."""
         rid = uuid.uuid4().hex.encode()
         body: dict[str, Any] = orjson.loads(raw)
         pbody = dict(body, stream=False, max_tokens=1, kv_transfer_params=_KV)
@@ -227,44 +245,22 @@ class RawRelay:
         pa = await self.prefill.post(orjson.dumps(pbody), rid)
         pdata = await pa.whole()
         if pa.status != 200:
-            front._write_whole(pa.status, pa.ctype, pdata, keep)
-            return
+            return pa, pdata
         kv = orjson.loads(pdata).get("kv_transfer_params")
-        da = await self.decode.post(orjson.dumps(dict(body, kv_transfer_params=kv)), rid)
-        if not da.ctype.startswith(b"text/event-stream"):
-            front._write_whole(da.status, da.ctype, await da.whole(), keep)
-            return
-        t = front.transport
-        if t is None:
-            return
-        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                b"%s\r\n" % (da.status, _REASONS.get(da.status, b"Other"), da.ctype,
-                             b"" if keep else b"Connection: close\r\n"))
-        while (chunk := await da.next()) is not None:
-            if front.transport is None:
-                continue  # the client left: drain the engine's answer so its connection stays reusable
-            front.transport.write(head + b"%x\r\n" % len(chunk) + chunk + b"\r\n")
-            head = b""
-        if front.transport is not None:
-            front.transport.write(head + b"0\r\n\r\n")
-            if not keep:
-                front.transport.close()
+        return await self.decode.post(orjson.dumps(dict(body, kv_transfer_params=kv)), rid), None
 
+    async def relay(self, front: _Front, raw: bytes, keep: bool) -> None:
+        a, data = await self._legs(raw)
+        if data is None and a.ctype.startswith(b"text/event-stream"):
+            await front.stream(a.status, a.ctype, keep, a.next)
+        else:
+            front._write_whole(a.status, a.ctype, await a.whole() if data is None else data, keep)
 
     async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
         """http_stack's relay interface (status, content type, chunks): the raw engine client
         behind another server (stack ``aiohttp+raw``)."""
-        rid = uuid.uuid4().hex.encode()
-        body: dict[str, Any] = orjson.loads(raw)
-        pbody = dict(body, stream=False, max_tokens=1, kv_transfer_params=_KV)
-        pbody.pop("stream_options", None)
-        pa = await self.prefill.post(orjson.dumps(pbody), rid)
-        pdata = await pa.whole()
-        if pa.status != 200:
-            return pa.status, pa.ctype.decode(), _one(pdata)
-        kv = orjson.loads(pdata).get("kv_transfer_params")
-        da = await self.decode.post(orjson.dumps(dict(body, kv_transfer_params=kv)), rid)
-        return da.status, da.ctype.decode(), _drain(da)
+        a, data = await self._legs(raw)
+        return a.status, a.ctype.decode(), _drain(a) if data is None else _one(data)
 
     async def start(self) -> None:
         pass
@@ -284,7 +280,7 @@ async def _drain(a: _Answer) -> AsyncIterator[bytes]:
 
 class GenericRelay:
     """The raw server in front of any relay with http_stack's ``open()`` (stack ``raw+aiohttp``:
-    the coordinator's aiohttp ``EngineClient``)."""
+    aiohttp's client)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -294,17 +290,7 @@ class GenericRelay:
         if not ctype.startswith("text/event-stream"):
             front._write_whole(status, ctype.encode(), b"".join([c async for c in chunks]), keep)
             return
-        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
-                b"%s\r\n" % (status, _REASONS.get(status, b"Other"), ctype.encode(),
-                             b"" if keep else b"Connection: close\r\n"))
-        async for chunk in chunks:
-            if front.transport is not None:
-                front.transport.write(head + b"%x\r\n" % len(chunk) + chunk + b"\r\n")
-                head = b""
-        if front.transport is not None:
-            front.transport.write(head + b"0\r\n\r\n")
-            if not keep:
-                front.transport.close()
+        await front.stream(status, ctype.encode(), keep, lambda: anext(chunks, None))
 
 
 async def serve(port: int, prefill: str, decode: str, client: str = "raw") -> None:

@@ -86,7 +86,7 @@ async def test_the_aiohttp_relays_answer_what_the_engines_answer(tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stack", ["raw", "raw+aiohttp", "aiohttp+raw"])
+@pytest.mark.parametrize("stack", ["raw", "raw+aiohttp", "aiohttp+raw", "aiohttp+engine"])
 async def test_the_bare_protocol_relays_answer_what_the_engines_answer(stack: str, tmp_path: Path) -> None:
     async with start_engines("vllm", tmp_path, ZERO) as e:
         p, d = e.prefills[0], e.decodes[0]
