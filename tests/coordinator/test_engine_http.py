@@ -865,6 +865,7 @@ async def test_bytes_after_an_answer_keep_the_connection_out_of_the_pool(client:
     packet, then bytes while the connection is idle) cannot have its next answer told from them:
     the answer it sent is read as it was, and the connection is not used again."""
     served = 0
+    idle = asyncio.Event()  # set by the test once the second answer's connection is in the pool
 
     async def serve(conn: RawConn) -> None:
         nonlocal served
@@ -874,8 +875,8 @@ async def test_bytes_after_an_answer_keep_the_connection_out_of_the_pool(client:
                 conn.write(answer(b"first", "Content-Type: text/plain") + b"HTTP/1.1 200 OK\r\nX-Stray: 1\r\n")
             elif served == 2:
                 conn.write(answer(b"second"))
-                await asyncio.sleep(0)
-                conn.write(b"HTTP/1.1 200 OK\r\n")  # once the answer is read, while the connection is idle
+                await idle.wait()
+                conn.write(b"HTTP/1.1 200 OK\r\n")  # while the connection is idle in the pool
             else:
                 conn.write(answer(b"third"))
 
@@ -886,6 +887,8 @@ async def test_bytes_after_an_answer_keep_the_connection_out_of_the_pool(client:
         resp.release()
         assert pooled(client, eng.port) == []  # not reused: the stray head would be read as the next answer
         assert (await client.read_all(endpoint(eng.port), "/x", BODY, "r2"))[2] == b"second"
+        assert len(pooled(client, eng.port)) == 1  # a clean answer: pooled, until the engine sends more
+        idle.set()
         await wait_for(lambda: pooled(client, eng.port) == [], timeout=5, what="the connection dropped")
         assert (await client.read_all(endpoint(eng.port), "/x", BODY, "r3"))[2] == b"third"
         assert eng.connections == 3
