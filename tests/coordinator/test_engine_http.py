@@ -267,7 +267,7 @@ async def test_content_length_and_chunked_answers_are_read_byte_exact(client: En
         assert "x-Engine-tag" in resp.headers and "X-Absent" not in resp.headers
         assert resp.headers.get("X-Absent") == "" and resp.headers.get("X-Absent", "d") == "d"
         assert await resp.content.read() == PATTERN
-        assert resp.content.at_eof
+        assert await resp.content.read() == b"" and await resp.content.readany() == b""  # the end, read again
         resp.release()
 
         resp = await client.open(endpoint(eng.port), "/streamed", BODY, "r3")

@@ -82,16 +82,19 @@ class BodyTooLarge(Exception):
 MAX_GZIP_MEMBERS = 64
 
 
+def deflate_wbits(first: bytes) -> int:
+    """zlib's ``wbits`` for a ``deflate`` body starting with *first*: RFC 9110's deflate is
+    zlib-wrapped (a header with the deflate method and its checksum), and some senders send raw
+    deflate: accept both."""
+    wrapped = first[:1] and (first[0] & 0x0F) == 8 and int.from_bytes(first[:2]) % 31 == 0
+    return zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS
+
+
 def decompress(data: bytes, coding: str, limit: int) -> bytes:
     """*data* decoded from *coding* (one of ``ENCODINGS``), producing at most *limit* bytes (a
     compression bomb stops there: ``BodyTooLarge``). Raises ``ValueError`` for data that is not
     valid or complete in that coding."""
-    if coding == "deflate":
-        # RFC 9110 deflate is zlib-wrapped; some clients send raw deflate: accept both.
-        wbits = zlib.MAX_WBITS if data[:1] and (data[0] & 0x0F) == 8 and int.from_bytes(data[:2]) % 31 == 0 \
-            else -zlib.MAX_WBITS
-    else:
-        wbits = 16 + zlib.MAX_WBITS
+    wbits = deflate_wbits(data) if coding == "deflate" else 16 + zlib.MAX_WBITS
     parts: list[bytes] = []
     size = 0
     rest = data

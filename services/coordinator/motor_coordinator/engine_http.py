@@ -30,6 +30,7 @@ from typing import cast
 import aiohttp
 import httptools
 
+from motor_common.openai_front.limits import deflate_wbits
 from motor_common.ports import host_port
 
 # A connection's reading pauses while this many bytes of its answer wait to be read, and resumes
@@ -71,7 +72,8 @@ class AnswerBody:
 
     def __init__(self, conn: EngineConnection, decoder: zlib._Decompress | None, *, sniff: bool = False) -> None:
         """*sniff*: ``deflate``, which senders use for zlib-wrapped and raw deflate data alike: the
-        first bytes decide which (as aiohttp's client and browsers accept both)."""
+        first bytes decide which (``openai_front.limits.deflate_wbits``, as the front reads request
+        bodies; aiohttp's client accepted both too)."""
         self._conn = conn
         self._decoder = decoder
         self._sniff = sniff
@@ -110,10 +112,6 @@ class AnswerBody:
         return self._paused
 
     # --- read by the dispatcher
-    @property
-    def at_eof(self) -> bool:
-        return self._eof and not self._chunks
-
     async def _wait(self) -> None:
         waiter = self._waiter = asyncio.get_running_loop().create_future()
         try:
@@ -159,8 +157,7 @@ class AnswerBody:
                 data = await self._raw(1 << 16)
                 if self._sniff and data:
                     self._sniff = False
-                    if not _wrapped(data):
-                        d = self._decoder = zlib.decompressobj(wbits=-15)
+                    d = self._decoder = zlib.decompressobj(wbits=deflate_wbits(data))
                 if not data:
                     if d.eof:
                         return b""
@@ -177,15 +174,6 @@ class AnswerBody:
 
     async def readany(self) -> bytes:
         return await self.read(DECODE_STEP if self._decoder is not None else 1 << 30)
-
-
-def _wrapped(first: bytes) -> bool:
-    """*first* starts with a zlib header (RFC 1950: deflate method, header checksum) or gzip's magic."""
-    if first[:2] == b"\x1f\x8b":
-        return True
-    if first[0] & 0x0F != 8:
-        return False
-    return len(first) < 2 or (first[0] << 8 | first[1]) % 31 == 0
 
 
 class EngineResponse:
@@ -299,7 +287,8 @@ class EngineConnection(asyncio.Protocol):
         coding = h.get("content-encoding", "identity").strip().lower()
         decoder = None
         if coding in ("gzip", "x-gzip", "deflate"):
-            decoder = zlib.decompressobj(wbits=47)  # 32 + 15: a zlib or a gzip header, detected
+            # gzip: 32 + 15, a gzip (or zlib) header detected; deflate: replaced at its first bytes
+            decoder = zlib.decompressobj(wbits=47)
         elif coding not in ("identity", ""):
             self._broken(f"the engine's answer has a content coding the coordinator does not decode: {coding!r}")
             self.drop()
