@@ -670,6 +670,30 @@ async def test_no_valid_head_is_an_unreachable_engine_it_reached(client: EngineC
         assert pooled(client, eng.port) == []
 
 
+@pytest.mark.parametrize("shape", ["one endless header", "endless interim answers"])
+async def test_a_head_past_its_bound_is_cut_off(client: EngineClient, shape: str) -> None:
+    """The parser holds a header until its end, so an engine that never ends its head would grow
+    the coordinator's memory: past MAX_HEAD_BYTES the connection is dropped and the request fails
+    as an engine that was reached."""
+    async def endless(conn: RawConn) -> None:
+        await conn.request()
+        conn.write(b"HTTP/1.1 200 OK\r\nX-Pad: " if shape == "one endless header" else b"")
+        piece = b"x" * 4096 if shape == "one endless header" else b"HTTP/1.1 100 Continue\r\n\r\n" * 100
+        sent = 0
+        while sent <= 4 * engine_http.MAX_HEAD_BYTES:  # the client cuts it off first (a write then fails)
+            conn.write(piece)
+            await conn.writer.drain()
+            sent += len(piece)
+        await conn.until_eof()
+
+    async with raw_engine(endless) as eng:
+        with pytest.raises(EngineUnreachable, match="head is longer than") as err:
+            await client.open(endpoint(eng.port), "/x", BODY, "r1")
+        assert err.value.reached
+        await wait_for(lambda: eng.tasks[0].done(), timeout=5, what="the engine saw its connection closed")
+        assert pooled(client, eng.port) == []
+
+
 async def test_nothing_listening_is_an_unreachable_engine_never_reached(client: EngineClient) -> None:
     with socket.socket() as bound:  # bound, not listening: connects are refused, the port stays ours
         bound.bind(("127.0.0.1", 0))

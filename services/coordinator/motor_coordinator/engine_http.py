@@ -39,6 +39,10 @@ HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 # Decoded bytes produced per read of a compressed body.
 DECODE_STEP = 64 * 1024
+# Bytes an engine may send before its answer's head is complete (status line, headers and any 1xx
+# interim answers), counted per read: the parser buffers a header until its end, so an endless one
+# is cut once a read leaves the head incomplete past this.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class BrokenAnswer(aiohttp.ClientPayloadError):
@@ -219,6 +223,7 @@ class EngineConnection(asyncio.Protocol):
         self._complete = False
         self._keepalive = False
         self._finished = False
+        self._head_bytes = 0
 
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -240,9 +245,16 @@ class EngineConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._broken(f"the engine's answer is not valid HTTP/1.1: {exc}")
             self.drop()
+            return
         except httptools.HttpParserUpgrade:  # not an HttpParserError: it escaped, asyncio logged a fatal error
             self._broken("the engine answered HTTP 101 (switching protocols)")
             self.drop()
+            return
+        if self._body is None:  # still no head: at most one read past the bound is held
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._broken(f"the engine's answer head is longer than {MAX_HEAD_BYTES} bytes")
+                self.drop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -315,6 +327,7 @@ class EngineConnection(asyncio.Protocol):
         self._head = asyncio.get_running_loop().create_future()
         self._body, self._headers = None, {}
         self._framed = self._complete = self._keepalive = self._finished = False
+        self._head_bytes = 0
         self.transport.write(request)
         return self._head
 
