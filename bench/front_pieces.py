@@ -188,8 +188,7 @@ async def bench(a: argparse.Namespace) -> Results:
                             else:
                                 os.environ["PYTHONPATH"] = saved
                     async with target as t:
-                        pids = [t.pid] if v == "relay" else t.pids
-                        await measure(t, v, rnd, a.conc, a.stream, a.seconds, res, pids=pids, width=16)
+                        await measure(t, v, rnd, a.conc, a.stream, a.seconds, res, width=16)
             print(f"load average at end: {os.getloadavg()}", flush=True)
     print(report(res, names, a.conc), flush=True)
     print(costs(res, a.pieces, a.conc), flush=True)

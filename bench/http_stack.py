@@ -31,9 +31,17 @@ Stacks (each a separate relay process, measured by its process tree's CPU, psuti
   client; ``aiohttp+raw``: ``aiohttp.web`` with the raw engine client (which side buys what);
 - ``aiohttp+engine``: ``aiohttp.web`` with the coordinator's own ``EngineClient``, whose dispatch
   legs run on ``motor_coordinator.engine_http`` since 2026-12-03 (what the co-located front ships);
+- ``hop``: the gateway topology's floor, two processes (``bench/hop_relay.py``): an
+  ``aiohttp.web`` front sending each body on one grpc.aio stream (batched, as ``DispatchMany``) to
+  a back process that runs the ``engine`` client's two legs; the CPU of both is its cost. Nothing
+  of Motor's own per-request work on either side. ``hop-grpclib``: the same stream on grpclib (pure
+  Python HTTP/2 on asyncio, no threads; ``pip install grpclib``, not a dependency);
 - ``vllm-router``: not a relay of this file but the peer itself (vllm-router, round robin, from
   ``.bench/routers-venv``, ``scripts/routers-setup``) in front of the same two engines: the
-  reference the others are read against, measured in the same rounds.
+  reference the others are read against, measured in the same rounds;
+- ``motor`` / ``motor-co``: Motor itself in front of the same engines (``bench/common.py``'s
+  ``start_motor``: gateway + coordinator, what ``motor up`` starts / the co-located front), so the
+  floors above and the product are measured in the same rounds.
 
 The same two simulators (zero latency) serve every variant. Per round each variant is started,
 loaded at each concurrency with ``bench/loadgen.py`` for ``--seconds`` and stopped, in an order
@@ -50,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import statistics
 import sys
 import tempfile
@@ -57,6 +66,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -73,7 +83,11 @@ from motor_coordinator.config import DispatchConfig  # noqa: E402
 from motor_coordinator.engine_client import EngineClient  # noqa: E402
 
 STACKS = ("aiohttp", "aiohttp-b", "aiohttp-1w", "granian", "granian-rt", "aiohttp+reqwest", "granian+reqwest",
-          "aiohttp+reqwest-p", "raw", "raw+aiohttp", "aiohttp+raw", "aiohttp+engine", "vllm-router")
+          "aiohttp+reqwest-p", "raw", "raw+aiohttp", "aiohttp+raw", "aiohttp+engine", "hop", "hop-grpclib", "vllm-router",
+          "motor", "motor-co")
+# Motor itself, in front of the same engines: gateway + coordinator (what `motor up` starts), and the
+# coordinator's co-located front
+MOTOR = {"motor": False, "motor-co": True}
 PATH = "/v1/completions"
 _JSON = "application/json"
 _KV = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -350,7 +364,7 @@ def split_stack(stack: str) -> tuple[str, str]:
 
 
 def relay_argv(stack: str, port: int) -> list[str]:
-    if stack not in STACKS:
+    if stack not in STACKS or stack in MOTOR:
         raise ValueError(f"unknown stack {stack!r}; known: {', '.join(STACKS)}")
     server, client = split_stack(stack)
     if server.startswith("aiohttp"):
@@ -360,6 +374,9 @@ def relay_argv(stack: str, port: int) -> list[str]:
     if server == "raw":
         return [sys.executable, str(Path(__file__).resolve().with_name("raw_relay.py")), "--client",
                 client if "+" in stack else "raw", "--port", str(port)]
+    if server.startswith("hop"):  # its front process; start_relay starts the back and adds --back
+        return [sys.executable, str(Path(__file__).resolve().with_name("hop_relay.py")), "front", "--port", str(port),
+                "--transport", "grpclib" if server == "hop-grpclib" else "grpcio"]
     if server == "vllm-router":
         from bench.common import ensure_routers_venv
 
@@ -409,29 +426,55 @@ def report(res: Results, stacks: Sequence[str], conc: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class Relayed:
+    """A started relay: where to send requests, and the processes whose CPU is its cost."""
+
+    url: str
+    pids: list[int]
+
+
+def _listening(port: int) -> Any:
+    def ready(_: Any) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+    return ready
+
+
 @asynccontextmanager
-async def start_relay(stack: str, prefill: str, decode: str, log_dir: Path) -> AsyncIterator[Any]:
+async def start_relay(stack: str, prefill: str, decode: str, log_dir: Path) -> AsyncIterator[Relayed]:
     from bench.common import _serves_completions
     from tests.helpers import free_port
     from tests.procs import running
 
     port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     argv = relay_argv(stack, port)
+    if stack.startswith("hop"):  # two processes: bench/hop_relay.py's back (engine legs) and front (aiohttp.web)
+        back_port = free_port()
+        back_argv = [*argv[:2], "back", "--port", str(back_port), "--prefill", prefill, "--decode", decode,
+                     *argv[-2:]]
+        async with running("hop-back", back_argv, log_dir, ready=_listening(back_port), env=env) as back, \
+                running("hop-front", [*argv, "--back", f"127.0.0.1:{back_port}"], log_dir,
+                        ready=_serves_completions(port), deadline=60, env=env) as front:
+            yield Relayed(front.url, [front.pid, back.pid])
+        return
     if stack.startswith(("aiohttp", "raw")):
         argv += ["--prefill", prefill, "--decode", decode]
     elif stack == "vllm-router":
         argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                  "--prefill", prefill, "--decode", decode]
-    env = {**os.environ, "HTTP_STACK_PREFILL": prefill, "HTTP_STACK_DECODE": decode,
-           "HTTP_STACK_CLIENT": split_stack(stack)[1],
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.update(HTTP_STACK_PREFILL=prefill, HTTP_STACK_DECODE=decode, HTTP_STACK_CLIENT=split_stack(stack)[1])
     async with running(f"relay-{stack}", argv, log_dir, ready=_serves_completions(port), deadline=60, env=env) as p:
-        yield p
+        yield Relayed(p.url, [p.pid])
 
 
 async def bench(a: argparse.Namespace) -> Results:
     from bench.ab import measure
-    from bench.common import ZERO, start_engines
+    from bench.common import ZERO, start_engines, start_motor
 
     res: Results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -441,8 +484,10 @@ async def bench(a: argparse.Namespace) -> Results:
             print(f"load average at start: {os.getloadavg()}", flush=True)
             for rnd in range(a.rounds):
                 for stack in rotation(a.stacks, rnd):
-                    async with start_relay(stack, prefill, decode, d) as p:
-                        await measure(p, stack, rnd, a.conc, a.stream, a.seconds, res, pids=[p.pid], width=16)
+                    target = (start_motor(e, d, name=stack, co_located=MOTOR[stack]) if stack in MOTOR
+                              else start_relay(stack, prefill, decode, d))
+                    async with target as p:
+                        await measure(p, stack, rnd, a.conc, a.stream, a.seconds, res, width=16)
             print(f"load average at end: {os.getloadavg()}", flush=True)
     print(report(res, a.stacks, a.conc), flush=True)
     return res
@@ -471,7 +516,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve_aiohttp(a.port, a.client, a.prefill, a.decode, last_with_eof=a.stack == "aiohttp-1w")
         return
     for s in a.stacks:
-        relay_argv(s, 0)  # an unknown stack fails before any process starts
+        if s not in MOTOR:
+            relay_argv(s, 0)  # an unknown stack fails before any process starts
     from motor_common.runner import install_uvloop
 
     install_uvloop()

@@ -53,6 +53,7 @@ def test_an_unknown_stack_is_refused_and_the_prefill_leg_is_vllms() -> None:
     assert relay_argv("raw", 1)[-4:] == ["--client", "raw", "--port", "1"]  # both sides bare protocols
     assert relay_argv("raw+aiohttp", 1)[-4:] == ["--client", "aiohttp", "--port", "1"]
     assert relay_argv("aiohttp+raw", 1)[-4:] == ["--client", "raw", "--port", "1"]
+    assert relay_argv("hop", 1)[-5:] == ["front", "--port", "1", "--transport", "grpcio"]  # the back: beside it
     body = prefill_body({"prompt": "x", "max_tokens": 16, "stream": True, "stream_options": {"include_usage": True}})
     assert body["max_tokens"] == 1 and body["stream"] is False and "stream_options" not in body
     assert body["kv_transfer_params"]["do_remote_decode"] is True
@@ -86,7 +87,7 @@ async def test_the_aiohttp_relays_answer_what_the_engines_answer(tmp_path: Path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stack", ["raw", "raw+aiohttp", "aiohttp+raw", "aiohttp+engine"])
+@pytest.mark.parametrize("stack", ["raw", "raw+aiohttp", "aiohttp+raw", "aiohttp+engine", "hop"])
 async def test_the_bare_protocol_relays_answer_what_the_engines_answer(stack: str, tmp_path: Path) -> None:
     async with start_engines("vllm", tmp_path, ZERO) as e:
         p, d = e.prefills[0], e.decodes[0]
