@@ -6,7 +6,9 @@
 
 Starts zero-latency P and D simulators and Motor, drives load, records both processes with
 ``py-spy record --format raw`` and prints the top functions by own samples and by inclusive samples,
-and the own samples by where the code lives (Motor's packages, aiohttp, asyncio/uvloop, ...).
+the own samples by where the code lives (Motor's packages, aiohttp, asyncio/uvloop, ...), and the
+samples by the innermost Motor function on their stack (what each piece of Motor's per-request work
+costs with the library calls it makes: the view the per-request machinery is cut by).
 ``--co-located``: the coordinator's co-located front alone (no gateway); with ``--front-workers N``
 (``http.workers: N``) the coordinator and each of its N worker processes are recorded (at c=1 one
 worker takes every request: one keep-alive connection).
@@ -42,10 +44,22 @@ def _area(frame: str) -> str:
     return "other: " + path.rsplit("/", 1)[-1].split(":")[0]
 
 
+def _innermost_motor(raw_frames: list[str], frames: list[str]) -> str:
+    """The innermost frame of Motor's own packages (the leaf's own name when none: the event loop
+    or a library callback, e.g. aiohttp's server)."""
+    for raw, short in zip(reversed(raw_frames), reversed(frames), strict=False):
+        if "motor_common/runner.py" in raw:  # the process's main(): the loop and libraries under it
+            break
+        if "motor_" in raw:
+            return short.rsplit(":", 1)[0]
+    return "(the event loop, or a library callback) " + frames[-1].rsplit(":", 1)[0]
+
+
 def summarise(raw: Path, top: int) -> str:
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
     by_area: collections.Counter[str] = collections.Counter()
+    motor: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
@@ -57,12 +71,15 @@ def summarise(raw: Path, top: int) -> str:
         if frames:
             own[frames[-1]] += count
             by_area[_area(stack.split(";")[-1] if stack else "")] += count
+            motor[_innermost_motor(stack.split(";"), frames)] += count
         for f in set(frames):
             incl[f] += count
     lines = [f"  total samples {total}", "  -- own --"]
     lines += [f"  {c / total:6.1%}  {f}" for f, c in own.most_common(top)]
     lines += ["  -- own, by where the code lives --"]
     lines += [f"  {c / total:6.1%}  {f}" for f, c in by_area.most_common(top)]
+    lines += ["  -- by the innermost Motor function on the stack (its own work and what it calls outside Motor) --"]
+    lines += [f"  {c / total:6.1%}  {f}" for f, c in motor.most_common(top)]
     lines += ["  -- inclusive --"]
     lines += [f"  {c / total:6.1%}  {f}" for f, c in incl.most_common(top)]
     return "\n".join(lines)
