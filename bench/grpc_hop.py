@@ -32,7 +32,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -45,15 +45,15 @@ STACKS = ("grpcio", "grpclib")
 MAX_BATCH = 256
 
 
-def _ident(b: bytes) -> bytes:
+def ident(b: bytes) -> bytes:
     return b
 
 
-def _pack(items: list[bytes]) -> bytes:
+def pack(items: list[bytes]) -> bytes:
     return b"".join(struct.pack(">I", len(i)) + i for i in items)
 
 
-def _unpack(data: bytes) -> list[bytes]:
+def unpack(data: bytes) -> list[bytes]:
     out, i = [], 0
     while i < len(data):
         (n,) = struct.unpack_from(">I", data, i)
@@ -79,12 +79,29 @@ def _answerer(out: asyncio.Queue[bytes], spread_ms: float) -> Callable[[bytes], 
     return on
 
 
-async def _batches(out: asyncio.Queue[bytes]) -> bytes:
-    """The next message: every answer waiting, at most MAX_BATCH."""
+async def next_batch(out: asyncio.Queue[bytes]) -> bytes:
+    """The next message: every item waiting, at most MAX_BATCH."""
     batch = [await out.get()]
     while not out.empty() and len(batch) < MAX_BATCH:
         batch.append(out.get_nowait())
-    return _pack(batch)
+    return pack(batch)
+
+
+async def relay_stream(requests: AsyncIterator[bytes], send: Callable[[bytes], Awaitable[Any]],
+                       take: Callable[[bytes], None], out: asyncio.Queue[bytes]) -> None:
+    """The server side of one bidirectional stream, on either stack: each item of each message of
+    *requests* goes to *take*; what is put into *out* goes back through *send*, batched."""
+    async def read() -> None:
+        async for msg in requests:
+            for item in unpack(msg):
+                take(item)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        while True:
+            await send(await next_batch(out))
+    finally:
+        reader.cancel()
 
 
 async def _serve_grpcio(port: int, spread_ms: float) -> None:
@@ -92,34 +109,22 @@ async def _serve_grpcio(port: int, spread_ms: float) -> None:
         yield b"H" + req[:8]
         yield b"C" + ANSWER
 
-    async def bidi(requests: Any, ctx: Any) -> Any:
+    async def bidi(requests: Any, ctx: Any) -> None:
         out: asyncio.Queue[bytes] = asyncio.Queue()
-        on = _answerer(out, spread_ms)
-
-        async def read() -> None:
-            async for msg in requests:
-                for item in _unpack(msg):
-                    on(item)
-
-        reader = asyncio.ensure_future(read())
-        try:
-            while True:
-                yield await _batches(out)
-        finally:
-            reader.cancel()
+        await relay_stream(requests, ctx.write, _answerer(out, spread_ms), out)
 
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("hop.S", {
-        "U": grpc.unary_stream_rpc_method_handler(unary, _ident, _ident),
-        "B": grpc.stream_stream_rpc_method_handler(bidi, _ident, _ident),
+        "U": grpc.unary_stream_rpc_method_handler(unary, ident, ident),
+        "B": grpc.stream_stream_rpc_method_handler(bidi, ident, ident),
     }),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
 
 
-def _raw_codec() -> Any:
-    """grpclib's codec for messages that are bytes already (what ``_ident`` is for grpcio)."""
+def raw_codec() -> Any:
+    """grpclib's codec for messages that are bytes already (what ``ident`` is for grpcio)."""
     from grpclib.encoding.base import CodecBase
 
     class Raw(CodecBase):  # type: ignore[misc]
@@ -141,24 +146,12 @@ async def _serve_grpclib(port: int, spread_ms: float) -> None:
     class Hop:
         async def bidi(self, stream: Any) -> None:
             out: asyncio.Queue[bytes] = asyncio.Queue()
-            on = _answerer(out, spread_ms)
-
-            async def read() -> None:
-                async for msg in stream:
-                    for item in _unpack(msg):
-                        on(item)
-
-            reader = asyncio.ensure_future(read())
-            try:
-                while True:
-                    await stream.send_message(await _batches(out))
-            finally:
-                reader.cancel()
+            await relay_stream(stream, stream.send_message, _answerer(out, spread_ms), out)
 
         def __mapping__(self) -> dict[str, Any]:
             return {"/hop.S/B": Handler(self.bidi, Cardinality.STREAM_STREAM, bytes, bytes)}
 
-    server = Server([Hop()], codec=_raw_codec())
+    server = Server([Hop()], codec=raw_codec())
     await server.start("127.0.0.1", port)
     await server.wait_closed()
 
@@ -168,12 +161,12 @@ async def _open_stream(stack: str, port: int) -> tuple[Any, Any, Any, Any]:
     if stack == "grpcio":
         ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         await ch.channel_ready()
-        call = ch.stream_stream("/hop.S/B", _ident, _ident)()
+        call = ch.stream_stream("/hop.S/B", ident, ident)()
         return call.write, call.read, grpc.aio.EOF, ch.close
     from grpclib.client import Channel
     from grpclib.const import Cardinality
 
-    channel = Channel("127.0.0.1", port, codec=_raw_codec())
+    channel = Channel("127.0.0.1", port, codec=raw_codec())
     stream = await channel.request("/hop.S/B", Cardinality.STREAM_STREAM, bytes, bytes).__aenter__()
     await stream.send_request()
 
@@ -192,14 +185,14 @@ async def _client(stack: str, port: int, server_pid: int, mode: str, concurrency
     if mode == "unary":
         ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         await ch.channel_ready()
-        unary, close = ch.unary_stream("/hop.S/U", _ident, _ident), ch.close
+        unary, close = ch.unary_stream("/hop.S/U", ident, ident), ch.close
     else:
         send, recv, eof, close = await _open_stream(stack, port)
 
         async def reader() -> None:
             try:
                 while (msg := await recv()) is not eof:
-                    for item in _unpack(msg):
+                    for item in unpack(msg):
                         if item[8:9] == b"C":
                             waiters.pop(item[:8]).set_result(None)
             except Exception:  # the stream closed under it at the end
@@ -211,7 +204,7 @@ async def _client(stack: str, port: int, server_pid: int, mode: str, concurrency
                 while not outbox.empty() and len(batch) < MAX_BATCH:
                     batch.append(outbox.get_nowait())
                 sizes.append(len(batch))
-                await send(_pack(batch))
+                await send(pack(batch))
 
         tasks = [asyncio.ensure_future(reader()), asyncio.ensure_future(writer())]
     seq = [0]

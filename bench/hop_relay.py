@@ -24,7 +24,7 @@ import argparse
 import asyncio
 import struct
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,46 +32,23 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.grpc_hop import ident, next_batch, raw_codec, relay_stream, unpack
+
 PATH = "/v1/completions"
 _METHOD = "/hop.Relay/Many"
-MAX_BATCH = 256
 # item kinds, back -> front: the head (status and content type), a body chunk, the end
 _HEAD, _CHUNK, _END = b"H", b"C", b"E"
 
 
-def _ident(b: bytes) -> bytes:
-    return b
-
-
-def pack(items: list[bytes]) -> bytes:
-    return b"".join(struct.pack(">I", len(i)) + i for i in items)
-
-
-def unpack(data: bytes) -> list[bytes]:
-    out, i = [], 0
-    while i < len(data):
-        (n,) = struct.unpack_from(">I", data, i)
-        out.append(data[i + 4:i + 4 + n])
-        i += 4 + n
-    return out
-
-
-async def _drain(out: asyncio.Queue[bytes]) -> bytes:
-    """The next message: every item waiting, at most MAX_BATCH."""
-    batch = [await out.get()]
-    while not out.empty() and len(batch) < MAX_BATCH:
-        batch.append(out.get_nowait())
-    return pack(batch)
-
-
 # --- back: the dispatcher's side ----------------------------------------------------------------
-async def serve_back(port: int, prefill: str, decode: str) -> None:
+async def serve_back(port: int, prefill: str, decode: str, transport: str = "grpcio") -> None:
     from bench.http_stack import make_relay
 
     relay = make_relay("engine", prefill, decode)
     await relay.start()
 
-    async def many(requests: AsyncIterator[bytes], ctx: Any) -> AsyncIterator[bytes]:
+    async def many(requests: AsyncIterator[bytes], send: Callable[[bytes], Awaitable[Any]]) -> None:
+        """One stream: each request's engine legs in a task of their own, the answers back as they come."""
         out: asyncio.Queue[bytes] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
@@ -85,86 +62,41 @@ async def serve_back(port: int, prefill: str, decode: str) -> None:
                 out.put_nowait(sid + _CHUNK + b"".join([c async for c in chunks]))
             out.put_nowait(sid + _END)
 
-        async def read() -> None:
-            async for msg in requests:
-                for item in unpack(msg):
-                    task = asyncio.ensure_future(one(item[:8], item[8:]))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+        def take(item: bytes) -> None:
+            task = asyncio.ensure_future(one(item[:8], item[8:]))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
-        reader = asyncio.ensure_future(read())
         try:
-            while True:
-                yield await _drain(out)
+            await relay_stream(requests, send, take, out)
         finally:
-            reader.cancel()
             for task in list(tasks):
                 task.cancel()
 
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("hop.Relay", {
-        "Many": grpc.stream_stream_rpc_method_handler(many, _ident, _ident)}),))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    await server.wait_for_termination()
+    if transport == "grpcio":
+        async def handler(requests: Any, ctx: Any) -> None:
+            await many(requests, ctx.write)
 
-
-async def serve_back_grpclib(port: int, prefill: str, decode: str) -> None:
-    """:func:`serve_back` on grpclib (pure Python HTTP/2 on asyncio, no threads) instead of grpc.aio."""
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("hop.Relay", {
+            "Many": grpc.stream_stream_rpc_method_handler(handler, ident, ident)}),))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+        return
     from grpclib.const import Cardinality, Handler
     from grpclib.server import Server
 
-    from bench.grpc_hop import _raw_codec
-    from bench.http_stack import make_relay
-
-    relay = make_relay("engine", prefill, decode)
-    await relay.start()
-
     class Relay:
         async def many(self, stream: Any) -> None:
-            async def requests() -> AsyncIterator[bytes]:
-                async for msg in stream:
-                    yield msg
-            await _serve_items(relay, requests(), stream.send_message)
+            await many(stream, stream.send_message)
 
         def __mapping__(self) -> dict[str, Any]:
             return {_METHOD: Handler(self.many, Cardinality.STREAM_STREAM, bytes, bytes)}
 
-    server = Server([Relay()], codec=_raw_codec())
-    await server.start("127.0.0.1", port)
-    await server.wait_closed()
-
-
-async def _serve_items(relay: Any, requests: AsyncIterator[bytes], send: Any) -> None:
-    """grpclib's loop of :func:`serve_back`'s ``many``: requests in, items out through *send*."""
-    out: asyncio.Queue[bytes] = asyncio.Queue()
-    tasks: set[asyncio.Task[None]] = set()
-
-    async def one(sid: bytes, raw: bytes) -> None:
-        status, ctype, chunks = await relay.open(raw)
-        out.put_nowait(sid + _HEAD + struct.pack(">H", status) + ctype.encode())
-        if ctype.startswith("text/event-stream"):
-            async for chunk in chunks:
-                out.put_nowait(sid + _CHUNK + chunk)
-        else:
-            out.put_nowait(sid + _CHUNK + b"".join([c async for c in chunks]))
-        out.put_nowait(sid + _END)
-
-    async def read() -> None:
-        async for msg in requests:
-            for item in unpack(msg):
-                task = asyncio.ensure_future(one(item[:8], item[8:]))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-
-    reader = asyncio.ensure_future(read())
-    try:
-        while True:
-            await send(await _drain(out))
-    finally:
-        reader.cancel()
-        for task in list(tasks):
-            task.cancel()
+    grpclib_server = Server([Relay()], codec=raw_codec())
+    await grpclib_server.start("127.0.0.1", port)
+    await grpclib_server.wait_closed()
 
 
 # --- front: the gateway's side ------------------------------------------------------------------
@@ -183,7 +115,7 @@ class Stream:
     def open(self, raw: bytes) -> asyncio.Queue[bytes]:
         if self.call is None:
             self.channel = grpc.aio.insecure_channel(self.back)
-            self.call = self.channel.stream_stream(_METHOD, _ident, _ident)()
+            self.call = self.channel.stream_stream(_METHOD, ident, ident)()
             self._send, self._recv, self._eof = self.call.write, self.call.read, grpc.aio.EOF
             self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
         self.seq += 1
@@ -195,7 +127,7 @@ class Stream:
 
     async def _write(self) -> None:
         while True:
-            await self._send(await _drain(self.outbox))
+            await self._send(await next_batch(self.outbox))
 
     async def _read(self) -> None:
         while (msg := await self._recv()) is not self._eof:
@@ -219,10 +151,8 @@ class GrpclibStream(Stream):
         if self.call is None:
             from grpclib.client import Channel
 
-            from bench.grpc_hop import _raw_codec
-
             host, _, port = self.back.rpartition(":")
-            self.channel = Channel(host, int(port), codec=_raw_codec())
+            self.channel = Channel(host, int(port), codec=raw_codec())
             self.call = True
             self.tasks = [asyncio.ensure_future(self._run())]
         return super().open(raw)
@@ -292,7 +222,7 @@ def main() -> None:
 
     install_uvloop()
     if a.side == "back":
-        asyncio.run((serve_back if a.transport == "grpcio" else serve_back_grpclib)(a.port, a.prefill, a.decode))
+        asyncio.run(serve_back(a.port, a.prefill, a.decode, a.transport))
     else:
         from aiohttp import web
 
