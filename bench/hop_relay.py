@@ -101,7 +101,8 @@ async def serve_back(port: int, prefill: str, decode: str, transport: str = "grp
 
 # --- front: the gateway's side ------------------------------------------------------------------
 class Stream:
-    """The front's one stream to ``back``: requests out, their items routed back by id."""
+    """The front's one stream to ``back``: requests out, their items routed back by id. A relay
+    for ``bench/http_stack.py``'s ``aiohttp_app`` (``open`` -> status, content type, chunks)."""
 
     def __init__(self, back: str) -> None:
         self.back = back
@@ -112,7 +113,20 @@ class Stream:
         self.seq = 0
         self.tasks: list[asyncio.Task[None]] = []
 
-    def open(self, raw: bytes) -> asyncio.Queue[bytes]:
+    async def start(self) -> None:
+        pass  # the stream opens at the first request, in the event loop
+
+    async def open(self, raw: bytes) -> tuple[int, str, AsyncIterator[bytes]]:
+        items = self._send_request(raw)
+        head = await items.get()
+        return struct.unpack(">H", head[1:3])[0], head[3:].decode(), self._chunks(items)
+
+    @staticmethod
+    async def _chunks(items: asyncio.Queue[bytes]) -> AsyncIterator[bytes]:
+        while (item := await items.get())[:1] != _END:
+            yield item[1:]
+
+    def _send_request(self, raw: bytes) -> asyncio.Queue[bytes]:
         if self.call is None:
             self.channel = grpc.aio.insecure_channel(self.back)
             self.call = self.channel.stream_stream(_METHOD, ident, ident)()
@@ -147,7 +161,7 @@ class Stream:
 class GrpclibStream(Stream):
     """:class:`Stream` on grpclib instead of grpc.aio."""
 
-    def open(self, raw: bytes) -> asyncio.Queue[bytes]:
+    def _send_request(self, raw: bytes) -> asyncio.Queue[bytes]:
         if self.call is None:
             from grpclib.client import Channel
 
@@ -155,7 +169,7 @@ class GrpclibStream(Stream):
             self.channel = Channel(host, int(port), codec=raw_codec())
             self.call = True
             self.tasks = [asyncio.ensure_future(self._run())]
-        return super().open(raw)
+        return super()._send_request(raw)
 
     async def _run(self) -> None:
         from grpclib.const import Cardinality
@@ -173,35 +187,9 @@ class GrpclibStream(Stream):
 
 
 def front_app(back: str, transport: str = "grpcio") -> Any:
-    from aiohttp import web
+    from bench.http_stack import aiohttp_app
 
-    stream = Stream(back) if transport == "grpcio" else GrpclibStream(back)
-
-    async def completions(request: web.Request) -> web.StreamResponse:
-        items = stream.open(await request.read())
-        head = await items.get()
-        status, ctype = struct.unpack(">H", head[1:3])[0], head[3:].decode()
-        headers = {"Content-Type": ctype}
-        if not ctype.startswith("text/event-stream"):
-            body = b""
-            while (item := await items.get())[:1] != _END:
-                body += item[1:]
-            return web.Response(status=status, body=body, headers=headers)
-        resp = web.StreamResponse(status=status, headers=headers)
-        resp.headers["Cache-Control"] = "no-cache"
-        await resp.prepare(request)
-        while (item := await items.get())[:1] != _END:
-            await resp.write(item[1:])
-        await resp.write_eof()
-        return resp
-
-    async def on_cleanup(_: web.Application) -> None:
-        await stream.close()
-
-    app = web.Application()
-    app.router.add_post(PATH, completions)
-    app.on_cleanup.append(on_cleanup)
-    return app
+    return aiohttp_app(Stream(back) if transport == "grpcio" else GrpclibStream(back))  # type: ignore[arg-type]
 
 
 def main() -> None:
