@@ -304,6 +304,13 @@ class _TooManyFields:
     limit: int
 
 
+@dataclass(frozen=True)
+class _UnknownFields:
+    """What the deserializer gives for a message with fields this server does not know."""
+
+    paths: tuple[str, ...]
+
+
 def _request_type(service: str, method: str) -> Any:
     """The request message descriptor of *service*/*method*, if the default pool has it."""
     try:
@@ -314,17 +321,21 @@ def _request_type(service: str, method: str) -> Any:
 
 def _lenient(deserialize: Callable[[bytes], Any], request_type: Any, max_fields: int | None) -> Callable[[bytes], Any]:
     """*deserialize*, but bytes that do not parse give :class:`_Malformed` instead of raising (grpc
-    would answer UNKNOWN with the Python exception's class name), and a large message with more
-    than *max_fields* fields (counted on the wire) gives :class:`_TooManyFields` without being parsed."""
+    would answer UNKNOWN with the Python exception's class name), a large message with more than
+    *max_fields* fields (counted on the wire) gives :class:`_TooManyFields` without being parsed,
+    and one with unknown fields :class:`_UnknownFields` (checked here, where the wire size is
+    known: ``strict_proto``'s one-pass check for small messages)."""
 
     def parse(raw: bytes) -> Any:
         if (max_fields is not None and request_type is not None and len(raw) > MEASURE_ABOVE_BYTES
                 and count_fields(raw, request_type, max_fields) > max_fields):
             return _TooManyFields(max_fields)
         try:
-            return deserialize(raw)
+            msg = deserialize(raw)
         except Exception as exc:  # DecodeError, or RecursionError past the nesting limit
             return _Malformed(str(exc) or type(exc).__name__)
+        paths = unknown_field_paths(msg, wire_size=len(raw))
+        return _UnknownFields(tuple(paths)) if paths else msg
 
     return parse
 
@@ -337,13 +348,12 @@ def _check_known(request: Any) -> None:
     if isinstance(request, _Malformed):
         raise InvalidArgument(f"the request is not a valid protobuf message ({request.why}); nothing was applied",
                               reason="MALFORMED_REQUEST")
-    paths = unknown_field_paths(request)
-    if paths:
+    if isinstance(request, _UnknownFields):
         raise InvalidArgument(
-            f"unknown field(s) {', '.join(paths)}: this server does not know them (is the client "
+            f"unknown field(s) {', '.join(request.paths)}: this server does not know them (is the client "
             "built from a newer or different motor proto?)",
             reason="UNKNOWN_FIELD",
-            metadata={"fields": ",".join(paths)},
+            metadata={"fields": ",".join(request.paths)},
         )
     check_request(request)
 

@@ -10,24 +10,28 @@ from __future__ import annotations
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
-# Messages up to this size are first checked in one pass in C (a copy without its unknown fields
-# is as large as the message exactly when it has none): ~1 µs against ~6-9 µs for the walk in
-# Python over a one-request DispatchMany message. Larger ones (a big prompt, a full instance set)
-# are walked directly, so the check never copies more than this.
+# A message that came as at most this many bytes is first checked in one pass in C (a copy without
+# its unknown fields is as large as the message exactly when it has none): ~1 µs against ~6-9 µs
+# for the walk in Python over a one-request DispatchMany message. A larger one (a big prompt, a
+# full instance set) is walked directly: the pass copies the message and sizing it encodes it
+# (≈ 1.7 ms for 10 MB), while the walk's cost grows with its fields, not its bytes.
 FAST_CHECK_BYTES = 64 * 1024
 
 
 def has_unknown_fields(msg: Message) -> bool:
-    """Whether *msg* or any sub-message carries unknown fields (one pass in C; copies *msg*)."""
+    """Whether *msg* or any sub-message carries unknown fields (one pass in C; copies and sizes
+    *msg*: for small messages)."""
     bare = type(msg)()
     bare.CopyFrom(msg)
-    bare.DiscardUnknownFields()  # recursive: sub-messages, repeated and map values included
+    bare.DiscardUnknownFields()  # recursive into sub-messages
     return bare.ByteSize() != msg.ByteSize()
 
 
-def unknown_field_paths(msg: Message, prefix: str = "") -> list[str]:
-    """Paths of unknown fields in *msg* and its set sub-messages, e.g. ``node.#111``."""
-    if not prefix and msg.ByteSize() <= FAST_CHECK_BYTES and not has_unknown_fields(msg):
+def unknown_field_paths(msg: Message, prefix: str = "", *, wire_size: int | None = None) -> list[str]:
+    """Paths of unknown fields in *msg* and its set sub-messages, e.g. ``node.#111``. *wire_size*:
+    the bytes *msg* was parsed from; at most :data:`FAST_CHECK_BYTES` of them, the one-pass check
+    decides first."""
+    if wire_size is not None and wire_size <= FAST_CHECK_BYTES and not has_unknown_fields(msg):
         return []  # the usual case, without the walk
     name = prefix or msg.DESCRIPTOR.name
     unknown = unknown_fields.UnknownFieldSet(msg)

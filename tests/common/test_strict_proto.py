@@ -1,5 +1,5 @@
-"""strict_proto: unknown fields are found wherever they are, by the one-pass check (small messages)
-and by the walk (large ones, and to name them)."""
+"""strict_proto: unknown fields are found wherever they are, by the one-pass check (messages that
+came as at most FAST_CHECK_BYTES) and by the walk (larger ones, and to name them)."""
 
 from __future__ import annotations
 
@@ -49,9 +49,11 @@ def _varint(n: int) -> bytes:
 def test_an_unknown_field_is_found_at_any_depth_in_small_and_large_messages(where: str, path: str, size: str) -> None:
     body = b"x" * (FAST_CHECK_BYTES + 1) if size == "large" else b"{}"
     msg = _with_unknown(where, body)
-    assert (msg.ByteSize() > FAST_CHECK_BYTES) == (size == "large")  # the walk alone / the one-pass check first
+    wire = msg.ByteSize()
+    assert (wire > FAST_CHECK_BYTES) == (size == "large")  # the walk alone / the one-pass check first
     assert has_unknown_fields(msg)
-    assert unknown_field_paths(msg) == [path]
+    assert unknown_field_paths(msg, wire_size=wire) == [path]
+    assert unknown_field_paths(msg) == [path]  # no wire size: the walk
 
 
 @pytest.mark.parametrize("size", ["small", "large"])
@@ -60,5 +62,21 @@ def test_a_message_without_unknown_fields_has_no_paths(size: str) -> None:
     msg = _with_unknown("none", body)
     assert msg.commands[0].start.request.body == body and msg.commands[0].start.trace_context["traceparent"] == "00-x"
     assert not has_unknown_fields(msg)
-    assert unknown_field_paths(msg) == []
+    assert unknown_field_paths(msg, wire_size=msg.ByteSize()) == unknown_field_paths(msg) == []
     assert msg.ByteSize() == len(msg.SerializeToString())  # the check changed nothing in the message
+
+
+def test_a_large_message_is_walked_without_the_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above FAST_CHECK_BYTES the one-pass check (a copy, and sizing that encodes the message)
+    is not made: the walk's cost grows with the fields, not with a big prompt's bytes."""
+    import motor_common.strict_proto as strict
+
+    def refused(msg: object) -> bool:
+        raise AssertionError("the one-pass check ran on a large message")
+
+    monkeypatch.setattr(strict, "has_unknown_fields", refused)
+    big = _with_unknown("request", b"x" * (4 * FAST_CHECK_BYTES))
+    assert strict.unknown_field_paths(big, wire_size=big.ByteSize()) == ["DispatchManyRequest.commands[0].start.request.#111"]
+    small = _with_unknown("none")
+    with pytest.raises(AssertionError, match="one-pass check ran"):  # and it does run on a small one
+        strict.unknown_field_paths(small, wire_size=small.ByteSize())
