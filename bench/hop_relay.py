@@ -1,8 +1,8 @@
 """The gateway topology's floor: an HTTP front and a dispatcher in two processes, one gRPC stream
 between them, and nothing of Motor's own per-request work (not a test, not shipped).
 
-    .venv/bin/python bench/hop_relay.py back --port P --prefill URL --decode URL
-    .venv/bin/python bench/hop_relay.py front --port F --back P
+    .venv/bin/python bench/hop_relay.py back --port P --prefill URL --decode URL [--transport grpclib]
+    .venv/bin/python bench/hop_relay.py front --port F --back 127.0.0.1:P [--transport grpclib]
 
 What ``bench/http_stack.py`` measures as stack ``hop``: ``front`` is ``aiohttp.web`` taking
 ``POST /v1/completions`` and sending each body to ``back`` on one long-lived grpc.aio
