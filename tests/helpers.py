@@ -149,3 +149,13 @@ class SurvivesOneCancel:
                 if self.swallowed:
                     raise
                 self.swallowed += 1  # as wait_for did: the loop goes on
+
+
+def varint(n: int) -> bytes:
+    """*n* as a protobuf base-128 varint (hand-built wire bytes: unknown fields, length prefixes)."""
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

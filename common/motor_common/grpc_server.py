@@ -304,6 +304,11 @@ class _TooManyFields:
     limit: int
 
 
+# Unknown fields named in a refusal (a newer client's message may carry thousands; the status goes
+# in trailers, and a client drops trailers past 16 KiB with a RESOURCE_EXHAUSTED of its own).
+_NAMED_UNKNOWN = 10
+
+
 @dataclass(frozen=True)
 class _UnknownFields:
     """What the deserializer gives for a message with fields this server does not know."""
@@ -349,11 +354,15 @@ def _check_known(request: Any) -> None:
         raise InvalidArgument(f"the request is not a valid protobuf message ({request.why}); nothing was applied",
                               reason="MALFORMED_REQUEST")
     if isinstance(request, _UnknownFields):
+        paths = request.paths
+        named = ", ".join(paths[:_NAMED_UNKNOWN])  # the status rides in trailers, which are bounded
+        if len(paths) > _NAMED_UNKNOWN:
+            named += f", ... ({len(paths)} in all)"
         raise InvalidArgument(
-            f"unknown field(s) {', '.join(request.paths)}: this server does not know them (is the client "
+            f"unknown field(s) {named}: this server does not know them (is the client "
             "built from a newer or different motor proto?)",
             reason="UNKNOWN_FIELD",
-            metadata={"fields": ",".join(request.paths)},
+            metadata={"fields": ",".join(paths[:_NAMED_UNKNOWN])},
         )
     check_request(request)
 

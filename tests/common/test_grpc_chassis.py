@@ -29,7 +29,7 @@ from motor_common.grpc_server import (
 )
 from motor_common.logs import request_id_var
 from tests.conftest import tool
-from tests.helpers import wait_for
+from tests.helpers import varint, wait_for
 
 REGISTRY = "motor.coordinator.v1.InstanceRegistryService"
 DISPATCH = "motor.coordinator.v1.DispatchService"
@@ -419,3 +419,22 @@ async def test_a_stream_the_caller_cancels_is_counted_cancelled_and_logs_no_erro
         assert "Task exception was never retrieved" not in caplog.text
     finally:
         await server.stop(0)
+
+
+async def test_many_unknown_fields_are_named_in_a_bounded_message(served: tuple[int, FakeRegistry]) -> None:
+    """A message with thousands of unknown fields is refused with the first few named and a count:
+    the status detail stays small enough for every client to receive it (trailers are bounded)."""
+    port, impl = served
+    inst = tpb.Instance(id=1).SerializeToString() + bytes([0x98, 0x06, 0x01]) * 3000  # field 99, 3,000 times
+    raw = b"\x0a" + varint(len(inst)) + inst
+    async with open_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.unary_unary(f"/{REGISTRY}/SetInstances", request_serializer=lambda b: b,
+                              response_deserializer=cpb.SetInstancesResponse.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(raw, metadata=call_metadata("s3cret"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(err.value) == "UNKNOWN_FIELD"
+    details = err.value.details() or ""
+    assert "SetInstancesRequest.instances[0].#99" in details and "3000 in all" in details
+    assert len(details) < 2000
+    assert impl.sets == 0

@@ -7,6 +7,7 @@ import pytest
 
 from motor_common.gen.motor.coordinator.v1 import coordinator_pb2 as cpb
 from motor_common.strict_proto import FAST_CHECK_BYTES, has_unknown_fields, unknown_field_paths
+from tests.helpers import varint
 
 UNKNOWN = b"\xf8\x06\x01"  # field 111, varint 1: in no Motor message
 
@@ -18,25 +19,17 @@ def _with_unknown(where: str, body: bytes = b"{}") -> cpb.DispatchManyRequest:
     if where == "request":
         request += UNKNOWN
     start = cpb.DispatchStart(timeout_ms=5, trace_context={"traceparent": "00-x"}).SerializeToString()
-    start += b"\x0a" + _varint(len(request)) + request
+    start += b"\x0a" + varint(len(request)) + request
     if where == "start":
         start += UNKNOWN
-    command = cpb.DispatchCommand(stream_id=1).SerializeToString() + b"\x12" + _varint(len(start)) + start
+    command = cpb.DispatchCommand(stream_id=1).SerializeToString() + b"\x12" + varint(len(start)) + start
     if where == "command":
         command += UNKNOWN
-    data = b"\x0a" + _varint(len(command)) + command
+    data = b"\x0a" + varint(len(command)) + command
     if where == "top":
         data += UNKNOWN
     return cpb.DispatchManyRequest.FromString(data)
 
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 @pytest.mark.parametrize(("where", "path"), [
