@@ -11,6 +11,10 @@ other tree's packages (they come before this venv's editable install), ``new``: 
 measured at each concurrency, so a machine whose load drifts during the run biases neither.
 ``--new DIR``: ``new`` is started from that tree the same way as ``base`` (both from
 ``PYTHONPATH``; e.g. two scratch copies, one of them compiled by ``bench/mypyc_build.py``).
+``--base-bin DIR`` / ``--new-bin DIR``: that variant's console scripts (``motor-coordinator``,
+``motor-gateway``, ``motor``) come from DIR, another venv's ``bin``: the same tree on another Python,
+e.g. ``--base . --new . --new-bin /tmp/venv313/bin`` (that venv: this tree's dependencies, ``pip
+install -e .``; ``PYTHONPATH`` still points both at this tree's packages).
 Prints every measurement and the medians: CPU microseconds per request of the Motor process
 tree, req/s, p50.
 """
@@ -27,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ab import Results, measure, print_medians
 from bench.common import ZERO, start_engines, start_motor
+from tests import conftest
 
 _PACKAGES = ("common", "gateway", "services/coordinator")
 
@@ -35,6 +40,8 @@ async def main(a: argparse.Namespace) -> None:
     paths = {v: os.pathsep.join(str(Path(tree).resolve() / p) for p in _PACKAGES)
              for v, tree in (("base", a.base), ("new", a.new)) if tree}
     res: Results = {}
+    bins = {"base": a.base_bin, "new": a.new_bin}
+    own_bin = conftest.BIN
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         async with start_engines(a.flavour, d, ZERO) as e:
@@ -43,10 +50,13 @@ async def main(a: argparse.Namespace) -> None:
                     saved = os.environ.get("PYTHONPATH")
                     if v in paths:
                         os.environ["PYTHONPATH"] = paths[v]
+                    if bins[v]:
+                        conftest.BIN = Path(bins[v])
                     try:
                         motor = start_motor(e, d, name=v, co_located=a.co_located)
                         t = await motor.__aenter__()
                     finally:
+                        conftest.BIN = own_bin
                         if saved is None:
                             os.environ.pop("PYTHONPATH", None)
                         else:
@@ -68,6 +78,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="a checkout (or git archive) of the tree to compare against")
     ap.add_argument("--new", help="start 'new' from this tree too (default: this checkout)")
+    ap.add_argument("--base-bin", help="start 'base' with the console scripts of this venv bin directory")
+    ap.add_argument("--new-bin", help="start 'new' with the console scripts of this venv bin directory")
     ap.add_argument("--flavour", default="vllm")
     ap.add_argument("--seconds", type=float, default=2)
     ap.add_argument("--rounds", type=int, default=3)
