@@ -14,17 +14,29 @@ monitor ran) does not count the stall either. Heartbeat ages therefore count mis
 *responsive* receiving time; on a loop that is merely slow the clock runs slower and a lost node is
 declared later, never earlier.
 
-Users: the controller (heartbeat ages, every fault-manager timer) and the coordinator (how long an
-engine has been silent, breaker cool-downs): a coordinator frozen or starved for seconds does not
-wake up and blame the engines for its own silence.
+Users: the controller (heartbeat ages, every fault-manager timer), the coordinator (how long an
+engine has been silent, breaker cool-downs) and the nodemanager (each engine /health probe's
+timeout, through :func:`wait_within`, and its node timers): a process frozen or starved for
+seconds does not wake up and blame the engines for its own silence.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from prometheus_client import Counter
+
+T = TypeVar("T")
+
+# Every process that runs lag_monitor: how long its event loop was stalled (not counted in timers).
+STALLED = Counter("motor_event_loop_stalled_seconds",
+                  "Seconds this process's event loop was stalled (starved of CPU or blocked), not counted "
+                  "in its stall-compensated timers")  # fmt: skip
 
 
 class StallCompensatedClock:
@@ -67,6 +79,31 @@ async def lag_monitor(clock: StallCompensatedClock, log: logging.Logger, what: s
     while True:
         await asyncio.sleep(clock.period)
         stall = clock.tick()
+        if stall > 0:
+            STALLED.inc(stall)
         if stall >= warn_after:
             log.warning("event loop stalled: %.1fs not counted in %s", stall, what,
                         extra={"stalled_total_sec": round(clock.stalled_total, 1)})
+
+
+async def wait_within(clock: Callable[[], float], seconds: float, aw: Awaitable[T]) -> T:
+    """Await *aw* for at most *seconds* of *clock* time, then cancel it and raise TimeoutError.
+
+    On a :class:`StallCompensatedClock` the budget counts only time this process's loop was
+    running: a plain timeout that expires during a stall fires as soon as the loop wakes, before
+    the answer already waiting in a socket is read, and blames the peer for this process's own
+    starvation. Here the budget is checked again on waking, and the wait goes on for what is left.
+    """
+    task = asyncio.ensure_future(aw)
+    start = clock()
+    try:
+        while (left := seconds - (clock() - start)) > 0:
+            done, _ = await asyncio.wait((task,), timeout=left)
+            if done:
+                return task.result()
+        raise TimeoutError(f"not done within {seconds}s")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # given up: its outcome is moot
+                await task

@@ -1,6 +1,7 @@
 """Fault-injection state and its validation (pure, no I/O).
 
-Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow, wrong_answers,
+Modes: none, crash (exit non-zero), hang (stop answering), health_503, slow_health (``/health``
+answers after ``delay_s``, as a busy engine's API server does; generation unaffected), slow, wrong_answers,
 kv_load_fail (a vLLM decode's next ``count`` KV loads fail, as a NIXL handshake that timed out;
 0 = every load until the fault is cleared), engine_error (every generation request answers HTTP
 500 with the engine's internals in the body, as an engine-side exception does), poison (a request whose body contains ``match``
@@ -22,6 +23,7 @@ class FaultMode(enum.Enum):
     CRASH = "crash"
     HANG = "hang"
     HEALTH_503 = "health_503"
+    SLOW_HEALTH = "slow_health"
     SLOW = "slow"
     WRONG_ANSWERS = "wrong_answers"
     KV_LOAD_FAIL = "kv_load_fail"
@@ -39,7 +41,7 @@ class InvalidFault(ValueError):
 class Fault:
     mode: FaultMode = FaultMode.NONE
     exit_code: int = 1  # crash
-    delay_s: float = 0.0  # crash: after this many seconds
+    delay_s: float = 0.0  # crash: after this many seconds; slow_health: /health answers after it
     factor: float = 10.0  # slow: multiply every latency
     token_delay_ms: float = 50.0  # slow: extra per-token delay (also in zero-latency mode)
     hard: bool = False  # hang: block the whole event loop (admin endpoint stops too)

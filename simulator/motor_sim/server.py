@@ -419,6 +419,8 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         if self.svc.fault.mode is FaultMode.HEALTH_503:
             return web.Response(status=503)
+        if self.svc.fault.mode is FaultMode.SLOW_HEALTH:
+            await asyncio.sleep(self.svc.fault.delay_s)
         if self._dp_group is not None and not self._dp_group.formed:
             return web.Response(status=503)  # like vLLM: DP ranks handshake before the engine is up
         return web.Response(status=200)

@@ -1,10 +1,15 @@
-"""StallCompensatedClock (pure): stalls of the receiving event loop do not age heartbeats."""
+"""StallCompensatedClock (pure): stalls of the receiving event loop do not age heartbeats; and
+wait_within, a timeout counted on it."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+
 import pytest
 
-from motor_common.stall_clock import StallCompensatedClock
+from motor_common.stall_clock import StallCompensatedClock, lag_monitor, wait_within
 
 
 class Raw:
@@ -60,3 +65,66 @@ def test_the_clock_never_runs_backwards() -> None:
         c.tick()
         readings.append(c())
     assert readings == sorted(readings)
+
+
+# --- wait_within: a budget of responsive time (real event loop) -----------------------------------
+async def test_wait_within_gives_up_after_the_budget_and_cancels_the_work() -> None:
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def never() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"not done within 0\.2s"):
+        await wait_within(time.monotonic, 0.2, never())
+    assert 0.2 <= time.monotonic() - t0 < 2.0 and started.is_set() and cancelled.is_set()
+
+
+async def test_wait_within_returns_the_result_or_raises_the_error_of_the_work() -> None:
+    async def answer() -> int:
+        await asyncio.sleep(0.01)
+        return 42
+
+    async def broken() -> int:
+        raise ValueError("engine said no")
+
+    assert await wait_within(time.monotonic, 1.0, answer()) == 42
+    with pytest.raises(ValueError, match="engine said no"):
+        await wait_within(time.monotonic, 1.0, broken())
+
+
+async def test_a_stall_of_the_loop_does_not_use_up_the_budget() -> None:
+    """The work finishes 0.1 s after starting, but the loop is blocked for 1 s meanwhile: within a
+    0.3 s budget of the stall-compensated clock it still counts as on time."""
+    clock = StallCompensatedClock(period=0.05, tolerance=0.05)
+    monitor = asyncio.create_task(lag_monitor(clock, logging.getLogger(__name__), "test"))
+    loop = asyncio.get_running_loop()
+    try:
+        loop.call_later(0.02, time.sleep, 1.0)  # the process stalls while the work is under way
+        assert await wait_within(clock, 0.3, asyncio.sleep(0.1, result="done")) == "done"
+        assert clock.stalled_total >= 0.8
+    finally:
+        monitor.cancel()
+
+
+async def test_cancelling_the_waiter_cancels_the_work() -> None:
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    waiter = asyncio.create_task(wait_within(time.monotonic, 10.0, work()))
+    await asyncio.wait_for(started.wait(), 5)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert cancelled.is_set()

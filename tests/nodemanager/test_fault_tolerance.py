@@ -3,6 +3,8 @@ controller with real motor-sim engines."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import time
@@ -15,6 +17,7 @@ import pytest
 import yaml
 
 from motor_common.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
+from motor_common.gen.motor.common.v1 import types_pb2 as tpb
 from motor_common.gen.motor.controller.v1 import controller_pb2 as cpb
 from motor_common.gen.motor.nodemanager.v1 import nodemanager_pb2 as pb
 from motor_common.grpc_server import GrpcServer
@@ -256,6 +259,45 @@ async def test_hung_engine_is_reported_once_by_the_health_probe(tmp_path: Path, 
         assert await all_normal(admin)  # RestartEngine answers once the relaunched engines are NORMAL
         await wait_for(lambda: unfrozen(admin), timeout=5, what="unfreeze once NORMAL")
         assert len(impl.faults) == 1
+
+
+@pytest.mark.slow
+async def test_a_nodemanager_stalled_mid_probe_does_not_report_its_healthy_engine(
+    tmp_path: Path, controller: Ctl, key_file: str
+) -> None:
+    """The engine answers /health in 0.6 s (a busy engine), within the 1 s budget; the nodemanager
+    process is stopped three times for 2.5 s (starved of CPU) while its probes are in flight (0.6 s
+    of every 0.65 s). Each answer waits in its socket; the budget counts only the nodemanager's
+    responsive time, so no probe fails and nothing is reported (a wall-clock timeout failed the
+    probe on waking, and with failure_threshold 1 reported the engine dead: a relaunch of a healthy
+    engine caused by the control plane's own starvation)."""
+    import aiohttp
+
+    _, impl = controller
+    impl.relaunch_expected = True
+    health = {"poll_interval_sec": 0.05, "timeout_sec": 1.0, "failure_threshold": 1}
+    server = {**nm_config(0, key_file, tmp_path)["server"], "metrics_port": 0}
+    async with started(tmp_path, controller, key_file, health=health, server=server) as (nm, admin, pids):
+        port = impl.registrations[-1].endpoints[0].business_port
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://127.0.0.1:{port}/sim/fault", json={"mode": "slow_health", "delay_s": 0.6}) as r:
+                assert r.status == 200
+        for n in range(1, 4):
+            os.kill(nm.proc.pid, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(2.5)  # the injected stall itself, not a wait for a condition
+            finally:
+                os.kill(nm.proc.pid, signal.SIGCONT)
+            await wait_for(lambda n=n: nm.log_text().count("event loop stalled") >= n, timeout=10,
+                           what=f"the nodemanager's stall {n} seen by its lag monitor")
+        st = await admin.call("GetStatus", pb.GetStatusRequest())
+        assert [e.status for e in st.endpoints] == [tpb.ENDPOINT_STATUS_NORMAL] and st.endpoints[0].pid == pids[0]
+        assert impl.faults == [] and "/health timed out" not in nm.log_text()
+        metrics_port = json.loads((tmp_path / "nm.ports.json").read_text())["metrics"]
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+            text = await r.text()
+        [stalled] = [float(x.split()[1]) for x in text.splitlines() if x.startswith("motor_event_loop_stalled_seconds_total ")]
+        assert stalled >= 6.0, text  # three 2.5 s stops, counted (and not counted in the probes' budget)
 
 
 @pytest.mark.slow

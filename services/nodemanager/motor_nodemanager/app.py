@@ -30,6 +30,7 @@ from motor_common.logs import setup_logging
 from motor_common.ops_http import OpsHttpServer, ops_server
 from motor_common.ports import engine_port_picker
 from motor_common.runner import EXIT_RESCHEDULE, write_ports_file
+from motor_common.stall_clock import StallCompensatedClock, lag_monitor
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import config as nmconfig
 from motor_nodemanager.config import NodeManagerConfig
@@ -165,15 +166,25 @@ class _Base:
 
 
 class EnginesModule(_Base):
-    """Owns the engine processes: started first, stopped last (no orphan keeps a port)."""
+    """Owns the engine processes: started first, stopped last (no orphan keeps a port). Also feeds
+    the node's stall-compensated clock (health-probe timeouts and node timers count only time this
+    process was running: a starved nodemanager does not relaunch healthy engines)."""
 
     name = "engines"
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, clock: StallCompensatedClock) -> None:
         self.node = node
+        self.clock = clock
+        self._tasks = TaskOwner("engines-module")
+
+    async def start(self) -> None:
+        self._tasks.spawn(lag_monitor(self.clock, log, "engine health probes and node timers"), name="lag-monitor")
 
     async def stop(self) -> None:
-        await self.node.stop_engines()
+        try:
+            await self.node.stop_engines()
+        finally:
+            await self._tasks.close()
 
     def on_config_change(self, new: NodeManagerConfig) -> None:
         self.node.arbiter.threshold = new.health.abnormal_threshold
@@ -401,7 +412,8 @@ class NodeManagerApp(Application):
         self._tasks = TaskOwner("nodemanager")
         # Not yet bound (the servers start later): an OS pick could return them.
         planned = self._plan_ports(cfg, {p for p in (cfg.server.port, cfg.server.metrics_port) if p})  # ports
-        self._node = Node(lambda: self.config, planned)
+        self.stall_clock = StallCompensatedClock()
+        self._node = Node(lambda: self.config, planned, clock=self.stall_clock)
         services = plan_services(cfg.kv_cache_store_config)
         log.info("services of this node: %s", ", ".join(services))
         self.modules = []
@@ -409,7 +421,7 @@ class NodeManagerApp(Application):
             self.modules.append(
                 KvStoreModule(self._node, KvStoreWorker(cfg.kv_cache_store_config, cfg.ip))
             )
-        self.modules += [EnginesModule(self._node), ApiServerModule(self)]
+        self.modules += [EnginesModule(self._node, self.stall_clock), ApiServerModule(self)]
         if cfg.registers:
             self.peer = GrpcController(
                 cfg.controller_address,

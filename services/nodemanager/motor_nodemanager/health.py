@@ -1,7 +1,9 @@
 """Health polling of each engine's native ``GET /health``.
 
 Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``poll_interval_sec``
-with a ``timeout_sec`` budget. 200 → HEALTHY; anything else (non-200, a redirect, which is not
+with a ``timeout_sec`` budget of this process's responsive time (``motor_common.stall_clock``: a
+nodemanager starved of CPU for seconds does not time out a probe whose answer is waiting unread
+in its socket, and relaunch a healthy engine for its own stall). 200 → HEALTHY; anything else (non-200, a redirect, which is not
 followed, timeout, refused, garbage) → UNHEALTHY, passed on only as the ``failure_threshold``-th
 failed probe in a row. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
 it if newer controller data arrived meanwhile.
@@ -26,6 +28,7 @@ from prometheus_client import Counter
 
 from motor_common.domain import Endpoint
 from motor_common.logs import request_id_var
+from motor_common.stall_clock import wait_within
 from motor_common.tasks import TaskOwner
 from motor_nodemanager import port_owner
 from motor_nodemanager.detail import clip
@@ -56,15 +59,26 @@ PROBES = Counter("motor_nodemanager_health_probes_total", "Engine /health probes
 MAX_BODY = 4096
 
 
-async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float) -> tuple[Observation, str]:
+# A probe's wall-clock bound however long this process stalls (its budget counts responsive time).
+RAW_TIMEOUT_FACTOR = 10
+
+
+async def _get_health(session: aiohttp.ClientSession, ep: Endpoint, raw_timeout: float) -> tuple[Observation, str]:
+    # A redirect is not followed: only the engine's own answer says the engine is healthy.
+    async with session.get(f"{ep.base_url}/health", timeout=aiohttp.ClientTimeout(total=raw_timeout),
+                           allow_redirects=False) as resp:
+        await resp.content.read(MAX_BODY)  # the first bytes (or the end) of the body, at most MAX_BODY
+        if resp.status == 200:
+            return Observation.HEALTHY, ""
+        return Observation.UNHEALTHY, f"/health answered {resp.status}"
+
+
+async def probe(session: aiohttp.ClientSession, ep: Endpoint, timeout: float,
+                clock: Callable[[], float] = time.monotonic) -> tuple[Observation, str]:
+    """One GET /health within *timeout* seconds of *clock* (the stall-compensated clock in the
+    nodemanager; at most ``RAW_TIMEOUT_FACTOR`` times *timeout* of wall time whatever it says)."""
     try:
-        # A redirect is not followed: only the engine's own answer says the engine is healthy.
-        async with session.get(f"{ep.base_url}/health", timeout=aiohttp.ClientTimeout(total=timeout),
-                               allow_redirects=False) as resp:
-            await resp.content.read(MAX_BODY)  # the first bytes (or the end) of the body, at most MAX_BODY
-            if resp.status == 200:
-                return Observation.HEALTHY, ""
-            return Observation.UNHEALTHY, f"/health answered {resp.status}"
+        return await wait_within(clock, timeout, _get_health(session, ep, RAW_TIMEOUT_FACTOR * timeout))
     except TimeoutError:
         return Observation.UNHEALTHY, f"/health timed out after {timeout}s"
     except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -93,10 +107,13 @@ class HealthPoller:
         generation: Callable[[int], int],
         observe: ObserveFn,
         engine_pid: Callable[[int], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """*engine_pid* (endpoint id -> the launched engine's pid, 0 when none): check once per
-        start that the engine serves its port; None: trust any 200 (tests of the poller alone)."""
+        start that the engine serves its port; None: trust any 200 (tests of the poller alone).
+        *clock*: what each probe's timeout is counted in (the node's stall-compensated clock)."""
         self._settings = settings
+        self._clock = clock
         self._engine_pid = engine_pid
         self._generation = generation
         self._observe = observe
@@ -125,7 +142,7 @@ class HealthPoller:
             s = self._settings()
             gen = self._generation(ep.id)
             try:
-                obs, detail = await probe(session, ep, s.timeout_sec)
+                obs, detail = await probe(session, ep, s.timeout_sec, self._clock)
             except RuntimeError:  # aiohttp: "Session is closed" — closed under us while stopping
                 if session.closed:
                     return

@@ -104,7 +104,8 @@ class Node:
         self.supervisor = EngineSupervisor(
             on_exit=self._on_engine_exit, adopt_on_restart=self._adoption_on, state_file=self._state_path
         )
-        self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe, self.supervisor.pid_of)
+        self.poller = HealthPoller(self._poll_settings, self._generation_of, self._on_probe, self.supervisor.pid_of,
+                                   clock=clock)
         self._start_lock = asyncio.Lock()
         self.on_change: Callable[[], None] = lambda: None
         # Death reports (set by the application once it has a controller peer).
