@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -19,3 +20,31 @@ def tool(name: str) -> str:
     if found is None:
         raise RuntimeError(f"{name} is not installed: run scripts/setup")
     return found
+
+
+# --- scheduling under pytest-xdist (scripts/test: -n 2 --dist loadfile) ---------------------------
+# The real-vLLM lane as one unit, first. Each of its files starts real vLLM processes (a busy CPU
+# worker each, up to two per file). With one unit per file, xdist ran its biggest files side by
+# side at the very end of the suite (units are sent largest first): three vLLMs and their fleets
+# on 2 cores, load average 70-80, a fleet not ready after 480 s. As one unit the lane's files run
+# one after another on one worker, from the start, while the other worker runs the rest.
+REAL_ENGINE_LANE = "tests/realengine"
+
+
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LaneFirstFileScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(REAL_ENGINE_LANE + "/"):
+                return REAL_ENGINE_LANE
+            return str(super()._split_scope(nodeid))
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if REAL_ENGINE_LANE in self.workqueue:
+                self.workqueue.move_to_end(REAL_ENGINE_LANE, last=False)
+            super()._assign_work_unit(node)
+
+    return LaneFirstFileScheduling(config, log)
