@@ -23,11 +23,13 @@ def tool(name: str) -> str:
 
 
 # --- scheduling under pytest-xdist (scripts/test: -n 2 --dist loadfile) ---------------------------
-# The real-vLLM lane as one unit, first. Each of its files starts real vLLM processes (a busy CPU
-# worker each, up to two per file). With one unit per file, xdist ran its biggest files side by
-# side at the very end of the suite (units are sent largest first): three vLLMs and their fleets
-# on 2 cores, load average 70-80, a fleet not ready after 480 s. As one unit the lane's files run
-# one after another on one worker, from the start, while the other worker runs the rest.
+# The real-vLLM lane as one unit, last. Each of its files starts real vLLM processes (a busy CPU
+# worker each, up to two per file). With one unit per file, xdist sent its few-test files last and
+# side by side (units go largest first): three vLLMs and their fleets on 2 cores, load average
+# 70-80, a fleet not ready after 480 s; in CI a PD test beside another vLLM file, its decode judged
+# dead. As one unit the lane's files run one after another on one worker. Last, so that the
+# timing-sensitive rest of the suite (chaos, HA, process start-ups) never shares the box with a
+# vLLM for long: sent first, a coordinator beside the lane had not started 30 s after its spawn.
 REAL_ENGINE_LANE = "tests/realengine"
 
 
@@ -36,7 +38,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class LaneFirstFileScheduling(LoadFileScheduling):  # type: ignore[misc]
+    class LaneLastFileScheduling(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(REAL_ENGINE_LANE + "/"):
                 return REAL_ENGINE_LANE
@@ -44,7 +46,7 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
 
         def _assign_work_unit(self, node: Any) -> None:
             if REAL_ENGINE_LANE in self.workqueue:
-                self.workqueue.move_to_end(REAL_ENGINE_LANE, last=False)
+                self.workqueue.move_to_end(REAL_ENGINE_LANE)
             super()._assign_work_unit(node)
 
-    return LaneFirstFileScheduling(config, log)
+    return LaneLastFileScheduling(config, log)

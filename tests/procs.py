@@ -185,12 +185,14 @@ async def running(
     log_dir: Path,
     *,
     ready: Callable[[Proc], Any],
-    deadline: float = 30.0,
+    deadline: float = 90.0,
     env: dict[str, str] | None = None,
     grace: float = 5.0,
 ) -> AsyncIterator[Proc]:
     """Run *argv* in a new session; yield once ``ready(proc)`` is truthy (checked in a thread,
-    with a deadline; an early exit fails at once with the log); SIGTERM then SIGKILL the group."""
+    with a deadline; an early exit fails at once with the log); SIGTERM then SIGKILL the group.
+    The deadline is generous: beside the real-vLLM lane (load average up to 30 on 2 cores) a
+    coordinator once had not logged its first line 30 s after it was spawned."""
     proc = _spawn_proc(name, argv, log_dir, env)
     try:
 
