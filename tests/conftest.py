@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -33,6 +35,7 @@ def tool(name: str) -> str:
 REAL_ENGINE_LANE = "tests/realengine"
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: unknown when it is not loaded (-p no:xdist)
 def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
     if config.getoption("dist", None) != "loadfile":
         return None

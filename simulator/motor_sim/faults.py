@@ -72,6 +72,8 @@ class Fault:
         }
 
 
+MAX_DELAY_S = 3600.0  # crash / slow_health: a fault lasts for a test, not for ever
+
 _FIELDS = {"mode", "exit_code", "delay_s", "factor", "token_delay_ms", "hard", "salt", "count", "match"}
 
 
@@ -108,6 +110,8 @@ def parse_fault(body: Any) -> Fault:
         raise InvalidFault("poison needs a non-empty 'match' (the bytes of the poison request)")
     if fault.factor <= 0 or fault.delay_s < 0 or fault.token_delay_ms < 0:
         raise InvalidFault("factor must be > 0, delays >= 0")
+    if fault.delay_s > MAX_DELAY_S:
+        raise InvalidFault(f"delay_s must be at most {MAX_DELAY_S:g} s")
     if fault.count < 0:
         raise InvalidFault("count must be >= 0")
     return fault

@@ -302,8 +302,11 @@ async def test_room_table_times_out_both_ways() -> None:
 def test_fault_parsing_validates_modes_and_fields() -> None:
     assert parse_fault({"mode": "slow", "factor": 3}).mode is FaultMode.SLOW
     assert parse_fault({"mode": "crash"}).health_status == "dead"
+    slow_health = parse_fault({"mode": "slow_health", "delay_s": 0.6})
+    assert (slow_health.mode, slow_health.delay_s, slow_health.health_status) == (FaultMode.SLOW_HEALTH, 0.6, "healthy")
     for bad in ({"mode": "explode"}, {"mode": "crash", "exit_code": 0}, {"mode": "none", "x": 1},
-                {"mode": "refuse_start"}):
+                {"mode": "refuse_start"}, {"mode": "slow_health", "delay_s": -1},
+                {"mode": "slow_health", "delay_s": 3601}):
         with pytest.raises(InvalidFault):
             parse_fault(bad)
 
