@@ -3,9 +3,9 @@
 Per endpoint: wait for the port (up to ``port_wait_sec``), then probe every ``poll_interval_sec``
 with a ``timeout_sec`` budget of this process's responsive time (``motor_common.stall_clock``: a
 nodemanager starved of CPU for seconds does not time out a probe whose answer is waiting unread
-in its socket, and relaunch a healthy engine for its own stall). 200 → HEALTHY; anything else (non-200, a redirect, which is not
-followed, timeout, refused, garbage) → UNHEALTHY, passed on only as the ``failure_threshold``-th
-failed probe in a row. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
+in its socket, and relaunch a healthy engine for its own stall). 200 → HEALTHY; anything else
+(non-200, a redirect, which is not followed, timeout, refused, garbage) → UNHEALTHY, passed on
+only as the ``failure_threshold``-th failed probe in a row. Of the body at most ``MAX_BODY`` bytes are read. Each probe carries the generation read *before* it was sent, so the state machine can drop
 it if newer controller data arrived meanwhile.
 
 Any program can answer 200, so the first 200 after each (re)start of the poller (a launch, a
