@@ -98,10 +98,11 @@ async def _pause(fleet: UpFleet, node: str, pause: bool) -> None:
         admin = cgrpc.ControllerAdminServiceStub(ch)
         if pause:
             await admin.PauseInstance(cpb.PauseInstanceRequest(node_id=node, reason="test: no prefill"),
-                                      metadata=call_metadata(fleet.key), timeout=10)
+                                      metadata=call_metadata(fleet.key), timeout=60)
         else:
             await admin.ResumeInstance(cpb.ResumeInstanceRequest(node_id=node),
-                                       metadata=call_metadata(fleet.key), timeout=10)
+                                       metadata=call_metadata(fleet.key), timeout=60)  # the controller pushes to the coordinator
+            # before answering: a box stalling for seconds (load 20+ beside the suite) took > 10 s
 
     async def shown() -> bool:
         async with open_channel(fleet.info["coordinators"][0]) as ch:
